@@ -1,0 +1,263 @@
+"""The on-disk checkpoint layout: the contract between the daemon and the trainer (design §5).
+
+A checkpoint is a directory `step-000001200/` whose payload is written first and whose manifest
+`COMPLETE.json` is written last, inside a temporary directory that is renamed into place. A directory
+counts as a checkpoint only if its manifest parses and every file it lists exists with the listed
+size; that check is all the daemon needs to pick `SPX_RESUME_FROM`, and it needs no torch.
+
+Scripts that keep their own naming (the seed's `checkpoint_epoch{e}_step{s}.pt`, nanoGPT's `ckpt.pt`,
+Hugging Face's `checkpoint-*/`) are found by `latest_by_pattern`. This module is stdlib-only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST = "COMPLETE.json"
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d{9})$")
+_TMP_MARK = ".tmp-"
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """A complete checkpoint: where it is and the global step it holds (None for pattern matches
+    whose name carries no number)."""
+
+    path: Path
+    step: int | None
+
+
+def step_dirname(step: int) -> str:
+    """The one name of the checkpoint of global step `step`; zero-padded so names sort by step."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"step-{step:09d}"
+
+
+def tmp_dirname(step: int, token: str) -> str:
+    """The staging directory a checkpoint is written into before it is published.
+
+    `token` must be the same on every rank of one save (e.g. rank 0's pid, broadcast at start-up).
+    Staging directories are never mistaken for checkpoints and are swept by `remove_stale_tmp`.
+    """
+    return f"{step_dirname(step)}{_TMP_MARK}{token}"
+
+
+def file_digest(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file, read in 1 MiB chunks (checkpoint shards are large)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in `path` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under `root`, deepest first."""
+    for dirpath, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def build_manifest(
+    staging: Path,
+    *,
+    step: int,
+    epoch: int,
+    world_size: int,
+    fmt: str,
+    checksums: bool = True,
+    extra: dict | None = None,
+) -> dict:
+    """Describe every payload file under `staging` (relative path, size, sha256)."""
+    files = []
+    for p in sorted(q for q in staging.rglob("*") if q.is_file() and q.name != MANIFEST):
+        entry: dict = {"path": p.relative_to(staging).as_posix(), "size": p.stat().st_size}
+        if checksums:
+            entry["sha256"] = file_digest(p)
+        files.append(entry)
+    return {
+        "version": FORMAT_VERSION,
+        "step": step,
+        "epoch": epoch,
+        "world_size": world_size,
+        "format": fmt,
+        "files": files,
+        **({"extra": extra} if extra else {}),
+    }
+
+
+def publish(staging: Path, manifest: dict) -> Path:
+    """Write the manifest last and rename the staging directory into place, durably.
+
+    Order: payload fsync → manifest write + fsync → rename → parent fsync. A crash before the rename
+    leaves only a staging directory; a crash after it leaves a complete checkpoint. Returns the
+    final path.
+    """
+    fsync_tree(staging)
+    manifest_path = staging / MANIFEST
+    tmp = staging / (MANIFEST + ".part")
+    with tmp.open("w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, manifest_path)
+    fsync_dir(staging)
+    final = staging.parent / step_dirname(int(manifest["step"]))
+    if final.exists():
+        # Same step saved twice (e.g. a SIGTERM checkpoint right after a periodic one): the newer
+        # copy replaces it only after it is itself complete.
+        shutil.rmtree(final)
+    os.rename(staging, final)
+    fsync_dir(staging.parent)
+    return final
+
+
+def read_manifest(ckpt: Path) -> dict | None:
+    """The manifest of `ckpt` if it parses and every listed file has its listed size, else None.
+
+    Checksums are not recomputed here (the daemon must answer in milliseconds on multi-GB
+    checkpoints); `verify_checksums` does that when asked.
+    """
+    try:
+        manifest = json.loads((ckpt / MANIFEST).read_text())
+        if int(manifest["step"]) < 0:
+            return None
+        for entry in manifest["files"]:
+            rel = Path(entry["path"])
+            if rel.is_absolute() or ".." in rel.parts:
+                return None
+            if (ckpt / rel).stat().st_size != int(entry["size"]):
+                return None
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def verify_checksums(ckpt: Path) -> bool:
+    """Full check: sizes and sha256 of every listed file."""
+    manifest = read_manifest(ckpt)
+    if manifest is None:
+        return False
+    return all(
+        "sha256" not in e or file_digest(ckpt / e["path"]) == e["sha256"] for e in manifest["files"]
+    )
+
+
+def complete_checkpoints(ckpt_dir: Path) -> list[CheckpointRef]:
+    """Every complete `step-*` checkpoint in `ckpt_dir`, oldest first."""
+    found = []
+    try:
+        entries = list(os.scandir(ckpt_dir))
+    except OSError:
+        return []
+    for entry in entries:
+        m = _STEP_DIR.match(entry.name)
+        if m and entry.is_dir(follow_symlinks=False) and read_manifest(Path(entry.path)) is not None:
+            found.append(CheckpointRef(Path(entry.path), int(m.group(1))))
+    return sorted(found, key=lambda r: r.step or 0)
+
+
+def latest_complete(ckpt_dir: Path) -> CheckpointRef | None:
+    """The highest-step complete checkpoint, or None. Incomplete or staging dirs never count."""
+    found = complete_checkpoints(ckpt_dir)
+    return found[-1] if found else None
+
+
+def _reads_completely(path: Path) -> bool:
+    """A pattern match is usable if it is a non-empty directory without a staging mark, or a file
+    whose zip central directory reads (torch.save writes zip archives; a torn write has none)."""
+    if _TMP_MARK in path.name or path.name.endswith((".tmp", ".part")):
+        return False
+    if path.is_dir():
+        return any(path.iterdir())
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                return len(z.namelist()) > 0
+        return False
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def _sort_key(path: Path) -> tuple:
+    """Order pattern matches by the numbers in their names ((epoch, step) for the seed's naming),
+    then by modification time for names without numbers."""
+    numbers = tuple(int(n) for n in _DIGITS.findall(path.name))
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    return (numbers, mtime)
+
+
+def latest_by_pattern(ckpt_dir: Path, pattern: str) -> CheckpointRef | None:
+    """The newest match of a glob (`ckpt.pt`, `checkpoint_epoch*_step*.pt`, `checkpoint-*/`) that
+    reads completely. Its step is the last number in its name, if any."""
+    matches = [p for p in ckpt_dir.glob(pattern.rstrip("/")) if _reads_completely(p)]
+    if not matches:
+        return None
+    best = max(matches, key=_sort_key)
+    numbers = _DIGITS.findall(best.name)
+    return CheckpointRef(best, int(numbers[-1]) if numbers else None)
+
+
+def find_latest(ckpt_dir: Path, pattern: str | None = None) -> CheckpointRef | None:
+    """What the daemon passes as SPX_RESUME_FROM: the layout's latest complete checkpoint, or the
+    newest readable match of the job's `checkpoints.pattern`."""
+    if pattern:
+        return latest_by_pattern(ckpt_dir, pattern)
+    return latest_complete(ckpt_dir)
+
+
+def apply_retention(ckpt_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest complete checkpoints; never the latest one.
+
+    Call only after a new checkpoint was published, so deleting never leaves fewer complete
+    checkpoints than before the save began. Returns what was deleted.
+    """
+    keep = max(1, keep)
+    found = complete_checkpoints(ckpt_dir)
+    doomed = [r.path for r in found[:-keep]]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def remove_stale_tmp(ckpt_dir: Path, live_tokens: Iterable[str] = ()) -> list[Path]:
+    """Remove staging dirs left by crashed saves (except those of `live_tokens`)."""
+    live = set(live_tokens)
+    removed = []
+    try:
+        entries = list(ckpt_dir.iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        if _TMP_MARK in p.name and p.name.startswith("step-") and p.name.split(_TMP_MARK, 1)[1] not in live:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed

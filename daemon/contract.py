@@ -1,0 +1,87 @@
+"""The environment contract between the daemon and the workers it launches (design §6).
+
+Both sides import this module: the daemon to set the variables, `spx.trainer` to read them. It is
+stdlib-only on purpose, so the daemon can use it without ever loading torch. Changing a name here is a
+protocol change: workers built against an older library would stop resuming.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ENV_JOB = "SPX_JOB"
+ENV_ATTEMPT = "SPX_ATTEMPT"
+ENV_CHECKPOINT_DIR = "SPX_CHECKPOINT_DIR"
+ENV_RESUME_FROM = "SPX_RESUME_FROM"
+ENV_HEARTBEAT_FILE = "SPX_HEARTBEAT_FILE"
+# A random id per attempt, inherited by every process of it: how the daemon finds an attempt's
+# processes in /proc after a restart of its own (pids are reused; job names repeat across roots).
+ENV_ATTEMPT_ID = "SPX_ATTEMPT_ID"
+ENV_NAMES = (ENV_JOB, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_HEARTBEAT_FILE, ENV_ATTEMPT_ID)
+
+# A worker that checkpointed on SIGTERM exits with this code (EX_TEMPFAIL: "try again later"), and
+# says so in its heartbeat, because torchrun reports every non-zero worker exit as its own exit 1.
+EXIT_PREEMPTED = 75
+
+HEARTBEAT_MIN_INTERVAL_SECONDS = 1.0
+
+
+@dataclass
+class Heartbeat:
+    """Progress of a running job, written by rank 0 and read by the daemon.
+
+    `step` is the global optimizer step (it never restarts at an epoch boundary); hang detection
+    watches it move. `status` is "running", "preempted" (checkpointed on SIGTERM, then exited) or
+    "finished". Times are Unix seconds, so the daemon can compare them across a restart of its own.
+    """
+
+    step: int
+    epoch: int = 0
+    samples_per_second: float = 0.0
+    last_checkpoint_step: int | None = None
+    last_checkpoint_time: float | None = None
+    status: str = "running"
+    time: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def write_heartbeat(path: str | os.PathLike[str], beat: Heartbeat) -> None:
+    """Replace the heartbeat file atomically: a reader sees the old or the new JSON, never half."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=".hb-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(beat.to_json())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_heartbeat(path: str | os.PathLike[str]) -> Heartbeat | None:
+    """The last heartbeat, or None if there is none yet or it does not parse (never raises)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        known = {k: raw[k] for k in Heartbeat.__dataclass_fields__ if k in raw}
+        return Heartbeat(**known)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def attempt_number() -> int:
+    """The daemon's attempt number for this launch (1 when run by hand).
+
+    The example scripts inject their faults (--crash-at-step, --hang-at-step) only in attempt 1, so
+    the resumed attempt runs clean.
+    """
+    try:
+        return int(os.environ.get(ENV_ATTEMPT, "1"))
+    except ValueError:
+        return 1

@@ -1,0 +1,60 @@
+"""Read-only snapshots of jobs, as the CLI (`--json`), the metrics and `systemctl status` see them.
+
+One shape for every reader, so `spx ls --json`, `/metrics` and the STATUS line can never disagree.
+Built by `Store.job_views()` from the state store plus each job's heartbeat; stdlib-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One launch of a job. `reason` says why it ended (e.g. "exit code 1", "signal SIGKILL",
+    "hang: no step progress for 900 s", "preempted", "cancelled"); `root_cause` is the first error
+    line found in its log, when one was found."""
+
+    number: int
+    start: float | None
+    end: float | None
+    exit_code: int | None
+    signal: int | None
+    reason: str | None
+    resumed_from_step: int | None
+    resumed_from: str | None
+    root_cause: str | None = None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job as users and metrics see it (design §10's `--json` fields, plus what metrics need).
+
+    `restarts_by_reason` counts relaunches by the class of the failure that caused them ("crash",
+    "signal", "oom", "hang", "preempted", "daemon-restart", "gpu-fault"). Times are Unix seconds.
+    """
+
+    name: str
+    state: str
+    reason: str | None
+    owner_uid: int
+    owner: str
+    attempts: int
+    step: int | None
+    epoch: int | None
+    samples_per_second: float | None
+    last_checkpoint_step: int | None
+    last_checkpoint_time: float | None
+    gpus: list[int]
+    submitted: float
+    priority: int = 0
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
+    pids: list[int] = field(default_factory=list)
+    staging: str | None = None
+    history: list[AttemptView] = field(default_factory=list)
+
+    def to_json(self, with_history: bool = False) -> dict:
+        doc = asdict(self)
+        if not with_history:
+            doc.pop("history")
+        return doc
