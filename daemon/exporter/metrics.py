@@ -1,0 +1,100 @@
+"""Every metric the exporter serves: name, type, labels and help, in one table.
+
+This is the contract with the dashboards and alert rules (design §8); `docs/metrics.md` documents each
+entry and a test checks the two agree. Names are the exposed ones (counters end in `_total`, info
+metrics in `_info`); `Families` strips the suffix where prometheus-client wants the family name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+
+GPU = ("gpu", "uuid")  # + "job" while the GPU is allocated to a starting/running/restarting job
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    type: str  # gauge | counter | info
+    labels: tuple[str, ...]
+    help: str
+
+
+SPECS: tuple[Spec, ...] = (
+    # -- per GPU ---------------------------------------------------------------------------------
+    Spec("spx_gpu_up", "gauge", GPU, "1 if NVML answered for this GPU in this scrape, 0 if it errored (then no other sample of it is exported)."),
+    Spec("spx_gpu_info", "info", (*GPU, "name", "pci_bus_id", "driver"), "GPU identity; always 1."),
+    Spec("spx_gpu_utilization_ratio", "gauge", GPU, "Fraction of the last sample period (1/6 s to 1 s) a kernel was running (nvmlDeviceGetUtilizationRates.gpu)."),
+    Spec("spx_gpu_memory_utilization_ratio", "gauge", GPU, "Fraction of the last sample period device memory was read or written."),
+    Spec("spx_gpu_memory_used_bytes", "gauge", GPU, "Device memory allocated by processes (v2 info: excludes driver-reserved memory)."),
+    Spec("spx_gpu_memory_free_bytes", "gauge", GPU, "Device memory free for allocation."),
+    Spec("spx_gpu_memory_total_bytes", "gauge", GPU, "Device memory installed."),
+    Spec("spx_gpu_memory_reserved_bytes", "gauge", GPU, "Device memory reserved by the driver and firmware (only where the driver has memory info v2)."),
+    Spec("spx_gpu_power_watts", "gauge", GPU, "Current board power draw."),
+    Spec("spx_gpu_power_limit_watts", "gauge", GPU, "Power limit currently enforced."),
+    Spec("spx_gpu_energy_joules_total", "counter", GPU, "Energy consumed since the driver was loaded."),
+    Spec("spx_gpu_temperature_celsius", "gauge", GPU, "GPU core temperature."),
+    Spec("spx_gpu_memory_temperature_celsius", "gauge", GPU, "HBM temperature (where the GPU reports it)."),
+    Spec("spx_gpu_sm_clock_hertz", "gauge", GPU, "Current SM clock."),
+    Spec("spx_gpu_memory_clock_hertz", "gauge", GPU, "Current memory clock."),
+    Spec("spx_gpu_clocks_event_active", "gauge", (*GPU, "reason"), "1 while that clocks-event (throttle) reason holds clocks down, else 0."),
+    Spec("spx_gpu_pcie_transmit_bytes_per_second", "gauge", GPU, "PCIe transmit throughput over the driver's last 20 ms sample."),
+    Spec("spx_gpu_pcie_receive_bytes_per_second", "gauge", GPU, "PCIe receive throughput over the driver's last 20 ms sample."),
+    Spec("spx_gpu_pcie_transmit_bytes_total", "counter", GPU, "PCIe bytes transmitted (where the driver counts them)."),
+    Spec("spx_gpu_pcie_receive_bytes_total", "counter", GPU, "PCIe bytes received (where the driver counts them)."),
+    Spec("spx_gpu_ecc_errors_total", "counter", (*GPU, "type"), "Device memory ECC errors since the driver was loaded (volatile count); type corrected|uncorrected."),
+    Spec("spx_gpu_remapped_rows", "gauge", (*GPU, "type"), "Row remapper: rows remapped for correctable|uncorrectable errors; pending|failure are 0/1 flags."),
+    Spec("spx_gpu_xid_errors_total", "counter", (*GPU, "xid"), "XID critical-error events seen by the daemon's NVML event thread since it started."),
+    Spec("spx_gpu_process_memory_used_bytes", "gauge", (*GPU, "pid", "job"), "Device memory used by one compute process; job = the job whose attempt owns the pid (absent if none)."),
+    Spec("spx_gpu_nvlink_up", "gauge", (*GPU, "link"), "1 if the NVLink link is active (or in low-power sleep), 0 if inactive."),
+    Spec("spx_gpu_nvlink_transmit_bytes_total", "counter", (*GPU, "link"), "NVLink data payload transmitted on the link."),
+    Spec("spx_gpu_nvlink_receive_bytes_total", "counter", (*GPU, "link"), "NVLink data payload received on the link."),
+    Spec("spx_gpu_nvlink_errors_total", "counter", (*GPU, "link", "type"), "NVLink errors on the link; type crc_flit|crc_data|replay|recovery (only the types the GPU reports)."),
+    # -- per job ---------------------------------------------------------------------------------
+    Spec("spx_job_state", "gauge", ("job", "state"), "1 for the job's current state, 0 for the others."),
+    Spec("spx_job_restarts_total", "counter", ("job", "reason"), "Relaunches of the job, by the class of failure that caused them."),
+    Spec("spx_job_step", "gauge", ("job",), "Last global optimizer step in the job's heartbeat."),
+    Spec("spx_job_samples_per_second", "gauge", ("job",), "Training throughput in the job's last heartbeat."),
+    Spec("spx_job_last_checkpoint_timestamp_seconds", "gauge", ("job",), "Unix time of the job's latest complete checkpoint."),
+    Spec("spx_job_gpus", "gauge", ("job",), "GPUs the job holds now."),
+    Spec("spx_job_attempts", "gauge", ("job",), "Attempts started for the job (1 for a job that never restarted)."),
+    # -- daemon ----------------------------------------------------------------------------------
+    Spec("spx_scrape_duration_seconds", "gauge", ("collector",), "Time this scrape spent in the collector."),
+    Spec("spx_scrape_success", "gauge", ("collector",), "1 if the collector read everything it tried in this scrape, 0 if any read failed."),
+    Spec("spx_nvml_errors_total", "counter", ("function",), "NVML calls that failed (NOT_SUPPORTED excluded), by function, since the daemon started."),
+    Spec("spx_xid_watch_up", "gauge", (), "1 while the NVML XID event thread runs; 0 means XIDs are not being counted."),
+    Spec("spx_build_info", "info", ("version",), "The daemon's version; always 1."),
+    Spec("spx_gpu_backend_info", "info", ("kind",), "The GPU backend in use (nvml|fake|none); always 1."),
+)
+
+BY_NAME = {s.name: s for s in SPECS}
+
+
+def family_name(spec: Spec) -> str:
+    if spec.type == "counter":
+        return spec.name.removesuffix("_total")
+    if spec.type == "info":
+        return spec.name.removesuffix("_info")
+    return spec.name
+
+
+class Families:
+    """Fresh metric families for one collect(), keyed by exposed name, emitted in table order.
+
+    Samples may carry different label sets within one family (a GPU's `job` label exists only while
+    it is allocated), which the typed *MetricFamily helpers do not allow.
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self._metrics: dict[str, Metric] = {}
+        for name in names:
+            spec = BY_NAME[name]
+            self._metrics[name] = Metric(family_name(spec), spec.help, spec.type)
+
+    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        self._metrics[name].add_sample(name, labels, float(value))
+
+    def metrics(self) -> list[Metric]:
+        return list(self._metrics.values())

@@ -1,0 +1,60 @@
+"""Build `JobView`s from the store and the heartbeats: the one snapshot every reader shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from spx.daemon import contract
+from spx.daemon.store import JobRow, Store
+from spx.daemon.views import AttemptView, JobView
+
+
+def heartbeat_path(run_dir: Path, job: JobRow) -> Path:
+    return run_dir / "jobs" / f"{job.id}-{job.name}" / "heartbeat.json"
+
+
+def job_view(
+    store: Store, job: JobRow, run_dir: Path, pids: dict[str, list[int]] | None = None, with_history: bool = False
+) -> JobView:
+    attempts = store.attempts(job.id)
+    beat = contract.read_heartbeat(heartbeat_path(run_dir, job))
+    last_ckpt_step = beat.last_checkpoint_step if beat else None
+    if last_ckpt_step is None:
+        resumed = [a.resumed_from_step for a in attempts if a.resumed_from_step is not None]
+        last_ckpt_step = max(resumed) if resumed else None
+    history = [
+        AttemptView(
+            number=a.number, start=a.start, end=a.end, exit_code=a.exit_code, signal=a.signal,
+            reason=a.reason, resumed_from_step=a.resumed_from_step, resumed_from=a.resumed_from,
+            root_cause=a.root_cause,
+        )
+        for a in attempts
+    ] if with_history else []
+    return JobView(
+        name=job.name,
+        state=job.state.value,
+        reason=job.reason,
+        owner_uid=job.owner_uid,
+        owner=job.owner,
+        attempts=len(attempts),
+        step=beat.step if beat else None,
+        epoch=beat.epoch if beat else None,
+        samples_per_second=beat.samples_per_second if beat and job.state.value == "running" else None,
+        last_checkpoint_step=last_ckpt_step,
+        last_checkpoint_time=beat.last_checkpoint_time if beat else None,
+        gpus=list(job.gpus),
+        submitted=job.submitted,
+        priority=job.priority,
+        restarts_by_reason=store.restarts_by_reason(job.id),
+        pids=list((pids or {}).get(job.name, [])),
+        staging=job.staging,
+        history=history,
+    )
+
+
+def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int]]] | None = None,
+              include_finished: bool = True) -> list[JobView]:
+    live_pids = pids() if pids else {}
+    rows = store.all_jobs() if include_finished else store.live_jobs()
+    return [job_view(store, j, run_dir, live_pids) for j in rows]

@@ -1,0 +1,135 @@
+"""Turn a job and an allocation into a process: argv, a clean environment, the user, the log.
+
+`plan_launch` is pure (tested without processes); `spawn` does the I/O. No shell anywhere: argv is a
+list. Workers run as the job file's owner, in a new session (so the whole attempt is one process
+group), with an environment built from scratch — the daemon's own variables never leak in.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from spx.daemon import contract
+from spx.daemon.spec import JobSpec
+
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What the daemon decided for this attempt."""
+
+    attempt: int
+    attempt_id: str
+    gpus: list[int]
+    port: int
+    checkpoint_dir: Path
+    resume_from: Path | None
+    heartbeat_file: Path
+    rank_log_dir: Path
+    home: str
+    user: str
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now, for this attempt's rendezvous. A fresh one per
+    attempt, so a relaunch never collides with a dying store of the previous attempt."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _expand(args: list[str], ctx: LaunchContext) -> list[str]:
+    values = {"resume_from": str(ctx.resume_from or ""), "checkpoint_dir": str(ctx.checkpoint_dir)}
+    return [a.replace("{resume_from}", values["resume_from"]).replace("{checkpoint_dir}", values["checkpoint_dir"]) for a in args]
+
+
+def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.executable) -> LaunchPlan:
+    python = str(spec.python or default_python)
+    target = ["-m", spec.module] if spec.module else [spec.script or ""]
+    args = _expand(spec.args, ctx)
+    if ctx.resume_from is not None:
+        args += _expand(spec.resume_args, ctx)
+    nproc = spec.worker_count
+    if spec.launcher == "torchrun":
+        argv = [
+            python, "-m", "torch.distributed.run",
+            "--nnodes=1", f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1", f"--master-port={ctx.port}",
+            # Every restart is a fresh launch by the daemon (design §7): torchrun's in-agent
+            # restart proved unreliable, and the daemon must see each failure to back off.
+            "--max-restarts=0",
+            # Rank-prefixed console lines in the attempt log, and per-rank files beside it.
+            "--tee=3", f"--log-dir={ctx.rank_log_dir}",
+            *(["--module", spec.module] if spec.module else [spec.script or ""]),
+            *args,
+        ]
+    elif spec.launcher == "deepspeed":
+        argv = [
+            python, "-m", "deepspeed.launcher.runner",
+            f"--num_gpus={nproc}", f"--master_port={ctx.port}", "--master_addr=127.0.0.1",
+            spec.script or "", "--deepspeed", "--deepspeed_config", spec.deepspeed_config or "",
+            *args,
+        ]
+    else:
+        argv = [python, *target, *args]
+    env = {
+        "PATH": f"{Path(python).parent}:{SAFE_PATH}",
+        "HOME": ctx.home,
+        "USER": ctx.user,
+        "LOGNAME": ctx.user,
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        # One BLAS thread per worker unless the job says otherwise (torchrun would warn and pick 1).
+        "OMP_NUM_THREADS": "1",
+        **spec.env,
+        contract.ENV_JOB: spec.name,
+        contract.ENV_ATTEMPT: str(ctx.attempt),
+        contract.ENV_ATTEMPT_ID: ctx.attempt_id,
+        contract.ENV_CHECKPOINT_DIR: str(ctx.checkpoint_dir),
+        contract.ENV_RESUME_FROM: str(ctx.resume_from or ""),
+        contract.ENV_HEARTBEAT_FILE: str(ctx.heartbeat_file),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(ctx.port),
+    }
+    if ctx.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
+    else:
+        # A CPU job must not grab a GPU by accident.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    cwd = str(spec.workdir or ctx.home)
+    return LaunchPlan(argv=argv, env=env, cwd=cwd)
+
+
+def spawn(plan: LaunchPlan, uid: int, log_file: Path) -> subprocess.Popen:
+    """Start the attempt as `uid` in a new session; stdout+stderr append to `log_file`."""
+    user = pwd.getpwuid(uid)
+    as_other = uid != os.getuid()
+    with log_file.open("ab", buffering=0) as log:
+        return subprocess.Popen(
+            plan.argv,
+            cwd=plan.cwd,
+            env=plan.env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            close_fds=True,
+            start_new_session=True,
+            user=uid if as_other else None,
+            group=user.pw_gid if as_other else None,
+            extra_groups=os.getgrouplist(user.pw_name, user.pw_gid) if as_other else None,
+            umask=0o022,
+        )

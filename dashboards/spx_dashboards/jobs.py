@@ -1,0 +1,123 @@
+"""Dashboard 3, "spx-trainer / Jobs": state, restarts by reason, progress, checkpoints, GPUs held."""
+
+from __future__ import annotations
+
+from . import grafana as g
+from .common import JOB, JOB_STATE_CODES, TAG, standard_variables
+
+STATE = "instance_job:spx_job_state:code"
+CKPT_AGE = "instance_job:spx_job_checkpoint_age:seconds"
+CKPT_INTERVAL = "instance_job:spx_job_checkpoint_interval:avg6h"
+# GPU series of allocated GPUs only: idle GPUs carry the scrape job's name, which has no spx_job_state.
+ON_JOB_GPUS = "and on (instance, job) spx_job_state"
+
+
+def _count_state(state: str) -> str:
+    return f'count(spx_job_state{{{JOB}, state="{state}"}} == 1) or vector(0)'
+
+
+def overview() -> list[g.Panel]:
+    orange_if_any = g.steps(("green", None), ("orange", 1))
+    return [
+        g.row("Jobs"),
+        g.stat("Running", "Jobs in state running.", [g.query(_count_state("running"))], w=4),
+        g.stat("Queued", "Jobs waiting for GPUs.", [g.query(_count_state("queued"))], w=4),
+        g.stat("Restarting", "Jobs between attempts (backoff, GPU checks).", [g.query(_count_state("restarting"))],
+               w=4, thresholds=orange_if_any),
+        g.stat("Failed", "Jobs the daemon stopped restarting.", [g.query(_count_state("failed"))], w=4,
+               thresholds=g.steps(("green", None), ("red", 1))),
+        g.stat("GPUs held", "GPUs allocated to the selected jobs.", [g.query(f"sum(spx_job_gpus{{{JOB}}}) or vector(0)")],
+               w=4),
+        g.stat("Restarts (time range)", "Relaunches of the selected jobs over the time range, all reasons.",
+               [g.query(f"sum(increase(spx_job_restarts_total{{{JOB}}}[$__range])) or vector(0)")], w=4,
+               decimals=0, thresholds=orange_if_any),
+    ]
+
+
+def job_table() -> list[g.Panel]:
+    columns = {"A": "State", "B": "GPUs", "C": "Attempts", "D": "Step", "E": "Samples/s",
+               "F": "Checkpoint age", "G": "Restarts", "H": "GPU util (mean)"}
+    overrides = [
+        g.unit_override("State", "short", {"mappings": JOB_STATE_CODES,
+                                           "custom.cellOptions": {"type": "color-background"}}),
+        g.unit_override("Checkpoint age", "s"),
+        g.unit_override("GPU util (mean)", "percentunit"),
+    ]
+    by_job = "max by (instance, job)"
+    targets = [
+        g.query(f"{by_job} ({STATE}{{{JOB}}})", table=True),
+        g.query(f"{by_job} (spx_job_gpus{{{JOB}}})", table=True),
+        g.query(f"{by_job} (spx_job_attempts{{{JOB}}})", table=True),
+        g.query(f"{by_job} (spx_job_step{{{JOB}}})", table=True),
+        g.query(f"{by_job} (spx_job_samples_per_second{{{JOB}}})", table=True),
+        g.query(f"{by_job} ({CKPT_AGE}{{{JOB}}})", table=True),
+        g.query(f"sum by (instance, job) (spx_job_restarts_total{{{JOB}}})", table=True),
+        g.query(f"avg by (instance, job) (spx_gpu_utilization_ratio{{{JOB}}} {ON_JOB_GPUS})", table=True),
+    ]
+    return [
+        g.table("Jobs", "One row per job the daemon reports. Checkpoint age is the time since the last "
+                "complete checkpoint (alert SpxJobCheckpointStale).", targets,
+                transformations=g.merged(columns, [], ["job", "instance", *columns.values()]),
+                overrides=overrides, h=8),
+        g.state_timeline("State over time", "Job state as the daemon reports it.",
+                         [g.query(f"max by (instance, job) ({STATE}{{{JOB}}})", "{{job}}")],
+                         mappings=JOB_STATE_CODES, h=7),
+    ]
+
+
+def progress() -> list[g.Panel]:
+    return [
+        g.row("Progress and checkpoints"),
+        g.timeseries("Step", "Global optimizer step from the job's heartbeat (alert SpxJobHung when it stops "
+                     "moving while running).", [g.query(f"max by (job) (spx_job_step{{{JOB}}})", "{{job}}")]),
+        g.timeseries("Samples per second", "Throughput from the job's heartbeat.",
+                     [g.query(f"max by (job) (spx_job_samples_per_second{{{JOB}}})", "{{job}}")], min_=0),
+        g.timeseries("Time since last checkpoint", "Age of the latest complete checkpoint.",
+                     [g.query(f"max by (job) ({CKPT_AGE}{{{JOB}}})", "{{job}}")], unit="s", min_=0),
+        g.timeseries("Checkpoint interval (observed)", "Mean time between checkpoints over the last 6 h; the "
+                     "stale-checkpoint alert fires at 3 × this (at least 15 min).",
+                     [g.query(f"max by (job) ({CKPT_INTERVAL}{{{JOB}}})", "{{job}}")], unit="s", min_=0),
+    ]
+
+
+def restarts() -> list[g.Panel]:
+    return [
+        g.row("Restarts"),
+        g.bargauge("Restarts by reason (since submission)", "crash, signal, oom, hang, preempted, daemon-restart, "
+                   "gpu-fault: why each relaunch happened.",
+                   [g.query(f"sum by (job, reason) (spx_job_restarts_total{{{JOB}}})", "{{job}} · {{reason}}")],
+                   w=8),
+        g.timeseries("Restarts", "Relaunches per interval by reason (alert SpxJobCrashLooping).",
+                     [g.query(f"sum by (job, reason) (increase(spx_job_restarts_total{{{JOB}}}[$__rate_interval]))",
+                              "{{job}} · {{reason}}")], bars=True, min_=0, w=8),
+        g.timeseries("Attempts", "Attempts started per job.",
+                     [g.query(f"max by (job) (spx_job_attempts{{{JOB}}})", "{{job}}")], min_=0, w=8),
+    ]
+
+
+def resources() -> list[g.Panel]:
+    return [
+        g.row("GPUs held"),
+        g.timeseries("GPUs held", "GPUs allocated to each job.",
+                     [g.query(f"max by (job) (spx_job_gpus{{{JOB}}})", "{{job}}")], min_=0, w=6),
+        g.timeseries("GPU utilization (mean over the job's GPUs)", "Mean utilization of the GPUs each job holds.",
+                     [g.query(f"avg by (job) (spx_gpu_utilization_ratio{{{JOB}}} {ON_JOB_GPUS})", "{{job}}")],
+                     unit="percentunit", min_=0, max_=1, w=6),
+        g.timeseries("GPU memory used", "Device memory used on the GPUs each job holds.",
+                     [g.query(f"sum by (job) (spx_gpu_memory_used_bytes{{{JOB}}} {ON_JOB_GPUS})", "{{job}}")],
+                     unit="bytes", min_=0, w=6),
+        g.timeseries("GPU power", "Power drawn by the GPUs each job holds.",
+                     [g.query(f"sum by (job) (spx_gpu_power_watts{{{JOB}}} {ON_JOB_GPUS})", "{{job}}")],
+                     unit="watt", min_=0, w=6),
+    ]
+
+
+def build() -> dict:
+    return g.dashboard(
+        "spx-jobs", "spx-trainer / Jobs",
+        "Training jobs supervised by spx-trainer: state, restarts by reason, step and samples/s, checkpoint "
+        "age and the GPUs each job holds.",
+        tags=[TAG, "jobs"], variables=standard_variables(multi_instance=True),
+        panels=[*overview(), *job_table(), *progress(), *restarts(), *resources()],
+        links=g.dashboard_links(TAG),
+    )

@@ -1,0 +1,145 @@
+"""Drive a real daemon in tests: `spx-trainer --root DIR` as a subprocess, and the real `spx` CLI.
+
+The daemon is started exactly as a user would start it (console scripts from the venv); its JSON
+log lines are collected from stdout so tests can wait on events instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Daemon:
+    """A running `spx-trainer` rooted in `root`."""
+
+    def __init__(self, root: Path, gpu_backend: str = "none", extra_args: list[str] | None = None,
+                 config: dict | None = None, env: dict[str, str] | None = None):
+        self.root = root
+        self.gpu_backend = gpu_backend
+        self.extra_args = extra_args or []
+        self.config = config
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+        self.lines: list[dict] = []
+        self._reader: threading.Thread | None = None
+        self.metrics_port: int | None = None
+
+    @property
+    def spool(self) -> Path:
+        return self.root / "spool"
+
+    def start(self, timeout: float = 60) -> Daemon:
+        args = [str(BIN / "spx-trainer"), "--root", str(self.root), "--gpu-backend", self.gpu_backend,
+                "--metrics-address", "127.0.0.1:0", *self.extra_args]
+        if self.config is not None:
+            import yaml
+
+            cfg = self.root.parent / f"{self.root.name}-config.yaml"
+            cfg.write_text(yaml.safe_dump(self.config))
+            args += ["--config", str(cfg)]
+        self.lines = []
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **self.env}, text=True)
+        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
+        self._reader.start()
+        ready = self.wait_event("daemon_ready", timeout=timeout)
+        self.metrics_port = int(ready["metrics"].rsplit(":", 1)[1])
+        return self
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                self.lines.append(json.loads(line))
+            except ValueError:
+                self.lines.append({"event": "raw", "text": line.rstrip()})
+
+    def events(self, name: str, **match: object) -> list[dict]:
+        return [e for e in list(self.lines) if e.get("event") == name and all(e.get(k) == v for k, v in match.items())]
+
+    def wait_event(self, name: str, timeout: float = 30, **match: object) -> dict:
+        def found():
+            if self.proc is not None and self.proc.poll() is not None and not self.events(name, **match):
+                raise AssertionError(f"daemon exited ({self.proc.returncode}) before {name}: {self.lines[-20:]}")
+            hits = self.events(name, **match)
+            return hits[-1] if hits else None
+
+        return wait_for(found, timeout, f"daemon event {name} {match}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        if self._reader:
+            self._reader.join(timeout=5)
+
+    def stop(self, timeout: float = 180) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._reader:
+            self._reader.join(timeout=5)
+        return self.proc.returncode
+
+    def spx(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        res = subprocess.run([str(BIN / "spx"), "--root", str(self.root), *args], capture_output=True, text=True,
+                             timeout=timeout)
+        if check and res.returncode != 0:
+            raise AssertionError(f"spx {' '.join(args)} exited {res.returncode}: {res.stderr}{res.stdout}")
+        return res
+
+    def ls(self) -> list[dict]:
+        return json.loads(self.spx("ls", "--json").stdout)
+
+    def status(self, name: str) -> dict:
+        return json.loads(self.spx("status", name, "--json", check=False).stdout)
+
+    def job(self, name: str) -> dict | None:
+        return next((j for j in self.ls() if j["name"] == name), None)
+
+    def wait_state(self, name: str, states: set[str] | str, timeout: float) -> dict:
+        wanted = {states} if isinstance(states, str) else states
+
+        def reached():
+            j = self.job(name)
+            return j if j and j["state"] in wanted else None
+
+        return wait_for(reached, timeout, f"job {name} to reach {wanted} (now: {self.job(name)})", interval=0.3)
+
+    def drop(self, name: str, text: str) -> Path:
+        """Write a job file into the spool the way an editor or `cp` would (write, then close)."""
+        path = self.spool / name
+        path.write_text(text)
+        return path

@@ -1,0 +1,30 @@
+from spx.daemon.scheduler import impossible_reason, place
+from spx.daemon.spec import parse_spec
+from spx.daemon.states import JobState
+from spx.daemon.store import JobRow
+
+
+def job(name, gpus, n=0):
+    spec = parse_spec(f"name: {name}\nscript: a.py\ngpus: {gpus}\n")
+    return JobRow(n, name, JobState.QUEUED, None, 0, "root", spec, "", float(n), 0, [], None, 0, 0, None)
+
+
+def test_two_small_jobs_share_the_host_on_disjoint_gpus_and_the_big_one_waits():
+    placed = place([job("a", 2, 1), job("b", 2, 2), job("c", 8, 3)], set(range(8)))
+    assert [(p.job.name, p.gpus) for p in placed] == [("a", [0, 1]), ("b", [2, 3])]
+
+
+def test_no_backfill_past_a_waiting_gpu_job_but_cpu_jobs_pass():
+    placed = place([job("big", 8, 1), job("small", 1, 2), job("cpu", 0, 3)], {0, 1, 2})
+    assert [p.job.name for p in placed] == ["cpu"]
+
+
+def test_explicit_gpu_list():
+    assert place([job("x", "[4, 5]")], {4, 5, 6})[0].gpus == [4, 5]
+    assert place([job("x", "[4, 5]")], {5, 6}) == []
+
+
+def test_impossible_jobs_say_why():
+    assert "needs 8 GPUs, this host has 0" in impossible_reason(job("x", 8), [], "none")
+    assert "[9]" in impossible_reason(job("x", "[9]"), list(range(8)), "fake")
+    assert impossible_reason(job("x", 2), list(range(8)), "fake") is None

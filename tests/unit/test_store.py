@@ -1,0 +1,52 @@
+import pytest
+
+from spx.daemon.spec import parse_spec
+from spx.daemon.states import IllegalTransition, JobState
+from spx.daemon.store import DuplicateJob, Store
+
+
+def spec(name="a"):
+    return parse_spec(f"name: {name}\nscript: a.py\n")
+
+
+def test_transitions_are_checked_and_recorded(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    jid = store.add_job(spec(), 0, "root", "/x", 1.0)
+    store.transition(jid, JobState.STARTING, "GPUs allocated", 2.0, gpus=[0, 1])
+    with pytest.raises(IllegalTransition):
+        store.transition(jid, JobState.QUEUED, "no", 3.0)
+    job = store.job(jid)
+    assert job.state is JobState.STARTING and job.gpus == [0, 1] and job.reason == "GPUs allocated"
+    store.close()
+
+
+def test_names_unique_among_live_jobs_only(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    jid = store.add_job(spec(), 0, "root", "/x", 1.0)
+    with pytest.raises(DuplicateJob):
+        store.add_job(spec(), 0, "root", "/y", 2.0)
+    store.transition(jid, JobState.CANCELLED, "cancelled", 3.0)
+    jid2 = store.add_job(spec(), 0, "root", "/y", 4.0)
+    assert store.job_by_name("a").id == jid2
+    store.close()
+
+
+def test_attempts_and_restart_counts(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    jid = store.add_job(spec(), 0, "root", "/x", 1.0)
+    a1 = store.start_attempt(jid, number=1, attempt_id="u1", now=2.0, resumed_from=None, resumed_from_step=None, port=1)
+    store.end_attempt(a1, end=3.0, exit_code=1, reason="exit code 1", reason_class="crash")
+    store.start_attempt(jid, number=2, attempt_id="u2", now=4.0, resumed_from="/c/step-000000010",
+                        resumed_from_step=10, port=2)
+    assert store.open_attempt(jid).number == 2
+    assert store.restarts_by_reason(jid) == {"crash": 1}
+    store.close()
+
+
+def test_readonly_store_sees_committed_state(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    store.add_job(spec(), 0, "root", "/x", 1.0)
+    ro = Store(tmp_path / "s.sqlite", readonly=True)
+    assert [j.name for j in ro.live_jobs()] == ["a"]
+    ro.close()
+    store.close()

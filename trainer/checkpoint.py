@@ -1,0 +1,231 @@
+"""Checkpoints of a data-parallel job in the shared layout (design §5), written atomically.
+
+A save of global step S by a world of W ranks:
+
+1. every rank snapshots its state to host memory (rank 0: model, optimizer, scheduler; every rank:
+   its RNG states and data position) — the only part the training loop waits for;
+2. every rank writes its files into the shared staging dir `tmp_dirname(S, token)` (the token is
+   rank 0's, broadcast at start-up), each as `NAME.part` → fsync → rename to `NAME`. The rename is
+   that rank's "done" marker; a rank that fails writes `rank-NNNNN.failed` instead;
+3. rank 0 waits (in its background thread, polling the directory — no collectives off the main
+   thread) until all W rank files exist, then builds the manifest and `publish`es, then applies
+   retention.
+
+A crash anywhere before the rename of step 3 leaves a staging directory, which no reader counts
+and the next attempt sweeps; the previous complete checkpoint stays "latest".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spx.daemon import checkpoint_layout as layout
+from spx.trainer.async_save import BackgroundSaver
+from spx.trainer.snapshot import HostSnapshotter
+
+log = logging.getLogger("spx.trainer")
+
+FORMAT = "spx-ddp"
+SHARED_FILE = "model.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message says which file and why."""
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def failed_marker(rank: int) -> str:
+    return f"rank-{rank:05d}.failed"
+
+
+def atomic_torch_save(obj: Any, path: Path, delay_seconds: float = 0.0) -> None:
+    """`torch.save` to `path.part`, fsync, rename: `path` exists only once it is complete.
+
+    `delay_seconds` (tests only) holds the file half-done so a test can kill the writer mid-write.
+    """
+    part = path.with_name(path.name + ".part")
+    with part.open("wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        if delay_seconds:
+            time.sleep(delay_seconds)
+        os.fsync(f.fileno())
+    os.replace(part, path)
+
+
+@dataclass
+class SaveRequest:
+    """What one rank contributes to the checkpoint of `step`."""
+
+    step: int
+    epoch: int
+    rank_state: dict
+    shared_state: dict | None  # rank 0 only
+    extra: dict
+
+
+class Checkpointer:
+    """Writes and reads this job's checkpoints; one instance per rank, all with the same token."""
+
+    def __init__(
+        self,
+        ckpt_dir: Path,
+        *,
+        rank: int,
+        world_size: int,
+        token: str,
+        keep: int = 3,
+        checksums: bool = True,
+        publish_timeout_seconds: float = 600.0,
+        debug_write_delay_seconds: float = 0.0,
+    ) -> None:
+        self.dir = Path(ckpt_dir)
+        self.rank, self.world_size, self.token = rank, world_size, token
+        self.keep, self.checksums = keep, checksums
+        self.publish_timeout_seconds = publish_timeout_seconds
+        self.debug_write_delay_seconds = debug_write_delay_seconds
+        self._saver = BackgroundSaver()
+        self._snapshotter = HostSnapshotter()
+        # Written by the publishing thread, read by the heartbeat: (step, unix time).
+        self.last_published: tuple[int, float] | None = None
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    # ---- saving -------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        epoch: int,
+        rank_state: dict,
+        shared_state_fn: Callable[[], dict] | None,
+        *,
+        blocking: bool,
+        extra: dict | None = None,
+    ) -> None:
+        """Checkpoint `step`. Non-blocking: returns after the host snapshot; the write continues
+        in the background. Blocking: returns once published (rank 0) / written (others) and
+        raises `CheckpointError` if that failed."""
+        error = self._saver.wait()
+        if error is not None:
+            log.error("previous checkpoint failed (%d failures so far): %r", self._saver.failures, error)
+        shared = None
+        if shared_state_fn is not None:
+            shared = self._snapshotter.copy(shared_state_fn())
+        req = SaveRequest(step, epoch, rank_state, shared, extra or {})
+        if blocking:
+            try:
+                self._write(req)
+            except Exception as exc:
+                raise CheckpointError(f"checkpoint of step {step} failed: {exc!r}") from exc
+        else:
+            self._saver.submit(lambda: self._write(req), label=f"step {step}")
+
+    def wait(self) -> BaseException | None:
+        """Block until no save is in flight; returns the error of the last one, if it failed."""
+        return self._saver.wait()
+
+    @property
+    def failures(self) -> int:
+        return self._saver.failures
+
+    def _write(self, req: SaveRequest) -> None:
+        staging = self.dir / layout.tmp_dirname(req.step, self.token)
+        staging.mkdir(parents=True, exist_ok=True)
+        delay = self.debug_write_delay_seconds
+        try:
+            if req.shared_state is not None:
+                atomic_torch_save(req.shared_state, staging / SHARED_FILE, delay)
+            atomic_torch_save(req.rank_state, staging / rank_file(self.rank))
+        except BaseException as exc:
+            (staging / failed_marker(self.rank)).write_text(repr(exc))
+            raise
+        if self.rank == 0:
+            self._publish(staging, req)
+
+    def _publish(self, staging: Path, req: SaveRequest) -> None:
+        """Rank 0: wait for every rank's file, then manifest + rename; on failure, discard."""
+        try:
+            self._wait_for_ranks(staging)
+            manifest = layout.build_manifest(
+                staging,
+                step=req.step,
+                epoch=req.epoch,
+                world_size=self.world_size,
+                fmt=FORMAT,
+                checksums=self.checksums,
+                extra={"token": self.token, **req.extra},
+            )
+            final = layout.publish(staging, manifest)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self.last_published = (req.step, time.time())
+        log.info("checkpoint %s published", final)
+        for old in layout.apply_retention(self.dir, self.keep):
+            log.info("retention removed %s", old)
+
+    def _wait_for_ranks(self, staging: Path) -> None:
+        deadline = time.monotonic() + self.publish_timeout_seconds
+        while True:
+            failed = [r for r in range(self.world_size) if (staging / failed_marker(r)).exists()]
+            if failed:
+                raise CheckpointError(f"ranks {failed} failed to write their part of {staging.name}")
+            missing = [r for r in range(self.world_size) if not (staging / rank_file(r)).exists()]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"ranks {missing} did not finish {staging.name} within {self.publish_timeout_seconds}s"
+                )
+            time.sleep(0.02)
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def sweep_stale(self) -> None:
+        """Remove staging dirs of earlier, crashed attempts (rank 0, at start-up)."""
+        for p in layout.remove_stale_tmp(self.dir, live_tokens=[self.token]):
+            log.info("removed unfinished checkpoint %s", p.name)
+
+    def load(self, path: Path, rank: int, map_location: Any = "cpu") -> tuple[dict, dict, dict]:
+        """(shared state, this rank's state, manifest) of a complete checkpoint.
+
+        A checkpoint written by a different world size still loads; this rank then gets the rank
+        file of `rank % old_world` and the caller rescales the data position.
+        """
+        manifest = layout.read_manifest(path)
+        if manifest is None:
+            raise CheckpointError(f"{path} is not a complete checkpoint (no valid {layout.MANIFEST})")
+        if manifest.get("format") != FORMAT:
+            raise CheckpointError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}")
+        old_world = int(manifest["world_size"])
+        shared = torch.load(path / SHARED_FILE, map_location=map_location, weights_only=True)
+        mine = torch.load(path / rank_file(rank % old_world), map_location="cpu", weights_only=True)
+        return shared, mine, manifest
+
+
+def resolve_resume_path(ckpt_dir: Path) -> Path | None:
+    """SPX_RESUME_FROM if it names a complete checkpoint, else the latest complete one in
+    `ckpt_dir`, else None. An unusable SPX_RESUME_FROM is logged, never fatal: the layout's own
+    answer is what the daemon would have chosen anyway."""
+    from spx.daemon.contract import ENV_RESUME_FROM
+
+    wanted = os.environ.get(ENV_RESUME_FROM, "").strip()
+    if wanted:
+        path = Path(wanted)
+        if layout.read_manifest(path) is not None:
+            return path
+        log.warning("%s=%s is not a complete checkpoint; using the latest complete one", ENV_RESUME_FROM, wanted)
+    ref = layout.latest_complete(ckpt_dir)
+    return ref.path if ref else None

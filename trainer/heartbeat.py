@@ -1,0 +1,64 @@
+"""Rank 0's heartbeat file (design §6): the daemon's view of progress.
+
+The daemon detects hangs by watching `step` move and exports samples/s and the last checkpoint as
+job metrics. Writes are atomic (`contract.write_heartbeat`) and rate-limited to one per
+`min_interval` seconds; a status change ("preempted", "finished") is written at once because it is
+the last word of the attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from spx.daemon.contract import HEARTBEAT_MIN_INTERVAL_SECONDS, Heartbeat, write_heartbeat
+
+log = logging.getLogger("spx.trainer")
+
+
+class HeartbeatWriter:
+    """Throttled heartbeat; a no-op when `path` is None (not rank 0, or no file configured)."""
+
+    def __init__(self, path: str | Path | None, min_interval: float = HEARTBEAT_MIN_INTERVAL_SECONDS) -> None:
+        self.path = Path(path) if path else None
+        self.min_interval = max(min_interval, HEARTBEAT_MIN_INTERVAL_SECONDS)
+        self._last_write = float("-inf")
+        self._window_start = time.monotonic()
+        self._window_samples = 0
+        self.samples_per_second = 0.0
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def tick(
+        self,
+        *,
+        step: int,
+        epoch: int,
+        samples: int,
+        last_checkpoint: tuple[int, float] | None,
+        status: str = "running",
+        force: bool = False,
+    ) -> None:
+        """Account `samples` processed since the last tick; write if the interval passed."""
+        self._window_samples += samples
+        now = time.monotonic()
+        if self.path is None or (not force and now - self._last_write < self.min_interval):
+            return
+        elapsed = now - self._window_start
+        if elapsed > 0 and self._window_samples:
+            self.samples_per_second = self._window_samples / elapsed
+        self._window_start, self._window_samples = now, 0
+        beat = Heartbeat(
+            step=step,
+            epoch=epoch,
+            samples_per_second=round(self.samples_per_second, 3),
+            last_checkpoint_step=last_checkpoint[0] if last_checkpoint else None,
+            last_checkpoint_time=last_checkpoint[1] if last_checkpoint else None,
+            status=status,
+        )
+        try:
+            write_heartbeat(self.path, beat)
+        except OSError as exc:  # a full disk must not kill training; the daemon will notice
+            log.warning("cannot write heartbeat %s: %r", self.path, exc)
+        self._last_write = now
