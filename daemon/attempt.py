@@ -89,7 +89,8 @@ class LiveAttempt:
 
     def begin_stop(self, cause: str, now_mono: float) -> None:
         """SIGTERM to the whole attempt; SIGKILL follows after the grace period (see `advance_stop`)."""
-        if self.stop_cause is None:
+        # A cancel wins over any other reason to stop: the user's intent is that it ends for good.
+        if self.stop_cause is None or cause == "cancel":
             self.stop_cause = cause
         if self.term_sent_mono is None:
             self.term_sent_mono = now_mono

@@ -18,10 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from spx.daemon import control, jobviews
+from spx.daemon import control
 from spx.daemon.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.spec import SpecError, parse_spec
-from spx.daemon.store import Store
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -46,6 +45,9 @@ def ask(cfg: DaemonConfig, op: str, name: str | None = None) -> object:
 def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
     if op == "cancel" or not os.access(cfg.store_path, os.R_OK):
         raise CliError(f"the daemon is not running (no answer on {cfg.socket_path}); start it with `spx-trainer`")
+    from spx.daemon import jobviews  # only on this fallback path: keeps `spx` quick to start
+    from spx.daemon.store import Store
+
     store = Store(cfg.store_path, readonly=True)
     try:
         if op == "ls":

@@ -51,7 +51,7 @@ class DaemonConfig(BaseModel):
             "checkpoints_root": root / "checkpoints",
             "run_dir": root / "run",
         }
-        return cls(**{**paths, **overrides})  # type: ignore[arg-type]
+        return cls(**{**paths, **overrides})
 
     @property
     def store_path(self) -> Path:

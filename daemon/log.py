@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
 
 
-def _ensure_job_fields(_logger: object, _name: str, event: dict) -> dict:
+def _ensure_job_fields(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     event.setdefault("job", None)
     event.setdefault("attempt", None)
     return event
@@ -34,5 +36,7 @@ def configure(level: str = "info") -> None:
     )
 
 
-def get_logger(**bound: object) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger("spx").bind(**bound)
+def get_logger(**bound: object) -> Any:
+    """A lazy logger: module-level loggers created before `configure()` still render as JSON."""
+    logger = structlog.get_logger("spx")
+    return logger.bind(**bound) if bound else logger

@@ -96,10 +96,11 @@ class Daemon:
         self.intake.start()
         self.control.start()
         registry = build_registry(self.backend, self.views, _version())
-        self.metrics = serve(registry, self.cfg.metrics_address)
+        metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         self.xid = self.backend.start_xid_watch()
+        host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=_version(), root=str(self.cfg.spool_dir.parent),
-                 gpu_backend=self.backend.description, metrics=f"{self.cfg.metrics_address.rsplit(':', 1)[0]}:{self.metrics.port}",
+                 gpu_backend=self.backend.description, metrics=f"{host}:{metrics.port}",
                  spool=str(self.cfg.spool_dir), pid=os.getpid())
         self.notifier.ready(self.status_text())
 

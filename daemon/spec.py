@@ -122,12 +122,12 @@ class JobSpec(_Strict):
     procs: int | None = Field(None, ge=1, le=512, description="Worker processes; default the number of GPUs (1 if none).")
     deepspeed_config: str | None = Field(None, description="DeepSpeed JSON config (launcher: deepspeed only).")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the workers.")
-    nodes: Nodes = Field(default_factory=Nodes)
-    checkpoints: Checkpoints = Field(default_factory=Checkpoints)
+    nodes: Nodes = Field(default_factory=lambda: Nodes())
+    checkpoints: Checkpoints = Field(default_factory=lambda: Checkpoints())
     resume_args: list[str] = Field(default_factory=list, description="Appended only when resuming.")
-    restart: Restart = Field(default_factory=Restart)
-    stop: Stop = Field(default_factory=Stop)
-    data: Data = Field(default_factory=Data)
+    restart: Restart = Field(default_factory=lambda: Restart())
+    stop: Stop = Field(default_factory=lambda: Stop())
+    data: Data = Field(default_factory=lambda: Data())
     priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first; FIFO within a priority.")
 
     @field_validator("name")
@@ -181,7 +181,10 @@ class JobSpec(_Strict):
 
     @property
     def worker_count(self) -> int:
-        return self.procs or max(1, self.gpu_count)
+        """Worker processes: `procs`, else one per GPU (one for CPU jobs and plain python)."""
+        if self.procs:
+            return self.procs
+        return 1 if self.launcher == "python" else max(1, self.gpu_count)
 
     def checkpoint_dir(self, checkpoints_root: Path) -> Path:
         return self.checkpoints.dir or checkpoints_root / self.name

@@ -138,7 +138,7 @@ def _job(row: sqlite3.Row) -> JobRow:
 
 
 def _attempt(row: sqlite3.Row) -> AttemptRow:
-    return AttemptRow(**{k: row[k] for k in row.keys()})
+    return AttemptRow(**{k: row[k] for k in row.keys()})  # noqa: SIM118 (sqlite3.Row iterates values)
 
 
 class Store:

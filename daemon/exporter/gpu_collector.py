@@ -20,7 +20,6 @@ from typing import Any
 
 import pynvml
 import structlog
-
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.gpu import fields as F
 from spx.daemon.gpu.backend import GpuBackend, GpuDevice
@@ -248,7 +247,11 @@ class GpuCollector:
     def _collect(self) -> tuple[list[Any], bool]:
         fam = Families(GPU_FAMILIES)
         ok = True
-        views = self.jobs()
+        try:
+            views = self.jobs()
+        except Exception:  # the job labels are lost for this scrape, the GPU readings are not
+            log.exception("gpu_collector_jobs_failed")
+            views, ok = [], False
         gpu_jobs = {g: v.name for v in views if v.state in ALLOCATED_STATES for g in v.gpus}
         pid_jobs = {pid: v.name for v in views for pid in v.pids}
         watcher = self.backend.xid_watcher

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-
 from spx.daemon.gpu.xid import XidEvent, XidWatcher, handle_key
 
-__all__ = ["GpuBackend", "GpuBackendError", "GpuDevice", "open_backend", "handle_key", "XidEvent"]
+__all__ = ["GpuBackend", "GpuBackendError", "GpuDevice", "open_backend", "fake_backend", "handle_key", "XidEvent"]
 
 log = structlog.get_logger(__name__)
 
@@ -173,16 +172,19 @@ def _open_nvml() -> GpuBackend:
     return backend
 
 
-def _open_fake(fixture: Path | None) -> GpuBackend:
-    from spx.daemon.gpu.fake import DEFAULT_FIXTURE, FakeNvml
-
-    path = fixture or DEFAULT_FIXTURE
-    fake = FakeNvml.from_fixture(path)
+def fake_backend(fake: Any) -> GpuBackend:
+    """A "fake" backend over a `FakeNvml` built by the caller (tests: custom clock, fixture, filter)."""
     fake.nvmlInit()
     backend = GpuBackend("fake", "", fake, fake.driver_version)
     names = {d.name for d in backend.devices()}
-    backend.description = f"fake: {len(backend.devices())}× {', '.join(sorted(names))} (fixture {path.name})"
+    backend.description = f"fake: {len(backend.devices())}× {', '.join(sorted(names))} (fixture {fake.source})"
     return backend
+
+
+def _open_fake(fixture: Path | None) -> GpuBackend:
+    from spx.daemon.gpu.fake import DEFAULT_FIXTURE, FakeNvml
+
+    return fake_backend(FakeNvml.from_fixture(fixture or DEFAULT_FIXTURE))
 
 
 def open_backend(kind: str, fake_fixture: Path | None = None) -> GpuBackend:

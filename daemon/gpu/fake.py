@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pynvml
-
 from spx.daemon.gpu.fake_procs import ProcessFilter, ProcessScanner
 from spx.daemon.gpu.fake_sim import FakeDevice, FakeEventSet
 
@@ -229,7 +228,7 @@ class FakeNvml:
 
     def _proc_memory(self, dev: FakeDevice) -> dict[int, int]:
         per_pid = int(dev.spec["process_memory_mib"]) * MIB
-        return {pid: per_pid + (pid * 7919 % 2048) * MIB for pid in self._procs.pids(dev.index)}
+        return {pid: per_pid for pid in self._procs.pids(dev.index)}
 
     @_api
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:

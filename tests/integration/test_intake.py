@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import datetime
+from pathlib import Path
 
 import pytest
+
 from harness import Daemon, wait_for
 
-OK = "name: {name}\nlauncher: python\nscript: /bin/true\ngpus: 0\n"
+SLEEP = Path(__file__).resolve().parent.parent / "fixtures" / "scripts" / "sleep_for.py"
+OK = "name: {name}\nlauncher: python\nscript: " + str(SLEEP) + "\nargs: ['0']\ngpus: 0\n"
+
+
+def sleeper(name: str, seconds: int, gpus: int = 0) -> str:
+    return f"name: {name}\nlauncher: python\nscript: {SLEEP}\nargs: ['{seconds}']\ngpus: {gpus}\n"
 
 
 @pytest.fixture
@@ -26,20 +34,29 @@ def rejected_reason(d: Daemon, name: str, timeout: float = 10) -> str:
 
 def test_submitted_job_is_listed_within_one_second(daemon, tmp_path):
     job = tmp_path / "ok.yaml"
-    job.write_text("name: hello\nlauncher: python\nscript: /bin/sleep\nargs: ['30']\ngpus: 0\n")
-    t0 = time.monotonic()
-    daemon.spx("submit", str(job))
-    j = wait_for(lambda: daemon.job("hello"), 1.0, "job listed")
-    assert time.monotonic() - t0 < 1.0
-    assert j["state"] in ("queued", "starting", "running")
+    job.write_text(sleeper("hello", 30))
+    before = time.time()
+    out = daemon.spx("submit", str(job)).stdout
+    assert out.startswith("hello: ") and "submitted" not in out, out  # the daemon answered with a state
+    queued = daemon.wait_event("job_queued", job="hello", timeout=5)
+    from datetime import datetime
+
+    latency = datetime.fromisoformat(queued["timestamp"]).timestamp() - before
+    assert latency < 1.0, f"daemon took {latency:.2f} s from submit to queued"
+    j = daemon.job("hello")
+    assert j["state"] in ("queued", "starting", "running") and j["attempts"] <= 1
     daemon.spx("cancel", "hello")
     daemon.wait_state("hello", "cancelled", 30)
 
 
-def test_drop_is_noticed_well_under_100ms(daemon):
-    daemon.drop("fast.yaml", "name: fast\nlauncher: python\nscript: /bin/sleep\nargs: ['30']\n")
+def test_drop_is_taken_through_inotify_not_the_rescan(daemon):
+    """The rescan runs every 5 s; a drop claimed well within that came through inotify. The
+    latency itself (goal: well under 100 ms) is measured by bench/bench_intake.py."""
+    before = time.time()
+    daemon.drop("fast.yaml", sleeper("fast", 30))
     queued = daemon.wait_event("job_queued", job="fast", timeout=5)
-    assert queued  # the log line exists; the latency is in bench/, this checks it went through inotify
+    latency = datetime.fromisoformat(queued["timestamp"]).timestamp() - before
+    assert latency < 0.5, f"{latency:.3f} s"
     assert not (daemon.spool / "fast.yaml").exists()
     daemon.spx("cancel", "fast")
 
@@ -78,7 +95,7 @@ def test_bad_files_are_rejected_with_the_problem(daemon, text, expected):
 
 
 def test_duplicate_name_of_a_live_job_is_rejected(daemon):
-    job = "name: dup\nlauncher: python\nscript: /bin/sleep\nargs: ['60']\n"
+    job = sleeper("dup", 60)
     daemon.drop("first.yaml", job)
     daemon.wait_state("dup", {"queued", "starting", "running"}, 10)
     daemon.drop("second.yaml", job)
@@ -124,8 +141,8 @@ def test_kill9_between_intake_and_launch_keeps_the_job(tmp_path):
     # gpus: 8 on a host without GPUs would fail; use the fake backend and a job that needs more
     # GPUs than are free, so it stays queued, then kill -9 and restart.
     d = Daemon(tmp_path / "root", gpu_backend="fake").start()
-    blocker = "name: blocker\nlauncher: python\nscript: /bin/sleep\nargs: ['300']\ngpus: 8\n"
-    waiting = "name: waiting\nlauncher: python\nscript: /bin/true\ngpus: 8\n"
+    blocker = sleeper("blocker", 300, gpus=8)
+    waiting = sleeper("waiting", 0, gpus=8)
     try:
         d.drop("blocker.yaml", blocker)
         d.wait_state("blocker", "running", 30)

@@ -1,0 +1,42 @@
+"""Per-job metrics from the state store's job views (which already carry each job's heartbeat)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from spx.daemon.exporter.metrics import Families
+from spx.daemon.views import JobView
+
+# Every state a job can be in (design §4); spx_job_state has one series per state, 1 for the current.
+JOB_STATES = ("queued", "starting", "running", "restarting", "succeeded", "failed", "cancelled")
+
+JOB_FAMILIES = [
+    "spx_job_state", "spx_job_restarts_total", "spx_job_step", "spx_job_samples_per_second",
+    "spx_job_last_checkpoint_timestamp_seconds", "spx_job_gpus", "spx_job_attempts",
+]
+
+
+class JobCollector:
+    """Reads `jobs()` once per scrape; which jobs it returns (e.g. live + recently ended) is the store's call."""
+
+    def __init__(self, jobs: Callable[[], list[JobView]]) -> None:
+        self.jobs = jobs
+
+    def collect(self) -> tuple[list[Any], bool]:
+        fam = Families(JOB_FAMILIES)
+        for view in sorted(self.jobs(), key=lambda v: v.name):
+            job = {"job": view.name}
+            for state in JOB_STATES:
+                fam.add("spx_job_state", {**job, "state": state}, 1 if view.state == state else 0)
+            for reason, count in sorted(view.restarts_by_reason.items()):
+                fam.add("spx_job_restarts_total", {**job, "reason": reason}, count)
+            if view.step is not None:
+                fam.add("spx_job_step", job, view.step)
+            if view.samples_per_second is not None:
+                fam.add("spx_job_samples_per_second", job, view.samples_per_second)
+            if view.last_checkpoint_time is not None:
+                fam.add("spx_job_last_checkpoint_timestamp_seconds", job, view.last_checkpoint_time)
+            fam.add("spx_job_gpus", job, len(view.gpus))
+            fam.add("spx_job_attempts", job, view.attempts)
+        return fam.metrics(), True

@@ -1,0 +1,168 @@
+"""The supervisor with real processes: torchrun (gloo on CPU), signals, kill -9, /proc checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import EXAMPLES, Daemon, wait_for
+from spx.daemon import proctree
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
+PY = sys.executable
+
+
+def ddp_job(name: str, *args: str, restart: str = "{max_restarts: 3, backoff_seconds: [1, 10]}", gpus: int = 2,
+            extra: str = "") -> str:
+    argv = ", ".join(f'"{a}"' for a in ("--batch_size", "4", "--model-size", "tiny", "--seed", "7", *args))
+    return (f"name: {name}\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\npython: {PY}\n"
+            f"args: [{argv}]\ngpus: {gpus}\nprocs: 2\nrestart: {restart}\nstop: {{grace_seconds: 30}}\n{extra}")
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(tmp_path / "root", gpu_backend="fake").start()
+    yield d
+    d.stop()
+
+
+def job_pids(name: str) -> list[int]:
+    """Every live process whose environment says it belongs to job `name`."""
+    tag = f"SPX_JOB={name}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                env = Path(entry.path, "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if tag in env and not proctree._is_zombie(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def worker_pids(name: str) -> list[int]:
+    pids = []
+    for pid in job_pids(name):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(c.endswith(b"train_ddp.py") for c in cmd) and b"torch.distributed.run" not in cmd:
+            pids.append(pid)
+    return pids
+
+
+@pytest.mark.slow
+def test_torchrun_job_crashing_once_resumes_from_last_checkpoint_and_succeeds(daemon):
+    daemon.drop("crash.yaml", ddp_job("crash-once", "--steps", "40", "--checkpoint-every", "10", "--crash-at-step", "25"))
+    daemon.wait_state("crash-once", {"succeeded", "failed"}, 300)
+    st = daemon.status("crash-once")
+    assert st["state"] == "succeeded", st
+    first, second = st["history"]
+    assert first["reason"] == "exit code 1" and first["resumed_from_step"] is None
+    assert second["resumed_from_step"] == 20, "attempt 2 resumes from the last checkpoint before the crash"
+    assert 25 - second["resumed_from_step"] <= 10, "no step trained twice beyond the checkpoint interval"
+    log2 = (daemon.root / "log" / "crash-once" / "attempt-2.log").read_text()
+    assert "resuming from" in log2 and "step-000000020" in log2
+    assert "final_state_sha256=" in log2
+
+
+@pytest.mark.slow
+def test_kill9_of_one_worker_takes_the_group_down_and_the_job_resumes(daemon):
+    daemon.drop("k.yaml", ddp_job("kill-worker", "--steps", "60", "--checkpoint-every", "5", "--sleep-per-step", "0.2"))
+    wait_for(lambda: (daemon.job("kill-worker") or {}).get("step") and daemon.job("kill-worker")["step"] >= 12,
+             240, "training progress")
+    victims = worker_pids("kill-worker")
+    assert len(victims) == 2
+    attempt1 = job_pids("kill-worker")
+    os.kill(victims[1], signal.SIGKILL)
+    wait_for(lambda: daemon.job("kill-worker")["attempts"] >= 2, 120, "second attempt")
+    assert not set(attempt1) & set(job_pids("kill-worker")), "a process of attempt 1 survived"
+    daemon.wait_state("kill-worker", {"succeeded", "failed"}, 300)
+    st = daemon.status("kill-worker")
+    assert st["state"] == "succeeded" and st["history"][1]["resumed_from_step"] >= 10
+
+
+def test_setsid_grandchild_ignoring_sigterm_is_gone_after_cancel(daemon, tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    daemon.drop("g.yaml", f"name: escaper\nlauncher: python\nscript: {SCRIPTS / 'setsid_grandchild.py'}\n"
+                          f"python: {PY}\nargs: ['{pidfile}']\nstop: {{grace_seconds: 2}}\n")
+    wait_for(pidfile.exists, 30, "grandchild started")
+    grandchild = int(pidfile.read_text())
+    assert os.getsid(grandchild) != os.getpgid(grandchild) or os.getsid(grandchild) == grandchild
+    daemon.spx("cancel", "escaper")
+    daemon.wait_state("escaper", "cancelled", 30)
+    assert not Path(f"/proc/{grandchild}").exists() or proctree._is_zombie(grandchild)
+    assert job_pids("escaper") == []
+
+
+@pytest.mark.slow
+def test_hung_worker_is_detected_its_stacks_logged_and_it_is_restarted(daemon):
+    timeout = 15
+    daemon.drop("h.yaml", ddp_job("hangs", "--steps", "20", "--checkpoint-every", "5", "--hang-at-step", "8",
+                                  restart=f"{{max_restarts: 3, backoff_seconds: [1, 5], hang_timeout_seconds: {timeout}}}"))
+    hang = daemon.wait_event("hang_detected", job="hangs", timeout=300)
+    assert timeout < hang["idle_seconds"] <= timeout + 5
+    daemon.wait_state("hangs", {"succeeded", "failed"}, 300)
+    st = daemon.status("hangs")
+    assert st["state"] == "succeeded" and st["history"][0]["reason"].startswith("hang")
+    log1 = (daemon.root / "log" / "hangs" / "attempt-1.log").read_text()
+    assert "stack of pid" in log1 and "train_ddp.py" in log1.split("stack of pid", 1)[1]
+
+
+def test_always_crashing_job_fails_as_crash_loop_with_backoff_while_others_run(daemon):
+    daemon.drop("c.yaml", f"name: crasher\nlauncher: python\nscript: {SCRIPTS / 'always_crash.py'}\npython: {PY}\n"
+                          "restart: {max_restarts: 10, backoff_seconds: [1, 8]}\n")
+    daemon.drop("o.yaml", f"name: bystander\nlauncher: python\nscript: {SCRIPTS / 'sleep_for.py'}\npython: {PY}\n"
+                          "args: ['3']\n")
+    daemon.wait_state("crasher", {"failed"}, 60)
+    st = daemon.status("crasher")
+    assert st["reason"].startswith("crash loop") and len(st["history"]) == 3
+    gaps = [b["start"] - a["end"] for a, b in zip(st["history"], st["history"][1:], strict=False)]
+    assert gaps[0] >= 0.9 and gaps[1] >= 1.9, f"exponential backoff between attempts, got {gaps}"
+    assert st["history"][0]["root_cause"].startswith("ValueError") or "exit" in st["history"][0]["reason"]
+    daemon.wait_state("bystander", "succeeded", 60)
+    assert daemon.alive()
+
+
+def test_two_2gpu_jobs_share_the_host_and_an_8gpu_job_waits(daemon):
+    def job(name, gpus, secs):
+        return (f"name: {name}\nlauncher: python\nscript: {SCRIPTS / 'sleep_for.py'}\npython: {PY}\n"
+                f"args: ['{secs}']\ngpus: {gpus}\n")
+
+    daemon.drop("a.yaml", job("small-a", 2, 6))
+    daemon.drop("b.yaml", job("small-b", 2, 6))
+    a = daemon.wait_state("small-a", "running", 20)
+    b = daemon.wait_state("small-b", "running", 20)
+    daemon.drop("c.yaml", job("big-c", 8, 1))
+    c = daemon.wait_state("big-c", "queued", 20)
+    assert not set(a["gpus"]) & set(b["gpus"]) and len(a["gpus"]) == len(b["gpus"]) == 2
+    assert daemon.job("small-a")["state"] == "running" and c["gpus"] == []
+    daemon.wait_state("big-c", {"running", "succeeded"}, 60)
+    assert {daemon.job("small-a")["state"], daemon.job("small-b")["state"]} == {"succeeded"}
+    done = daemon.wait_state("big-c", "succeeded", 60)
+    assert done["attempts"] == 1
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_job_killed_once_resumes_from_its_checkpoint(daemon):
+    job = (f"name: ds-job\nlauncher: deepspeed\nscript: {EXAMPLES / 'train_deepspeed.py'}\npython: {PY}\n"
+           f"deepspeed_config: {EXAMPLES / 'ds_config.json'}\n"
+           'args: ["--steps", "24", "--checkpoint-every", "6", "--model-size", "tiny", "--sleep-per-step", "0.3"]\n'
+           "gpus: 2\nprocs: 2\nrestart: {max_restarts: 2, backoff_seconds: [1, 5], hang_timeout_seconds: 600}\n")
+    daemon.drop("ds.yaml", job)
+    wait_for(lambda: ((daemon.job("ds-job") or {}).get("step") or 0) >= 8, 600, "deepspeed progress", interval=1)
+    victims = [p for p in job_pids("ds-job")
+               if b"train_deepspeed.py" in Path(f"/proc/{p}/cmdline").read_bytes()
+               and b"deepspeed.launcher" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert victims
+    os.kill(victims[-1], signal.SIGKILL)
+    daemon.wait_state("ds-job", {"succeeded", "failed"}, 600)
+    st = daemon.status("ds-job")
+    assert st["state"] == "succeeded", st
+    assert st["history"][1]["resumed_from_step"] >= 6
