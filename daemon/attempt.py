@@ -44,6 +44,7 @@ class LiveAttempt:
     exited_mono: float | None = None
     returncode: int | None = None
     pids: list[int] = field(default_factory=list)
+    seen_pids: set[int] = field(default_factory=set)  # every pid ever seen, for the OOM check
     pids_checked_mono: float = 0.0
     hang_idle: float | None = None
 
@@ -112,6 +113,7 @@ class LiveAttempt:
         if now_mono - self.pids_checked_mono >= every:
             self.pids_checked_mono = now_mono
             self.pids = proctree.attempt_pids(self.attempt_id)
+            self.seen_pids.update(self.pids)
 
     def all_gone(self) -> bool:
         self.pids = proctree.attempt_pids(self.attempt_id)

@@ -33,11 +33,13 @@ import json
 import os
 import re
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 PART_SUFFIX = ".spx-part"
 PART_XATTR = "user.spx.source"
@@ -475,6 +477,34 @@ def command(src: Path, dst: Path, python: str = sys.executable, bwlimit: int | N
     """The argv the supervisor runs (as the job's user) to stage SRC into DST."""
     argv = [python, "-m", "spx.daemon.staging", str(src), str(dst)]
     return [*argv, "--bwlimit", str(bwlimit)] if bwlimit else argv
+
+
+def spawn(
+    src: Path,
+    dst: Path,
+    *,
+    uid: int,
+    gid: int,
+    python: str = sys.executable,
+    bwlimit: int | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
+    """Start the copier as the job's user, the way the supervisor does before attempt 1.
+
+    stdout carries the JSON lines (stderr is merged into it: a traceback shows up as lines that
+    `parse_event` rejects, to be logged as text). Own session, so cancel can kill its group. The
+    interpreter and the installed package must be readable by that user. As a non-root daemon
+    (`--root`) the copier simply runs as the daemon's own user.
+    """
+    ids: dict[str, Any] = {}
+    if os.geteuid() == 0:
+        ids = {"user": uid, "group": gid, "extra_groups": []}
+    return subprocess.Popen(
+        command(src, dst, python, bwlimit), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        text=True, cwd="/", start_new_session=True,
+        env=env if env is not None else {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
+        **ids,
+    )
 
 
 def parse_event(line: str) -> StageProgress | StageResult | StageFailure:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,8 +22,10 @@ from spx.daemon.attempt import LEFTOVER_KILL_SECONDS, LiveAttempt
 from spx.daemon.config import DaemonConfig
 from spx.daemon.contract import EXIT_PREEMPTED
 from spx.daemon.log import get_logger
+from spx.daemon.oom import oom_killed
 from spx.daemon.policy import AttemptOutcome, decide
 from spx.daemon.rootcause import find_root_cause
+from spx.daemon.stager import StagingRun, staging_done, start_staging
 from spx.daemon.states import JobState
 from spx.daemon.store import JobRow, Store
 
@@ -43,6 +46,7 @@ class Supervisor:
         self.clock = clock
         self.wall = wall
         self.live: dict[int, LiveAttempt] = {}
+        self.staging: dict[int, StagingRun] = {}
         self.last_restart: tuple[str, float, str] | None = None  # (job, wall time, reason) for STATUS
 
     # --- paths ----------------------------------------------------------------------------------
@@ -194,8 +198,9 @@ class Supervisor:
         preempted = att.beat_status == "preempted" or code == EXIT_PREEMPTED
         ran = self.clock() - att.started_mono
         progressed = att.progressed or (att.last_step is None and ran >= self.cfg.healthy_seconds)
+        oom = code != 0 and att.stop_cause is None and oom_killed(att.seen_pids)
         outcome = AttemptOutcome(
-            exit_code=code, signal=sig, preempted=preempted, stop_cause=att.stop_cause,
+            exit_code=code, signal=sig, preempted=preempted, oom=oom, stop_cause=att.stop_cause,
             hang_seconds=att.hang_idle, progressed=progressed, ran_seconds=ran,
         )
         decision = decide(outcome, job.spec.restart, att.number, job.backoff_level,
@@ -236,7 +241,39 @@ class Supervisor:
             self.store.transition(job.id, JobState.STARTING, "relaunching", now)
             job = self.store.job(job.id)
         if job.state is JobState.STARTING:
-            self.launch(job)
+            if job.spec.data.stage is not None and not staging_done(job.staging):
+                self._advance_staging(job)
+            else:
+                self.launch(job)
+
+    def _advance_staging(self, job: JobRow) -> None:
+        """Before the first attempt: copy the working set to local disk as the job's user."""
+        run = self.staging.get(job.id)
+        stage = job.spec.data.stage
+        assert stage is not None
+        if run is None:
+            user = pwd.getpwuid(job.owner_uid)
+            ldir = self.log_dir(job)
+            _chown_dir(ldir, user.pw_uid, user.pw_gid, 0o750)
+            run = self.staging[job.id] = start_staging(job.id, stage.source, stage.to, job.owner_uid,
+                                                       ldir / "staging.log")
+            log.info("staging_started", job=job.name, source=str(stage.source), to=str(stage.to))
+        exited = run.poll()
+        now = self.wall()
+        if run.text() != job.staging:
+            self.store.update_job(job.id, now, staging=run.text())
+        if not exited:
+            return
+        del self.staging[job.id]
+        if run.proc.stdout is not None:
+            run.proc.stdout.close()
+        if run.succeeded:
+            log.info("staging_done", job=job.name, detail=run.text())
+            self.launch(self.store.job(job.id))
+        else:
+            why = run.text() if run.text().startswith("staging failed") else f"staging failed: copier exited {run.proc.returncode}"
+            self.store.transition(job.id, JobState.FAILED, why, now, gpus=[])
+            log.error("staging_failed", job=job.name, reason=why)
 
     # --- stopping -------------------------------------------------------------------------------
 
@@ -248,12 +285,27 @@ class Supervisor:
             att.begin_stop("cancel", self.clock())
             log.info("cancel_requested", job=job.name, attempt=att.number, by=by)
             return f"cancelling {job.name}: SIGTERM sent, {att.grace_seconds:.0f} s grace to checkpoint"
+        self._stop_staging(job.id)
         self.store.transition(job.id, JobState.CANCELLED, f"cancelled by {by}", now, gpus=[])
         log.info("cancelled", job=job.name, by=by)
         return f"cancelled {job.name}"
 
+    def _stop_staging(self, job_id: int) -> None:
+        """Staging is resumable, so stopping it is just a kill; the next start continues it."""
+        run = self.staging.pop(job_id, None)
+        if run is not None:
+            try:
+                os.killpg(run.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            run.proc.wait()
+            if run.proc.stdout is not None:
+                run.proc.stdout.close()
+
     def stop_all(self) -> float:
         """Daemon shutdown: every attempt gets SIGTERM and its grace. Returns the longest grace."""
+        for job_id in list(self.staging):
+            self._stop_staging(job_id)
         now = self.clock()
         for att in self.live.values():
             att.begin_stop("daemon-stop", now)

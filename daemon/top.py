@@ -123,6 +123,10 @@ def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right: set[
     return [line[:width] for line in lines]
 
 
+def _natural_width(header: tuple[str, ...], rows: Sequence[tuple[str, ...]], keep: list[int]) -> int:
+    return sum(max(len(r[i]) for r in [header, *rows]) for i in keep) + 2 * (len(keep) - 1)
+
+
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
@@ -156,7 +160,15 @@ def render(jobs: list[JobView], gpus: list[GpuRow], now: float, width: int) -> s
             str(restarts(j)), gpu_list(j.gpus),
         ))
     header = ("JOB", "STATE", "STEP", "SAMPLES/S", "LAST CKPT", "RESTARTS", "GPUS")
-    table = _table(header, job_rows, {2, 3, 5}, width, shrink=0)
+    keep = list(range(len(header)))
+    # Too narrow: drop what is shown elsewhere or matters least (GPUs are in the GPU table) before
+    # cutting job names.
+    for drop in (6, 5, 3, 4):
+        if _natural_width(header, job_rows, keep) <= width:
+            break
+        keep.remove(drop)
+    right = {keep.index(i) for i in (2, 3, 5) if i in keep}
+    table = _table(tuple(header[i] for i in keep), [tuple(r[i] for i in keep) for r in job_rows], right, width, shrink=0)
     notes = [j.staging or j.reason or "" for j in ordered]
     col = max(len(line) for line in table) + 2
     inline = width - col >= MIN_NOTE_WIDTH

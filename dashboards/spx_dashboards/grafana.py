@@ -238,8 +238,12 @@ def matrix(row_field: str, column_field: str, column_order: list[str] | None = N
 
 def merged(columns: dict[str, str], hidden: list[str], order: list[str]) -> list[dict]:
     """Join several instant table queries on their shared labels, rename "Value #A" style columns
-    to `columns[refId]`, hide `hidden`, order by `order`."""
-    rename = {f"Value #{ref}": name for ref, name in columns.items()}
+    to `columns[refId]`, hide `hidden`, order by `order`. (With a single query Grafana names the
+    value column plain "Value".)"""
+    if len(columns) == 1:
+        rename = {"Value": name for name in columns.values()}
+    else:
+        rename = {f"Value #{ref}": name for ref, name in columns.items()}
     return [
         {"id": "merge", "options": {}},
         {"id": "organize", "options": {

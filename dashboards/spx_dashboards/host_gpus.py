@@ -71,7 +71,7 @@ def gpu_table() -> list[g.Panel]:
         g.state_timeline("Job on each GPU", "Which spx job held each GPU over time; 'idle' when none.",
                          [g.query(f"max by (gpu, job) ({ATTRIBUTION}{{{GPU}, job!=\"\"}}) or "
                                   f"label_replace(0 * max by (gpu) ({ATTRIBUTION}{{{GPU}, job=\"\"}}), "
-                                  f"\"job\", \"idle\", \"\", \"\")", "GPU {{gpu}} · {{job}}")],
+                                  f"\"job\", \"idle\", \"job\", \"\")", "GPU {{gpu}} · {{job}}")],
                          mappings=g.value_map({"1": ("held", "green"), "0": ("idle", "text")}), h=8),
     ]
 

@@ -60,7 +60,7 @@ def job_table() -> list[g.Panel]:
                 transformations=g.merged(columns, [], ["job", "instance", *columns.values()]),
                 overrides=overrides, h=8),
         g.state_timeline("State over time", "Job state as the daemon reports it.",
-                         [g.query(f"max by (instance, job) ({STATE}{{{JOB}}})", "{{job}}")],
+                         [g.query(f"max by (instance, job) ({STATE}{{{JOB}}})", "{{job}} @ {{instance}}")],
                          mappings=JOB_STATE_CODES, h=7),
     ]
 
@@ -98,8 +98,8 @@ def restarts() -> list[g.Panel]:
 def resources() -> list[g.Panel]:
     return [
         g.row("GPUs held"),
-        g.timeseries("GPUs held", "GPUs allocated to each job.",
-                     [g.query(f"max by (job) (spx_job_gpus{{{JOB}}})", "{{job}}")], min_=0, w=6),
+        g.timeseries("GPUs held", "GPUs allocated to each job, summed over its hosts.",
+                     [g.query(f"sum by (job) (spx_job_gpus{{{JOB}}})", "{{job}}")], min_=0, w=6),
         g.timeseries("GPU utilization (mean over the job's GPUs)", "Mean utilization of the GPUs each job holds.",
                      [g.query(f"avg by (job) (spx_gpu_utilization_ratio{{{JOB}}} {ON_JOB_GPUS})", "{{job}}")],
                      unit="percentunit", min_=0, max_=1, w=6),

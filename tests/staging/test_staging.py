@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from spx.daemon.staging import (
     PART_SUFFIX,
     StageError,
@@ -25,9 +26,28 @@ from spx.daemon.staging import (
     command,
     parse_bytes,
     parse_event,
+    spawn,
     stage_tree,
 )
-from staging_helpers import ENV, interrupt, tree, write
+
+ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def write(path: Path, data: bytes, mtime_ns: int | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    if mtime_ns is not None:
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def tree(root: Path) -> dict[str, tuple[bytes, int, int]]:
+    """rel → (content, mtime_ns, mode) of the regular files under root (parts excluded)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink() and not p.name.endswith(PART_SUFFIX):
+            st = p.stat()
+            out[str(p.relative_to(root))] = (p.read_bytes(), st.st_mtime_ns, st.st_mode & 0o777)
+    return out
 
 
 @pytest.fixture
@@ -179,7 +199,7 @@ def test_subprocess_prints_progress_lines_and_a_final_result(src: Path, tmp_path
     assert tree(tmp_path / "dst") == tree(src)
 
 
-def test_interrupted_copy_resumes_the_part_and_copies_each_byte_once(tmp_path: Path) -> None:
+def test_interrupted_copy_resumes_the_part_and_copies_each_byte_once(tmp_path: Path, interrupt) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     data = os.urandom(24 << 20)
     write(src / "one.bin", data)
@@ -195,7 +215,7 @@ def test_interrupted_copy_resumes_the_part_and_copies_each_byte_once(tmp_path: P
     assert not part.exists()
 
 
-def test_a_part_left_from_an_older_source_version_is_restarted(tmp_path: Path) -> None:
+def test_a_part_left_from_an_older_source_version_is_restarted(tmp_path: Path, interrupt) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     write(src / "one.bin", os.urandom(24 << 20))
     interrupt(command(src, dst, bwlimit=8 << 20), want_copied=4 << 20)
@@ -240,17 +260,20 @@ def test_runs_with_the_job_users_permissions() -> None:
         os.chown(dst, 65534, 65534)
         src.chmod(0o755)
         python, env = _python_for(65534, base)
-        argv = command(src, dst, python=python)
-        r = subprocess.run(argv, capture_output=True, text=True, env=env, user=65534, group=65534,
-                           extra_groups=[], timeout=120)
-        assert r.returncode == 0, r.stdout + r.stderr
+
+        def run() -> tuple[int, str]:
+            proc = spawn(src, dst, uid=65534, gid=65534, python=python, env=env)
+            out, _ = proc.communicate(timeout=120)
+            return proc.returncode, out
+
+        rc, out = run()
+        assert rc == 0, out
         assert (dst / "mine.bin").stat().st_uid == 65534
         write(src / "private.bin", b"p" * 10)
         (src / "private.bin").chmod(0o600)
-        r = subprocess.run(argv, capture_output=True, text=True, env=env, user=65534, group=65534,
-                           extra_groups=[], timeout=120)
-        assert r.returncode == 1
-        assert json.loads(r.stdout.splitlines()[-1]) == {
+        rc, out = run()
+        assert rc == 1
+        assert json.loads(out.splitlines()[-1]) == {
             "event": "error", "error": f"cannot read {src}/private.bin: Permission denied"
         }
     finally:

@@ -20,9 +20,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from spx.daemon.staging import PART_SUFFIX, StageResult, command, parse_event
-from staging_helpers import ENV, interrupt
 
+from spx.daemon.staging import PART_SUFFIX, StageResult, command, parse_event
+
+ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
 GIB = 1 << 30
 FILES = 1000
 BIG = 128 << 20
@@ -71,7 +72,7 @@ def run_to_end(argv: list[str]) -> tuple[StageResult, int]:
 
 
 @pytest.mark.slow
-def test_1gib_tree_interrupted_and_resumed_copies_each_byte_once() -> None:
+def test_1gib_tree_interrupted_and_resumed_copies_each_byte_once(interrupt) -> None:
     base = Path(tempfile.mkdtemp(prefix="spx-stage-1gib-"))
     try:
         src, dst = base / "src", base / "dst"

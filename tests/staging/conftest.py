@@ -1,37 +1,22 @@
-"""Helpers shared by the staging tests (real files, real copier subprocesses)."""
+"""Fixtures of the staging tests: killing a real copier subprocess mid-copy."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from spx.daemon.staging import PART_SUFFIX, StageProgress, parse_event
 
 # No .pyc writes by the copier: its wchar counter must be its copy plus its stdout, nothing else.
 ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def write(path: Path, data: bytes, mtime_ns: int | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    if mtime_ns is not None:
-        os.utime(path, ns=(mtime_ns, mtime_ns))
-
-
-def tree(root: Path) -> dict[str, tuple[bytes, int, int]]:
-    """rel → (content, mtime_ns, mode) of the regular files under root (parts excluded)."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and not p.is_symlink() and not p.name.endswith(PART_SUFFIX):
-            st = p.stat()
-            out[str(p.relative_to(root))] = (p.read_bytes(), st.st_mtime_ns, st.st_mode & 0o777)
-    return out
-
-
-def interrupt(argv: list[str], want_copied: int) -> tuple[int, list[str]]:
+def _interrupt(argv: list[str], want_copied: int) -> tuple[int, list[str]]:
     """Run the copier until it has copied want_copied bytes and a part file exists, then kill -9 it
     while it is stopped. Returns (wchar minus its stdout bytes = bytes it copied, stdout lines)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=ENV)
@@ -60,3 +45,9 @@ def interrupt(argv: list[str], want_copied: int) -> tuple[int, list[str]]:
     return wchar - sum(len(x.encode()) for x in lines), lines
 
 
+
+
+@pytest.fixture
+def interrupt() -> Callable[[list[str], int], tuple[int, list[str]]]:
+    """interrupt(argv, want_copied) → (bytes the copier copied before kill -9, its stdout lines)."""
+    return _interrupt

@@ -1,0 +1,44 @@
+# The two set-up commands (README): `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-fast lint bench install venv clean-demo
+
+venv: $(VENV)/.installed
+
+# torch goes in first and alone: on a host with an NVIDIA driver pip picks its CUDA build; on a
+# CPU-only host it must be the CPU build (this image ships torch==2.13.0 CPU; elsewhere set
+# SPX_TORCH_SPEC, e.g. "torch --index-url https://download.pytorch.org/whl/cpu"). DeepSpeed then
+# builds no ops at install time (they JIT on first use) and sees the torch already there.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	if [ -n "$$SPX_TORCH_SPEC" ]; then $(BIN)/pip install -q $$SPX_TORCH_SPEC; \
+	elif [ -e /proc/driver/nvidia/version ]; then $(BIN)/pip install -q 'torch>=2.3'; \
+	else $(BIN)/pip install -q torch==2.13.0; fi
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.14'
+	$(BIN)/pip install -q -e '.[train,test]'
+	touch $@
+
+demo: venv
+	$(BIN)/python examples/demo.py
+
+test: venv
+	bash tests/run.sh
+
+test-fast: venv
+	bash tests/run.sh -m "not slow and not systemd"
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy daemon
+
+bench: venv
+	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+install:
+	bash systemd/install.sh
+
+clean-demo:
+	rm -rf .demo
