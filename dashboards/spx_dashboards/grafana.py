@@ -241,7 +241,7 @@ def merged(columns: dict[str, str], hidden: list[str], order: list[str]) -> list
     to `columns[refId]`, hide `hidden`, order by `order`. (With a single query Grafana names the
     value column plain "Value".)"""
     if len(columns) == 1:
-        rename = {"Value": name for name in columns.values()}
+        rename = {"Value": next(iter(columns.values()))}
     else:
         rename = {f"Value #{ref}": name for ref, name in columns.items()}
     return [

@@ -3,14 +3,12 @@
 import pkgutil
 import subprocess
 import sys
-from pathlib import Path
 
 import spx.daemon
 
 
 def _all_daemon_modules() -> list[str]:
-    root = Path(spx.daemon.__file__).parent
-    return ["spx.daemon"] + [f"spx.daemon.{m.name}" for m in pkgutil.walk_packages([str(root)], prefix="")]
+    return ["spx.daemon"] + [m.name for m in pkgutil.walk_packages(spx.daemon.__path__, prefix="spx.daemon.")]
 
 
 def test_every_daemon_module_imports_without_torch():
