@@ -81,9 +81,9 @@ class Intake:
 
     def _accept(self, acc: Accepted) -> Rejected | None:
         spec = acc.spec
-        ckpt_dir = spec.checkpoint_dir(self.cfg.checkpoints_root)
-        if not owner_can_write(ckpt_dir, acc.owner_uid):
-            return Rejected(acc.name, f"checkpoints.dir: {ckpt_dir} is not writable by {acc.owner}", acc.owner_uid)
+        problem = self._checkpoint_dir_problem(spec, acc.owner_uid, acc.owner)
+        if problem:
+            return Rejected(acc.name, problem, acc.owner_uid)
         live = self.store.job_by_name(spec.name)
         if live is not None and not live.state.terminal:
             return Rejected(
@@ -101,6 +101,25 @@ class Intake:
         fsync_dir(self.jobs_dir)
         self.claimer.remove(acc.name)
         self._record(spec, acc.owner_uid, acc.owner, copy, acc.name)
+        return None
+
+    def _checkpoint_dir_problem(self, spec: JobSpec, uid: int, owner: str) -> str | None:
+        """The checkpoint dir must be the owner's: an existing one must belong to them (else a
+        reused job name would resume from another user's checkpoints), a new one must be
+        creatable by them (the daemon creates the default one, under checkpoints_root, for them)."""
+        ckpt_dir = spec.checkpoint_dir(self.cfg.checkpoints_root)
+        if ckpt_dir.exists():
+            st = ckpt_dir.stat()
+            if uid != 0 and st.st_uid != uid:
+                return (f"checkpoints.dir: {ckpt_dir} exists and belongs to uid {st.st_uid}, not {owner}; "
+                        "choose another job name or set checkpoints.dir")
+            if not owner_can_write(ckpt_dir, uid):
+                return f"checkpoints.dir: {ckpt_dir} is not writable by {owner}"
+            return None
+        if ckpt_dir.parent == self.cfg.checkpoints_root:
+            return None
+        if not owner_can_write(ckpt_dir, uid):
+            return f"checkpoints.dir: {ckpt_dir} cannot be created by {owner} (parent not writable)"
         return None
 
     def _record(self, spec: JobSpec, uid: int, owner: str, copy: Path, spool_name: str) -> None:

@@ -27,12 +27,9 @@ Contract:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 import time
@@ -41,14 +38,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-PART_SUFFIX = ".spx-part"
-PART_XATTR = "user.spx.source"
-CHUNK_BYTES = 8 << 20
+from spx.daemon.staging_copy import (
+    PART_SUFFIX,
+    Copier,
+    FileEntry,
+    StageError,
+    already_staged,
+    check_space,
+    copy_file,
+    existing_ancestor,
+    human_bytes,
+    place_link,
+    resumable_length,
+    scan_tree,
+)
+
 PROGRESS_INTERVAL_SECONDS = 0.5
-
-
-class StageError(Exception):
-    """Staging cannot finish; the message is the reason shown in `spx status` (names the file)."""
 
 
 @dataclass(frozen=True)
@@ -116,14 +121,6 @@ class StageFailure:
     error: str
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def parse_bytes(text: str) -> int:
     """'200M', '1.5G', '4096' → bytes (binary units)."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
@@ -131,222 +128,6 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"not a size: {text!r} (e.g. 200M, 1G)")
     scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
     return int(float(m.group(1)) * scale)
-
-
-# --- planning ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _File:
-    rel: str
-    size: int
-    mtime_ns: int
-    atime_ns: int
-    mode: int
-
-
-@dataclass
-class _Plan:
-    dirs: list[tuple[str, int]] = field(default_factory=list)
-    files: list[_File] = field(default_factory=list)
-    links: list[tuple[str, str]] = field(default_factory=list)  # (rel, relative target)
-    warnings: list[str] = field(default_factory=list)
-
-
-def _scan(src: Path) -> _Plan:
-    """Walk SRC without following symlinks."""
-    plan = _Plan()
-    root = os.path.realpath(src)
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        abs_dir = os.path.join(root, rel_dir)
-        try:
-            entries = sorted(os.scandir(abs_dir), key=lambda e: e.name)
-        except OSError as e:
-            raise StageError(f"cannot list {abs_dir}: {e.strerror}") from e
-        for entry in entries:
-            rel = os.path.join(rel_dir, entry.name)
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError as e:
-                raise StageError(f"cannot stat {entry.path}: {e.strerror}") from e
-            if stat.S_ISDIR(st.st_mode):
-                plan.dirs.append((rel, stat.S_IMODE(st.st_mode)))
-                stack.append(rel)
-            elif stat.S_ISREG(st.st_mode):
-                if entry.name.endswith(PART_SUFFIX):
-                    plan.warnings.append(f"skipped {entry.path}: the source holds a staging part file")
-                    continue
-                plan.files.append(_File(rel, st.st_size, st.st_mtime_ns, st.st_atime_ns, stat.S_IMODE(st.st_mode)))
-            elif stat.S_ISLNK(st.st_mode):
-                target, why = _link_inside(root, rel)
-                if target is None:
-                    plan.warnings.append(f"skipped symlink {entry.path} -> {os.readlink(entry.path)}: {why}")
-                else:
-                    plan.links.append((rel, target))
-            else:
-                plan.warnings.append(f"skipped {entry.path}: not a regular file, directory or symlink")
-    plan.files.sort(key=lambda f: f.rel)
-    return plan
-
-
-def _link_inside(root: str, rel: str) -> tuple[str | None, str]:
-    """(relative target to recreate, "") for the link at ROOT/REL, or (None, why not)."""
-    resolved = os.path.realpath(os.path.join(root, rel))
-    if resolved != root and not resolved.startswith(root + os.sep):
-        return None, f"points outside {root}"
-    if not os.path.exists(resolved):
-        return None, "dangling"
-    return os.path.relpath(resolved, os.path.dirname(os.path.join(root, rel))), ""
-
-
-def _identity(f: _File) -> bytes:
-    return f"{f.size}:{f.mtime_ns}".encode()
-
-
-def _already_staged(dst_file: str, f: _File) -> bool:
-    try:
-        st = os.stat(dst_file, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_size == f.size and st.st_mtime_ns == f.mtime_ns
-
-
-def _resumable_length(part: str, f: _File) -> int:
-    """Bytes of PART that can be kept: all of it if it was started for this source version."""
-    try:
-        st = os.stat(part, follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > f.size:
-            return 0
-        return st.st_size if os.getxattr(part, PART_XATTR) == _identity(f) else 0
-    except OSError:
-        return 0
-
-
-def _mount_point(path: str) -> str:
-    path = os.path.realpath(path)
-    while not os.path.ismount(path):
-        path = os.path.dirname(path)
-    return path
-
-
-def _existing_ancestor(path: Path) -> str:
-    p = os.path.abspath(path)
-    while not os.path.exists(p):
-        p = os.path.dirname(p)
-    return p
-
-
-def _check_space(dst: Path, need: int, statvfs: Callable[[str], os.statvfs_result]) -> None:
-    where = _existing_ancestor(dst)
-    st = statvfs(where)
-    free = st.f_bavail * st.f_frsize
-    if need > free:
-        raise StageError(
-            f"no space on {_mount_point(where)}: need {human_bytes(need)}, {human_bytes(free)} free"
-        )
-
-
-# --- copying ----------------------------------------------------------------------------------
-
-
-class _Copier:
-    """Moves bytes fd→fd in the kernel, degrading once per run when a method is unsupported."""
-
-    def __init__(self, bwlimit: int | None, on_bytes: Callable[[int], None]) -> None:
-        self.method = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
-        self.bwlimit = bwlimit
-        # Under a rate limit, chunks of ~0.1 s keep the rate smooth and the progress reports regular.
-        self.chunk = max(64 << 10, min(CHUNK_BYTES, bwlimit // 10)) if bwlimit else CHUNK_BYTES
-        self.on_bytes = on_bytes
-        self._t0 = time.monotonic()
-        self._sent = 0
-
-    def copy(self, src_fd: int, dst_fd: int, offset: int, end: int) -> None:
-        while offset < end:
-            count = min(self.chunk, end - offset)
-            n = self._one(src_fd, dst_fd, offset, count)
-            if n == 0:
-                raise EOFError
-            offset += n
-            self.on_bytes(n)
-            self._throttle(n)
-
-    def _one(self, src_fd: int, dst_fd: int, offset: int, count: int) -> int:
-        if self.method == "copy_file_range":
-            try:
-                return os.copy_file_range(src_fd, dst_fd, count, offset, offset)
-            except OSError as e:
-                if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
-                    raise
-                self.method = "sendfile"
-        if self.method == "sendfile":
-            try:
-                os.lseek(dst_fd, offset, os.SEEK_SET)
-                return os.sendfile(dst_fd, src_fd, offset, count)
-            except OSError as e:
-                if e.errno not in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                    raise
-                self.method = "readwrite"
-        data = os.pread(src_fd, count, offset)
-        return os.pwrite(dst_fd, data, offset) if data else 0
-
-    def _throttle(self, n: int) -> None:
-        if not self.bwlimit:
-            return
-        self._sent += n
-        ahead = self._sent / self.bwlimit - (time.monotonic() - self._t0)
-        if ahead > 0:
-            time.sleep(ahead)
-
-
-def _copy_file(copier: _Copier, src_file: str, dst_file: str, f: _File, keep: int) -> None:
-    """Copy SRC_FILE into DST_FILE.spx-part from byte KEEP, then fsync, set mode/mtime, rename."""
-    part = dst_file + PART_SUFFIX
-    try:
-        src_fd = os.open(src_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        raise StageError(f"cannot read {src_file}: {e.strerror}") from e
-    try:
-        st = os.fstat(src_fd)
-        if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
-            raise StageError(f"{src_file} changed while staging (size or mtime); run staging again")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if keep else os.O_TRUNC)
-        try:
-            dst_fd = os.open(part, flags, 0o600)
-        except OSError as e:
-            raise StageError(f"cannot write {part}: {e.strerror}") from e
-        try:
-            if not keep:
-                # Without xattrs here an interrupted part is restarted, not continued.
-                with contextlib.suppress(OSError):
-                    os.setxattr(dst_fd, PART_XATTR, _identity(f))
-            try:
-                copier.copy(src_fd, dst_fd, keep, f.size)
-            except EOFError:
-                raise StageError(f"{src_file} shrank while staging; run staging again") from None
-            except OSError as e:
-                if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                    free = os.statvfs(os.path.dirname(part))
-                    raise StageError(
-                        f"no space on {_mount_point(part)} while writing {dst_file}: "
-                        f"{human_bytes(free.f_bavail * free.f_frsize)} free"
-                    ) from e
-                raise StageError(f"cannot copy {src_file} to {part}: {e.strerror}") from e
-            os.fsync(dst_fd)
-            os.fchmod(dst_fd, f.mode & 0o777)
-            os.utime(dst_fd, ns=(f.atime_ns, f.mtime_ns))
-            with contextlib.suppress(OSError):
-                os.removexattr(dst_fd, PART_XATTR)
-        finally:
-            os.close(dst_fd)
-        try:
-            os.rename(part, dst_file)
-        except OSError as e:
-            raise StageError(f"cannot rename {part} to {dst_file}: {e.strerror}") from e
-    finally:
-        os.close(src_fd)
 
 
 def stage_tree(
@@ -372,23 +153,23 @@ def stage_tree(
     real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
     if real_dst == real_src or real_dst.startswith(real_src + os.sep):
         raise StageError(f"staging target {dst} is inside the source {src}")
-    plan = _scan(src)
+    plan = scan_tree(src)
     root = real_src
-    todo: list[tuple[_File, int]] = []
+    todo: list[tuple[FileEntry, int]] = []
     bytes_skipped = files_skipped = 0
     for f in plan.files:
         dst_file = os.path.join(dst, f.rel)
-        if _already_staged(dst_file, f):
+        if already_staged(dst_file, f):
             bytes_skipped += f.size
             files_skipped += 1
         else:
-            todo.append((f, _resumable_length(dst_file + PART_SUFFIX, f)))
+            todo.append((f, resumable_length(dst_file + PART_SUFFIX, f)))
     try:
-        block = statvfs(_existing_ancestor(dst)).f_frsize or 4096
+        block = statvfs(existing_ancestor(dst)).f_frsize or 4096
     except OSError as e:
         raise StageError(f"cannot check free space for {dst}: {e.strerror}") from e
     need = sum(-(-(f.size - keep) // block) * block for f, keep in todo)
-    _check_space(dst, need, statvfs)
+    check_space(dst, need, statvfs)
 
     try:
         os.makedirs(dst, exist_ok=True)
@@ -398,7 +179,7 @@ def stage_tree(
         raise StageError(f"cannot create directory under {dst}: {e.strerror} ({e.filename})") from e
 
     run = _Run(len(plan.files), sum(f.size for f in plan.files), files_skipped, bytes_skipped, t0, clock, progress)
-    copier = _Copier(bwlimit, run.on_bytes)
+    copier = Copier(bwlimit, run.on_bytes)
     bytes_resumed = files_resumed = 0
     for f, keep in todo:
         run.current = f.rel
@@ -406,11 +187,11 @@ def stage_tree(
             bytes_resumed += keep
             files_resumed += 1
             run.bytes_done += keep
-        _copy_file(copier, os.path.join(root, f.rel), os.path.join(dst, f.rel), f, keep)
+        copy_file(copier, os.path.join(root, f.rel), os.path.join(dst, f.rel), f, keep)
         run.files_done += 1
     run.current = None
     for rel, target in plan.links:
-        _place_link(os.path.join(dst, rel), target)
+        place_link(os.path.join(dst, rel), target)
     if progress is not None:
         progress(run.snapshot())
     return StageResult(
@@ -455,19 +236,6 @@ class _Run:
         if self.progress is not None and now - max(self.last_report, self.t0) >= PROGRESS_INTERVAL_SECONDS:
             self.last_report = now
             self.progress(self.snapshot())
-
-
-def _place_link(path: str, target: str) -> None:
-    try:
-        if os.path.islink(path) and os.readlink(path) == target:
-            return
-        if os.path.lexists(path):
-            if os.path.isdir(path) and not os.path.islink(path):
-                raise StageError(f"cannot place symlink {path}: a directory is in the way")
-            os.unlink(path)
-        os.symlink(target, path)
-    except OSError as e:
-        raise StageError(f"cannot create symlink {path}: {e.strerror}") from e
 
 
 # --- subprocess protocol ----------------------------------------------------------------------
