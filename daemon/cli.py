@@ -196,13 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s = sub.add_parser("doctor", help="check this host against what training needs")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--gpu-backend", choices=["auto", "nvml", "fake", "none"], help="as for spx-trainer")
     s = sub.add_parser("top", help="live view of jobs and GPUs")
     s.add_argument("--once", action="store_true", help="print one frame and exit")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.root)
+    cfg = load_config(args.config, args.root, gpu_backend=getattr(args, "gpu_backend", None))
     if args.command == "submit":
         return cmd_submit(cfg, args)
     if args.command == "ls":

@@ -10,12 +10,10 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from spx.daemon import staging
-from spx.daemon.launcher import SAFE_PATH
 
 STAGED_PREFIX = "staged "
 
@@ -66,19 +64,7 @@ class StagingRun:
 
 def start_staging(job_id: int, src: Path, dst: Path, uid: int, log_file: Path) -> StagingRun:
     user = pwd.getpwuid(uid)
-    as_other = uid != os.getuid()
-    proc = subprocess.Popen(
-        staging.command(src, dst, python=sys.executable),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={"PATH": SAFE_PATH, "HOME": user.pw_dir, "USER": user.pw_name, "LANG": "C.UTF-8"},
-        cwd=user.pw_dir if os.path.isdir(user.pw_dir) else "/",
-        start_new_session=True,
-        user=uid if as_other else None,
-        group=user.pw_gid if as_other else None,
-        extra_groups=os.getgrouplist(user.pw_name, user.pw_gid) if as_other else None,
-    )
+    proc = staging.spawn(src, dst, uid=uid, gid=user.pw_gid)
     assert proc.stdout is not None
     os.set_blocking(proc.stdout.fileno(), False)
     return StagingRun(job_id, proc, log_file)

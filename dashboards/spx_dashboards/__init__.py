@@ -1,0 +1,1 @@
+"""Generators of the spx-trainer Grafana dashboards; run ../build.py to write the JSON."""
