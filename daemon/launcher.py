@@ -7,6 +7,8 @@ group), with an environment built from scratch — the daemon's own variables ne
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import pwd
 import socket
@@ -78,9 +80,14 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
             *args,
         ]
     elif spec.launcher == "deepspeed":
+        # DeepSpeed's single-node launcher with the allocation as its world info — what
+        # `deepspeed --include localhost:4,5` runs. Not `deepspeed --num_gpus=N`: that resets
+        # CUDA_VISIBLE_DEVICES to 0..N-1, i.e. onto GPUs allocated to another job.
+        slots = ctx.gpus or list(range(nproc))
+        world = base64.urlsafe_b64encode(json.dumps({"localhost": slots}).encode()).decode()
         argv = [
-            python, "-m", "deepspeed.launcher.runner",
-            f"--num_gpus={nproc}", f"--master_port={ctx.port}", "--master_addr=127.0.0.1",
+            python, "-m", "deepspeed.launcher.launch",
+            f"--world_info={world}", "--master_addr=127.0.0.1", f"--master_port={ctx.port}",
             spec.script or "", "--deepspeed", "--deepspeed_config", spec.deepspeed_config or "",
             *args,
         ]

@@ -169,6 +169,8 @@ class JobSpec(_Strict):
             raise ValueError("launcher: deepspeed needs `deepspeed_config: FILE`")
         if self.launcher != "deepspeed" and self.deepspeed_config:
             raise ValueError("`deepspeed_config` is only used with launcher: deepspeed")
+        if self.launcher == "deepspeed" and self.gpu_count and self.procs and self.procs != self.gpu_count:
+            raise ValueError("launcher: deepspeed runs one worker per GPU; drop `procs` or make it equal to gpus")
         if self.launcher == "deepspeed" and self.module:
             raise ValueError("launcher: deepspeed runs a `script`, not a `module`")
         if self.launcher == "python" and self.worker_count > 1:

@@ -1,0 +1,46 @@
+"""argv and environment of an attempt: pure, no processes."""
+
+import base64
+import json
+from pathlib import Path
+
+from spx.daemon.launcher import LaunchContext, plan_launch
+from spx.daemon.spec import parse_spec
+
+
+def ctx(gpus, resume=None):
+    return LaunchContext(attempt=2, attempt_id="abc", gpus=gpus, port=29555, checkpoint_dir=Path("/ck/j"),
+                         resume_from=resume, heartbeat_file=Path("/run/hb.json"), rank_log_dir=Path("/log/j/r"),
+                         home="/home/alice", user="alice")
+
+
+def test_torchrun_argv_and_env():
+    spec = parse_spec("name: j\nscript: train.py\ngpus: 2\nargs: ['--ckpt', '{checkpoint_dir}']\n"
+                      "resume_args: ['--resume', '{resume_from}']\nenv: {HF_HOME: /data/hf}\n")
+    plan = plan_launch(spec, ctx([4, 5], Path("/ck/j/step-000000020")), default_python="/venv/bin/python")
+    assert plan.argv[:3] == ["/venv/bin/python", "-m", "torch.distributed.run"]
+    assert "--nproc-per-node=2" in plan.argv and "--max-restarts=0" in plan.argv and "--master-port=29555" in plan.argv
+    assert plan.argv[-5:] == ["train.py", "--ckpt", "/ck/j", "--resume", "/ck/j/step-000000020"]
+    env = plan.env
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5" and env["SPX_RESUME_FROM"] == "/ck/j/step-000000020"
+    assert env["SPX_ATTEMPT"] == "2" and env["HF_HOME"] == "/data/hf" and env["HOME"] == "/home/alice"
+    assert env["PATH"].startswith("/venv/bin:")
+
+
+def test_resume_args_only_when_resuming():
+    spec = parse_spec("name: j\nscript: t.py\nresume_args: ['--init_from=resume']\n")
+    assert "--init_from=resume" not in plan_launch(spec, ctx([])).argv
+    assert plan_launch(spec, ctx([])).env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_deepspeed_gets_the_allocated_gpus_not_0_to_n():
+    spec = parse_spec("name: j\nlauncher: deepspeed\nscript: t.py\ndeepspeed_config: ds.json\ngpus: 2\n")
+    argv = plan_launch(spec, ctx([4, 5])).argv
+    world = next(a for a in argv if a.startswith("--world_info=")).split("=", 1)[1]
+    assert json.loads(base64.urlsafe_b64decode(world)) == {"localhost": [4, 5]}
+    assert argv[argv.index("t.py"):] == ["t.py", "--deepspeed", "--deepspeed_config", "ds.json"]
+
+
+def test_python_module_launch():
+    spec = parse_spec("name: j\nlauncher: python\nmodule: pkg.train\n")
+    assert plan_launch(spec, ctx([]), default_python="/p").argv == ["/p", "-m", "pkg.train"]
