@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import torch
 
 
-def _field(h: "hashlib._Hash", data: bytes) -> None:
+def _field(h: hashlib._Hash, data: bytes) -> None:
     h.update(len(data).to_bytes(8, "little"))
     h.update(data)
 

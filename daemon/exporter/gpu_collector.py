@@ -20,6 +20,7 @@ from typing import Any
 
 import pynvml
 import structlog
+
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.gpu import fields as F
 from spx.daemon.gpu.backend import GpuBackend, GpuDevice

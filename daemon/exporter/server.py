@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, start_http_server
+
 from spx.daemon.exporter.gpu_collector import GpuCollector
 from spx.daemon.exporter.job_collector import JobCollector
 from spx.daemon.exporter.metrics import Families

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
 from spx.daemon.gpu.xid import XidEvent, XidWatcher, handle_key
 
 __all__ = ["GpuBackend", "GpuBackendError", "GpuDevice", "open_backend", "fake_backend", "handle_key", "XidEvent"]

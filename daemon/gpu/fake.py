@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pynvml
+
 from spx.daemon.gpu.fake_procs import ProcessFilter, ProcessScanner
 from spx.daemon.gpu.fake_sim import FakeDevice, FakeEventSet
 

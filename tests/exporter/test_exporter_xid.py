@@ -6,8 +6,8 @@ import copy
 import json
 
 from exporter_support import ManualClock, scrape, value
-from harness import wait_for
 
+from harness import wait_for
 from spx.daemon.exporter.server import build_registry
 from spx.daemon.gpu.fake import DEFAULT_FIXTURE
 

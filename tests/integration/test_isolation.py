@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from harness import Daemon, wait_for
 
+from harness import Daemon, wait_for
 from spx.daemon import control
 
 USER = "spx-test-alice"
