@@ -67,12 +67,16 @@ def atomic_torch_save(obj: Any, path: Path, delay_seconds: float = 0.0) -> None:
 
 @dataclass
 class SaveRequest:
-    """What one rank contributes to the checkpoint of `step`."""
+    """What one rank contributes to the checkpoint of `step`.
+
+    `write_shared(staging)` writes the part that is not per-rank bookkeeping: rank 0's model /
+    optimizer file for DDP (from a host snapshot), or DeepSpeed's collective `save_checkpoint`.
+    """
 
     step: int
     epoch: int
     rank_state: dict
-    shared_state: dict | None  # rank 0 only
+    write_shared: Callable[[Path], None] | None
     extra: dict
 
 
@@ -86,13 +90,14 @@ class Checkpointer:
         rank: int,
         world_size: int,
         token: str,
+        fmt: str = FORMAT,
         keep: int = 3,
         checksums: bool = True,
         publish_timeout_seconds: float = 600.0,
         debug_write_delay_seconds: float = 0.0,
     ) -> None:
         self.dir = Path(ckpt_dir)
-        self.rank, self.world_size, self.token = rank, world_size, token
+        self.rank, self.world_size, self.token, self.fmt = rank, world_size, token, fmt
         self.keep, self.checksums = keep, checksums
         self.publish_timeout_seconds = publish_timeout_seconds
         self.debug_write_delay_seconds = debug_write_delay_seconds
@@ -114,23 +119,38 @@ class Checkpointer:
         blocking: bool,
         extra: dict | None = None,
     ) -> None:
-        """Checkpoint `step`. Non-blocking: returns after the host snapshot; the write continues
-        in the background. Blocking: returns once published (rank 0) / written (others) and
-        raises `CheckpointError` if that failed."""
+        """Checkpoint `step` (DDP: rank 0 passes `shared_state_fn`, the others None).
+
+        Non-blocking: returns after the host snapshot; the write continues in the background.
+        Blocking: returns once published (rank 0) / written (others) and raises
+        `CheckpointError` if that failed.
+        """
         error = self._saver.wait()
         if error is not None:
             log.error("previous checkpoint failed (%d failures so far): %r", self._saver.failures, error)
-        shared = None
+        write_shared = None
         if shared_state_fn is not None:
-            shared = self._snapshotter.copy(shared_state_fn())
-        req = SaveRequest(step, epoch, rank_state, shared, extra or {})
+            snapshot = self._snapshotter.copy(shared_state_fn())
+            delay = self.debug_write_delay_seconds
+
+            def write_shared(staging: Path) -> None:
+                atomic_torch_save(snapshot, staging / SHARED_FILE, delay)
+
+        req = SaveRequest(step, epoch, rank_state, write_shared, extra or {})
         if blocking:
-            try:
-                self._write(req)
-            except Exception as exc:
-                raise CheckpointError(f"checkpoint of step {step} failed: {exc!r}") from exc
+            self._write_reporting(req)
         else:
             self._saver.submit(lambda: self._write(req), label=f"step {step}")
+
+    def save_collective(
+        self, step: int, epoch: int, rank_state: dict, write_shared: Callable[[Path], None], *, extra: dict | None = None
+    ) -> None:
+        """Checkpoint `step` where every rank takes part in writing the shared part (DeepSpeed's
+        `save_checkpoint` is a collective), synchronously, on the calling (main) thread."""
+        error = self._saver.wait()
+        if error is not None:
+            log.error("previous checkpoint failed: %r", error)
+        self._write_reporting(SaveRequest(step, epoch, rank_state, write_shared, extra or {}))
 
     def wait(self) -> BaseException | None:
         """Block until no save is in flight; returns the error of the last one, if it failed."""
@@ -140,13 +160,18 @@ class Checkpointer:
     def failures(self) -> int:
         return self._saver.failures
 
+    def _write_reporting(self, req: SaveRequest) -> None:
+        try:
+            self._write(req)
+        except Exception as exc:
+            raise CheckpointError(f"checkpoint of step {req.step} failed: {exc!r}") from exc
+
     def _write(self, req: SaveRequest) -> None:
         staging = self.dir / layout.tmp_dirname(req.step, self.token)
         staging.mkdir(parents=True, exist_ok=True)
-        delay = self.debug_write_delay_seconds
         try:
-            if req.shared_state is not None:
-                atomic_torch_save(req.shared_state, staging / SHARED_FILE, delay)
+            if req.write_shared is not None:
+                req.write_shared(staging)
             atomic_torch_save(req.rank_state, staging / rank_file(self.rank))
         except BaseException as exc:
             (staging / failed_marker(self.rank)).write_text(repr(exc))
@@ -163,7 +188,7 @@ class Checkpointer:
                 step=req.step,
                 epoch=req.epoch,
                 world_size=self.world_size,
-                fmt=FORMAT,
+                fmt=self.fmt,
                 checksums=self.checksums,
                 extra={"token": self.token, **req.extra},
             )
@@ -198,8 +223,8 @@ class Checkpointer:
         for p in layout.remove_stale_tmp(self.dir, live_tokens=[self.token]):
             log.info("removed unfinished checkpoint %s", p.name)
 
-    def load(self, path: Path, rank: int, map_location: Any = "cpu") -> tuple[dict, dict, dict]:
-        """(shared state, this rank's state, manifest) of a complete checkpoint.
+    def load(self, path: Path, map_location: Any = "cpu", *, shared: bool = True) -> tuple[dict | None, dict, dict]:
+        """(shared state or None, this rank's state, manifest) of a complete checkpoint.
 
         A checkpoint written by a different world size still loads; this rank then gets the rank
         file of `rank % old_world` and the caller rescales the data position.
@@ -207,12 +232,15 @@ class Checkpointer:
         manifest = layout.read_manifest(path)
         if manifest is None:
             raise CheckpointError(f"{path} is not a complete checkpoint (no valid {layout.MANIFEST})")
-        if manifest.get("format") != FORMAT:
-            raise CheckpointError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}")
+        if manifest.get("format") != self.fmt:
+            raise CheckpointError(
+                f"{path} has format {manifest.get('format')!r}, expected {self.fmt!r}: it was written by "
+                "the other trainer (DDP vs DeepSpeed); point SPX_CHECKPOINT_DIR at this job's own directory"
+            )
         old_world = int(manifest["world_size"])
-        shared = torch.load(path / SHARED_FILE, map_location=map_location, weights_only=True)
-        mine = torch.load(path / rank_file(rank % old_world), map_location="cpu", weights_only=True)
-        return shared, mine, manifest
+        shared_state = torch.load(path / SHARED_FILE, map_location=map_location, weights_only=True) if shared else None
+        mine = torch.load(path / rank_file(self.rank % old_world), map_location="cpu", weights_only=True)
+        return shared_state, mine, manifest
 
 
 def resolve_resume_path(ckpt_dir: Path) -> Path | None:

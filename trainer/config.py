@@ -50,6 +50,8 @@ class TrainerConfig:
     """Record sha256 of every checkpoint file in the manifest."""
     publish_timeout_seconds: float = 600.0
     """How long rank 0 waits for the other ranks' files before declaring a save failed."""
+    log_every_steps: int = 10
+    """Rank 0 logs step, loss and samples/s this often (0: never; reading the loss syncs the GPU)."""
     handle_sigterm: bool = True
     """Turn SIGTERM into checkpoint + exit 75 (EXIT_PREEMPTED)."""
     debug_write_delay_seconds: float = 0.0

@@ -18,7 +18,7 @@ log = logging.getLogger("spx.trainer")
 
 
 class HeartbeatWriter:
-    """Throttled heartbeat; a no-op when `path` is None (not rank 0, or no file configured)."""
+    """Throttled heartbeat; without a `path` (not rank 0, or no file configured) it only measures samples/s."""
 
     def __init__(self, path: str | Path | None, min_interval: float = HEARTBEAT_MIN_INTERVAL_SECONDS) -> None:
         self.path = Path(path) if path else None
@@ -43,12 +43,15 @@ class HeartbeatWriter:
         """Account `samples` processed since the last tick; write if the interval passed."""
         self._window_samples += samples
         now = time.monotonic()
-        if self.path is None or (not force and now - self._last_write < self.min_interval):
+        if not force and now - self._last_write < self.min_interval:
             return
         elapsed = now - self._window_start
         if elapsed > 0 and self._window_samples:
             self.samples_per_second = self._window_samples / elapsed
         self._window_start, self._window_samples = now, 0
+        self._last_write = now
+        if self.path is None:
+            return
         beat = Heartbeat(
             step=step,
             epoch=epoch,
@@ -61,4 +64,3 @@ class HeartbeatWriter:
             write_heartbeat(self.path, beat)
         except OSError as exc:  # a full disk must not kill training; the daemon will notice
             log.warning("cannot write heartbeat %s: %r", self.path, exc)
-        self._last_write = now

@@ -1,0 +1,59 @@
+"""Flags and fault injection shared by `train_ddp.py` and `train_deepspeed.py` (design §11).
+
+The fault flags act in the daemon's first attempt only (`SPX_ATTEMPT`, 1 when run by hand), so a
+job that crashes or hangs once shows the restart, and its relaunch runs clean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from spx.daemon.contract import attempt_number
+
+
+def common_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    # The seed's flags.
+    p.add_argument("--batch_size", type=int, default=8, help="micro-batch size per rank")
+    p.add_argument("--gradient_checkpointing", action="store_true", help="recompute activations in backward")
+    # Run length, checkpoints, model.
+    p.add_argument("--steps", type=int, default=60, help="global optimizer steps to train")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="checkpoint every K steps (0: only at the end)")
+    p.add_argument("--checkpoint-every-seconds", type=float, default=None, help="also checkpoint every S seconds")
+    p.add_argument("--checkpoint-dir", default=None, help="default: $SPX_CHECKPOINT_DIR, else ./checkpoints")
+    p.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--model-size", choices=["tiny", "50m"], default="tiny")
+    p.add_argument("--dataset-size", type=int, default=256, help="sequences in the synthetic corpus")
+    # Fault injection (tests, demo).
+    p.add_argument("--crash-at-step", type=int, default=None, help="raise at step K (first attempt only)")
+    p.add_argument("--hang-at-step", type=int, default=None, help="stop making progress at step K (first attempt only)")
+    p.add_argument("--sleep-per-step", type=float, default=0.0, help="slow each step down (to watch or kill it)")
+    p.add_argument("--debug-write-delay", type=float, default=0.0,
+                   help="hold each checkpoint's model file half-written this long (to kill mid-write)")
+    return p
+
+
+class InjectedCrash(RuntimeError):
+    pass
+
+
+def fault_hook(args: argparse.Namespace):
+    """The `on_step` hook that realises the fault flags."""
+    first_attempt = attempt_number() == 1
+
+    def on_step(trainer, step: int, loss: torch.Tensor) -> None:
+        if args.sleep_per_step:
+            time.sleep(args.sleep_per_step)
+        if first_attempt and args.crash_at_step is not None and step == args.crash_at_step:
+            raise InjectedCrash(f"injected crash at step {step} (--crash-at-step)")
+        if first_attempt and args.hang_at_step is not None and step == args.hang_at_step:
+            print(f"injected hang at step {step} (--hang-at-step): sleeping forever", flush=True)
+            while True:
+                time.sleep(3600)
+
+    return on_step

@@ -1,0 +1,55 @@
+"""The seed's DeepSpeed ZeRO-3 script, on spx.trainer.
+
+    deepspeed --num_gpus=2 examples/train_deepspeed.py --deepspeed --deepspeed_config examples/ds_config.json
+    spx submit examples/jobs/deepspeed-zero3.yaml      # the same, supervised by the daemon
+
+`examples/ds_config.json` is the seed's config unchanged (ZeRO-3, optimizer and parameters
+offloaded to CPU, bf16, micro-batch 1 × 8 accumulation steps); it runs on GPUs and, with
+DeepSpeed's CPU accelerator and gloo, on CPU. Checkpoints are DeepSpeed's own sharded ones inside
+the spx layout, written by every rank and published by rank 0 once all are done.
+`--batch_size` overrides the config's micro-batch size. Rank 0 prints `final_state_sha256=<hex>`.
+"""
+
+from __future__ import annotations
+
+from example_args import common_parser, fault_hook
+from tinylm import SIZES, MarkovCorpus, TinyLM
+
+from spx.trainer import DeepSpeedTrainer, TrainerConfig
+
+
+def main() -> None:
+    parser = common_parser(__doc__.splitlines()[0])
+    parser.set_defaults(batch_size=None, steps=20, lr=1e-3)
+    # What the `deepspeed` launcher and the seed pass.
+    parser.add_argument("--deepspeed", action="store_true", help="(accepted for the deepspeed launcher)")
+    parser.add_argument("--deepspeed_config", default="ds_config.json")
+    parser.add_argument("--local_rank", type=int, default=None, help="(set by the deepspeed launcher)")
+    args = parser.parse_args()
+    trainer = DeepSpeedTrainer(
+        TrainerConfig(
+            max_steps=args.steps,
+            seed=args.seed,
+            gradient_checkpointing=args.gradient_checkpointing,
+            checkpoint_dir=args.checkpoint_dir,
+            checkpoint_every_steps=args.checkpoint_every or None,
+            checkpoint_every_seconds=args.checkpoint_every_seconds,
+            keep=args.keep,
+        ),
+        args.deepspeed_config,
+        micro_batch_size=args.batch_size,
+    )
+    try:
+        lm = SIZES[args.model_size]
+        engine = trainer.wrap(TinyLM(lm), lr=args.lr, weight_decay=0.01)
+        loader = trainer.dataloader(MarkovCorpus(args.dataset_size, lm.seq_len, lm.vocab, seed=args.seed))
+        trainer.fit(engine, loader, on_step=fault_hook(args))
+        digest = trainer.state_sha256()
+        if trainer.is_main:
+            print(f"final_state_sha256={digest}", flush=True)
+    finally:
+        trainer.close()
+
+
+if __name__ == "__main__":
+    main()

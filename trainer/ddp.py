@@ -1,0 +1,131 @@
+"""`Trainer`: the seed's DDP loop, done right (see `loop.py` for the loop itself).
+
+    trainer = Trainer(TrainerConfig(max_steps=1000, checkpoint_every_steps=100))
+    model = trainer.wrap(MyModel())                      # device, grad checkpointing, DDP
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    loader = trainer.dataloader(dataset, batch_size=32)  # sharded, resumable
+    trainer.fit(model, optimizer, loader, scheduler=scheduler)
+
+Rank 0 saves the model, optimizer and scheduler (identical on every DDP rank); every rank saves its
+own RNG streams and data position. Periodic saves are asynchronous: the step pays for a copy of
+the state into reused host buffers, a background thread serialises, fsyncs and publishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from spx.trainer.grad_ckpt import enable_gradient_checkpointing
+from spx.trainer.hashing import state_sha256
+from spx.trainer.loop import FitResult, StepHook, TrainingLoop, default_loss
+from spx.trainer.precision import autocast_context, resolve_bf16
+
+log = logging.getLogger("spx.trainer")
+
+LossFn = Any  # Callable[[model, batch], torch.Tensor]
+
+
+class Trainer(TrainingLoop):
+    FORMAT = "spx-ddp"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bf16 = resolve_bf16(self.config.bf16, self.device)
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        self.loss_fn: LossFn = default_loss
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Move `model` to this rank's device, enable gradient checkpointing if configured, and
+        wrap it in DDP when there is more than one rank. Build the optimizer on the result."""
+        if self.config.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        model = model.to(self.device)
+        if self.dist.distributed:
+            model = DDP(model, device_ids=[self.device] if self.device.type == "cuda" else None)
+        self.model = model
+        return model
+
+    @property
+    def module(self) -> nn.Module:
+        """The user's model, without the DDP wrapper."""
+        assert self.model is not None, "call wrap(model) first"
+        return self.model.module if isinstance(self.model, DDP) else self.model
+
+    def fit(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loader: Any,
+        *,
+        scheduler: Any = None,
+        loss_fn: LossFn | None = None,
+        on_step: StepHook | None = None,
+    ) -> FitResult:
+        """Train until `max_steps`/`max_epochs`, resuming first if a checkpoint exists.
+
+        Raises `Preempted` (exit status 75) after the SIGTERM checkpoint.
+        """
+        self.model = model
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.loss_fn = loss_fn or default_loss
+        return self._run(loader, on_step)
+
+    # ---- hooks of the shared loop -------------------------------------------------------------
+
+    def _train_micro_batch(self, batch: Any, boundary: bool) -> torch.Tensor:
+        assert self.model is not None
+        # DDP all-reduces gradients in backward; skip that on all but the last micro-batch.
+        sync = self.model.no_sync() if isinstance(self.model, DDP) and not boundary else contextlib.nullcontext()
+        with sync:
+            with autocast_context(self.device, self.bf16):
+                loss = self.loss_fn(self.model, batch)
+            (loss / self._accum_steps).backward()
+        return loss.detach()
+
+    def _optimizer_step(self) -> None:
+        assert self.optimizer is not None
+        if self.config.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _shared_state(self) -> dict:
+        assert self.optimizer is not None
+        state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def _save(self, *, blocking: bool) -> None:
+        p = self.progress
+        self.checkpointer.save(
+            p.step,
+            p.epoch,
+            self._rank_state(),
+            self._shared_state if self.is_main else None,
+            blocking=blocking,
+        )
+
+    def _load(self, path: Path) -> tuple[dict, dict]:
+        assert self.optimizer is not None
+        shared, mine, manifest = self.checkpointer.load(path, map_location=self.device)
+        assert shared is not None
+        self.module.load_state_dict(shared["model"])
+        self.optimizer.load_state_dict(shared["optimizer"])
+        if self.scheduler is not None and "scheduler" in shared:
+            self.scheduler.load_state_dict(shared["scheduler"])
+        return mine, manifest
+
+    def state_sha256(self) -> str | None:
+        return state_sha256(self.module.state_dict()) if self.is_main else None

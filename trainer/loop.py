@@ -1,0 +1,271 @@
+"""The training loop both trainers share: epochs, accumulation, checkpoints, preemption, heartbeat.
+
+Read `fit` top to bottom: resume → for each epoch, point the sampler at the data position →
+micro-batches (accumulated) → one optimizer step → heartbeat → checkpoint or stop, agreed by all
+ranks. `Trainer` (DDP) and `DeepSpeedTrainer` (ZeRO-3) fill in how a micro-batch is trained, how
+state is saved and loaded, and how the model is fingerprinted.
+
+What makes resume exact: the position (`Progress`) and every rank's RNG streams are part of the
+checkpoint; the sampler skips consumed indices instead of replaying them; the DataLoader has its
+own generator reseeded per epoch; and control decisions (stop, time-based save) are taken by all
+ranks at the same step, so no rank trains a step the others did not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from spx.trainer import rng
+from spx.trainer.checkpoint import Checkpointer, resolve_resume_path
+from spx.trainer.config import TrainerConfig
+from spx.trainer.data import batches_per_epoch, make_dataloader, start_epoch
+from spx.trainer.dist import DistContext
+from spx.trainer.heartbeat import HeartbeatWriter
+from spx.trainer.preemption import Preempted, StopFlag
+from spx.trainer.progress import CheckpointSchedule, Progress
+
+log = logging.getLogger("spx.trainer")
+
+StepHook = Callable[["TrainingLoop", int, torch.Tensor], None]
+"""`on_step(trainer, step, loss)`: called on every rank after each optimizer step (the step
+number is the one just finished); fault injection in the examples uses it."""
+
+
+@dataclass
+class FitResult:
+    step: int
+    epoch: int
+    resumed_from_step: int | None
+    checkpoint_failures: int
+
+
+def _configure_logging(rank: int) -> None:
+    """Give `spx.trainer` a stderr handler unless the application configured logging itself."""
+    if logging.getLogger().handlers or log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """`batch` (tensor, or dict/list/tuple of them) on `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(v, device) for v in batch)
+    return batch
+
+
+def default_loss(model: Any, batch: Any) -> torch.Tensor:
+    """The seed's `model(**batch).loss`; also a model that returns the loss tensor itself."""
+    out = model(**batch) if isinstance(batch, dict) else model(batch)
+    return out.loss if hasattr(out, "loss") else out
+
+
+class TrainingLoop:
+    """Shared machinery; subclasses implement the `_`-prefixed hooks at the bottom."""
+
+    FORMAT = "spx"
+
+    def __init__(self, config: TrainerConfig, dist_ctx: DistContext | None = None) -> None:
+        config.validate()
+        self.config = config
+        if config.deterministic:
+            # cuBLAS needs this set before its first handle for deterministic GEMMs.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.dist = dist_ctx or DistContext()
+        _configure_logging(self.dist.rank)
+        rng.seed_all(config.seed + self.dist.rank)
+        token = self.dist.broadcast_object(uuid.uuid4().hex[:12] if self.dist.is_main else None)
+        self.checkpointer = Checkpointer(
+            config.resolved_checkpoint_dir(),
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+            token=token,
+            fmt=self.FORMAT,
+            keep=config.keep,
+            checksums=config.checksums,
+            publish_timeout_seconds=config.publish_timeout_seconds,
+            debug_write_delay_seconds=config.debug_write_delay_seconds,
+        )
+        self.heartbeat = HeartbeatWriter(config.resolved_heartbeat_file() if self.dist.is_main else None)
+        self.stop_flag = StopFlag()
+        if config.handle_sigterm:
+            self.stop_flag.install()
+        self.progress = Progress()
+        self._accum_steps = config.grad_accum_steps
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    @property
+    def device(self) -> torch.device:
+        return self.dist.device
+
+    def dataloader(self, dataset: Any, *, batch_size: int, **loader_kwargs: Any) -> DataLoader:
+        """This rank's shard of `dataset`, reshuffled per epoch, resumable mid-epoch."""
+        loader_kwargs.setdefault("pin_memory", self.device.type == "cuda")
+        return make_dataloader(
+            dataset,
+            batch_size=batch_size,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+            seed=self.config.seed,
+            **loader_kwargs,
+        )
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def _run(self, loader: DataLoader, on_step: StepHook | None) -> FitResult:
+        cfg = self.config
+        resumed_from = self._resume()
+        per_epoch = batches_per_epoch(loader)
+        if per_epoch == 0:
+            raise ValueError("the data loader yields no batches on this rank (dataset smaller than world size?)")
+        samples_per_step = (loader.batch_size or 1) * self._accum_steps * self.dist.world_size
+        schedule = CheckpointSchedule(cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds, time.monotonic())
+        saved_step = resumed_from
+        p = self.progress
+        micro = 0
+        while not self._finished():
+            if p.batches_in_epoch >= per_epoch:
+                p.epoch, p.batches_in_epoch = p.epoch + 1, 0
+                continue
+            batches = iter(loader)
+            for _ in range(start_epoch(loader, p.epoch, p.batches_in_epoch)):
+                next(batches)
+            for batch in batches:
+                micro += 1
+                boundary = micro == self._accum_steps
+                loss = self._train_micro_batch(move_to(batch, self.device), boundary)
+                p.batches_in_epoch += 1
+                if not boundary:
+                    continue
+                micro = 0
+                self._optimizer_step()
+                p.step += 1
+                self._after_step(loss, samples_per_step, on_step)
+                now = time.monotonic()
+                stop, time_due = self.dist.any_true(self.stop_flag.is_set(), self.is_main and schedule.due_by_time(now))
+                if self._finished():
+                    break
+                if stop:
+                    self._preempt()
+                if schedule.due_by_steps(p.step) or time_due:
+                    self._save(blocking=not cfg.async_checkpoint)
+                    schedule.saved(now)
+                    saved_step = p.step
+        error = self.checkpointer.wait()
+        if error is not None:
+            log.error("the last periodic checkpoint failed: %r", error)
+        if cfg.save_final and saved_step != p.step:
+            self._save(blocking=True)
+        self._beat(status="finished")
+        log.info("training finished at step %d (epoch %d)", p.step, p.epoch)
+        return FitResult(p.step, p.epoch, resumed_from, self.checkpointer.failures)
+
+    def _finished(self) -> bool:
+        cfg, p = self.config, self.progress
+        return (cfg.max_steps is not None and p.step >= cfg.max_steps) or (
+            cfg.max_epochs is not None and p.epoch >= cfg.max_epochs
+        )
+
+    def _after_step(self, loss: torch.Tensor, samples: int, on_step: StepHook | None) -> None:
+        p = self.progress
+        self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=samples, last_checkpoint=self.checkpointer.last_published)
+        if self.is_main and self.config.log_every_steps and p.step % self.config.log_every_steps == 0:
+            log.info("step %d epoch %d loss %.4f %.1f samples/s", p.step, p.epoch, loss.item(),
+                     self.heartbeat.samples_per_second)
+        if on_step is not None:
+            on_step(self, p.step, loss)
+
+    def _beat(self, status: str) -> None:
+        p = self.progress
+        self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=0, last_checkpoint=self.checkpointer.last_published,
+                            status=status, force=True)
+
+    def _preempt(self) -> None:
+        """SIGTERM reached every rank at this step: checkpoint it, say so, exit 75."""
+        step = self.progress.step
+        log.warning("preempted at step %d: writing a checkpoint before exiting", step)
+        self.checkpointer.wait()
+        self._save(blocking=True)
+        self._beat(status="preempted")
+        raise Preempted(step)
+
+    # ---- resume -------------------------------------------------------------------------------
+
+    def _resume(self) -> int | None:
+        """Load the checkpoint rank 0 chose (SPX_RESUME_FROM, else the latest complete one)."""
+        chosen = None
+        if self.is_main:
+            self.checkpointer.sweep_stale()
+            if self.config.resume:
+                found = resolve_resume_path(self.checkpointer.dir)
+                chosen = str(found) if found else None
+        chosen = self.dist.broadcast_object(chosen)
+        if chosen is None:
+            log.info("no checkpoint to resume from in %s: starting at step 0", self.checkpointer.dir)
+            return None
+        rank_state, manifest = self._load(Path(chosen))
+        self.progress = Progress.from_state(rank_state["progress"])
+        old_world = int(manifest["world_size"])
+        if old_world != self.dist.world_size:
+            consumed = self.progress.batches_in_epoch * old_world
+            self.progress.batches_in_epoch = consumed // self.dist.world_size
+            log.warning("checkpoint was written by %d ranks, running on %d: data position rescaled, RNG streams "
+                        "reused modulo the old world; the run is no longer bitwise reproducible",
+                        old_world, self.dist.world_size)
+        rng.restore(rank_state["rng"])
+        log.info("resumed from %s: step %d, epoch %d, %d batches into the epoch", chosen, self.progress.step,
+                 self.progress.epoch, self.progress.batches_in_epoch)
+        return self.progress.step
+
+    def _rank_state(self) -> dict:
+        return {"rng": rng.capture(), "progress": self.progress.to_state()}
+
+    # ---- what a subclass provides -------------------------------------------------------------
+
+    def _train_micro_batch(self, batch: Any, boundary: bool) -> torch.Tensor:
+        """Forward + backward of one micro-batch; `boundary` = the last of an optimizer step."""
+        raise NotImplementedError
+
+    def _optimizer_step(self) -> None:
+        raise NotImplementedError
+
+    def _save(self, *, blocking: bool) -> None:
+        """Checkpoint the current step (all ranks call this at the same step)."""
+        raise NotImplementedError
+
+    def _load(self, path: Path) -> tuple[dict, dict]:
+        """Load model/optimizer state from `path`; return (this rank's state, manifest)."""
+        raise NotImplementedError
+
+    def state_sha256(self) -> str | None:
+        """Fingerprint of the full model state (call on every rank; rank 0 gets the hex)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Finish any save in flight, restore SIGTERM, leave the process group."""
+        error = self.checkpointer.wait()
+        if error is not None:
+            log.error("checkpoint in flight at close failed: %r", error)
+        self.stop_flag.uninstall()
+        self.dist.close()
