@@ -1,0 +1,142 @@
+"""The trainer's parts in one process (world of one): sampler position, checkpoint schedule, a
+failed background save, preemption, resume choice, gradient checkpointing."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import EXAMPLES, wait_for
+from spx.daemon import checkpoint_layout as layout
+from spx.daemon.contract import EXIT_PREEMPTED, read_heartbeat
+from spx.trainer import Preempted, Trainer, TrainerConfig
+from spx.trainer.checkpoint import Checkpointer, CheckpointError, resolve_resume_path
+from spx.trainer.data import ResumableDistributedSampler
+from spx.trainer.grad_ckpt import enable_gradient_checkpointing
+from spx.trainer.progress import CheckpointSchedule
+
+sys.path.insert(0, str(EXAMPLES))
+from tinylm import SIZES, MarkovCorpus, TinyLM  # noqa: E402
+
+
+def test_sampler_skip_yields_exactly_the_rest_of_the_epoch():
+    data = list(range(103))
+    for rank in (0, 1):
+        full = ResumableDistributedSampler(data, num_replicas=2, rank=rank, seed=3)
+        full.set_epoch(4)
+        order = list(full)
+        resumed = ResumableDistributedSampler(data, num_replicas=2, rank=rank, seed=3)
+        resumed.set_epoch(4, skip=17)
+        assert list(resumed) == order[17:] and len(resumed) == len(order) - 17
+
+
+def test_schedule_never_saves_step_zero_and_time_rule_uses_the_given_clock():
+    s = CheckpointSchedule(every_steps=10, every_seconds=60, last_time=100.0)
+    assert [n for n in range(0, 35) if s.due_by_steps(n)] == [10, 20, 30]
+    assert not s.due_by_time(159.9) and s.due_by_time(160.0)
+    s.saved(160.0)
+    assert not s.due_by_time(200.0)
+
+
+def test_a_failed_background_save_is_reported_and_never_published(tmp_path):
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, token="tok")
+
+    def unserialisable():
+        return {"model": {"w": torch.ones(3)}, "bad": lambda: None}  # torch.save cannot pickle a lambda
+
+    ck.save(10, 0, {"r": 1}, unserialisable, blocking=False)
+    error = ck.wait()
+    assert error is not None and ck.failures == 1
+    assert layout.latest_complete(tmp_path) is None
+    (staging,) = tmp_path.iterdir()  # left for the next attempt to sweep; it carries the failure
+    assert staging.name == "step-000000010.tmp-tok" and (staging / "rank-00000.failed").exists()
+    ck.save(20, 0, {"r": 1}, lambda: {"model": {"w": torch.ones(3)}}, blocking=False)
+    assert ck.wait() is None and layout.latest_complete(tmp_path).step == 20
+    with pytest.raises(CheckpointError, match="step 30"):
+        ck.save(30, 0, {"r": 1}, unserialisable, blocking=True)
+    assert layout.latest_complete(tmp_path).step == 20
+    Checkpointer(tmp_path, rank=0, world_size=1, token="next-attempt").sweep_stale()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000020"]
+
+
+def _fit(ckpt: Path, steps: int, stop_at: int | None = None, hb: Path | None = None) -> tuple[Trainer, str | None]:
+    trainer = Trainer(TrainerConfig(max_steps=steps, seed=11, checkpoint_dir=str(ckpt), checkpoint_every_steps=5,
+                                    grad_accum_steps=2, max_grad_norm=1.0, handle_sigterm=False,
+                                    heartbeat_file=str(hb) if hb else None, log_every_steps=0))
+    lm = SIZES["tiny"]
+    model = trainer.wrap(TinyLM(lm))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
+    loader = trainer.dataloader(MarkovCorpus(40, lm.seq_len, lm.vocab, seed=2), batch_size=4)
+
+    def on_step(t, step, loss):
+        if step == stop_at:
+            t.stop_flag.request()  # what SIGTERM does
+
+    try:
+        trainer.fit(model, opt, loader, scheduler=sched, on_step=on_step)
+        return trainer, trainer.state_sha256()
+    finally:
+        trainer.close()
+
+
+def test_preemption_checkpoints_the_current_step_and_resume_is_exact_across_epochs(tmp_path):
+    _, reference = _fit(tmp_path / "ref", steps=23)
+    hb = tmp_path / "hb.json"
+    with pytest.raises(Preempted) as stopped:
+        _fit(tmp_path / "run", steps=23, stop_at=13, hb=hb)
+    assert stopped.value.code == EXIT_PREEMPTED and stopped.value.step == 13
+    assert layout.latest_complete(tmp_path / "run").step == 13
+    beat = read_heartbeat(hb)
+    assert beat.status == "preempted" and beat.step == 13 and beat.last_checkpoint_step == 13
+    trainer, resumed = _fit(tmp_path / "run", steps=23)
+    assert resumed == reference  # 10 batches per epoch, 2 per step: the resume point is mid-epoch 2
+
+
+def test_bad_resume_from_falls_back_to_the_latest_complete_checkpoint(tmp_path, monkeypatch):
+    ck = Checkpointer(tmp_path, rank=0, world_size=1, token="t")
+    ck.save(5, 0, {"r": 0}, lambda: {"w": torch.zeros(1)}, blocking=True)
+    monkeypatch.setenv("SPX_RESUME_FROM", str(tmp_path / "step-000000099"))
+    assert resolve_resume_path(tmp_path) == tmp_path / "step-000000005"
+    monkeypatch.setenv("SPX_RESUME_FROM", str(tmp_path / "step-000000005"))
+    assert resolve_resume_path(tmp_path) == tmp_path / "step-000000005"
+
+
+def test_gradient_checkpointing_of_a_plain_module_keeps_keys_and_gradients():
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)))
+    patched = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)))
+    patched.load_state_dict(plain.state_dict())
+    assert enable_gradient_checkpointing(patched) == 4
+    assert list(patched.state_dict()) == list(plain.state_dict())
+    x = torch.randn(3, 8)
+    plain(x).sum().backward()
+    patched(x).sum().backward()
+    for a, b in zip(plain.parameters(), patched.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+    with pytest.raises(ValueError, match="gradient_checkpointing_enable"):
+        enable_gradient_checkpointing(torch.nn.Linear(2, 2))
+
+
+def test_sigterm_to_a_single_process_run_exits_75_after_a_checkpoint(tmp_path):
+    hb = tmp_path / "hb.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "train_ddp.py"), "--steps", "500", "--checkpoint-every", "100",
+         "--sleep-per-step", "0.05", "--checkpoint-dir", str(tmp_path / "ck")],
+        env={"SPX_HEARTBEAT_FILE": str(hb), "PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )
+    wait_for(lambda: (read_heartbeat(hb) or None) and read_heartbeat(hb).step >= 3, 60, "training to start")
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_PREEMPTED, out
+    beat = read_heartbeat(hb)
+    assert beat.status == "preempted"
+    assert layout.latest_complete(tmp_path / "ck").step == beat.step
