@@ -166,3 +166,36 @@ def test_deepspeed_zero3_job_killed_once_resumes_from_its_checkpoint(daemon):
     st = daemon.status("ds-job")
     assert st["state"] == "succeeded", st
     assert st["history"][1]["resumed_from_step"] >= 6
+
+
+@pytest.mark.slow
+def test_daemon_stop_lets_the_job_checkpoint_and_the_next_start_resumes_it(tmp_path):
+    d = Daemon(tmp_path / "root", gpu_backend="fake").start()
+    try:
+        d.drop("s.yaml", ddp_job("survivor", "--steps", "60", "--checkpoint-every", "50", "--sleep-per-step", "0.2"))
+        wait_for(lambda: ((d.job("survivor") or {}).get("step") or 0) >= 7, 240, "training progress")
+        assert d.stop() == 0
+        assert job_pids("survivor") == [], "a worker outlived the daemon's stop"
+        ckpts = sorted(p.name for p in (d.root / "checkpoints" / "survivor").glob("step-*"))
+        assert ckpts and ckpts[-1] < "step-000000050", f"a SIGTERM checkpoint of the current step, got {ckpts}"
+        stopped_at = int(ckpts[-1].split("-")[1])
+        d.start()
+        d.wait_state("survivor", {"succeeded", "failed"}, 300)
+        st = d.status("survivor")
+        assert st["state"] == "succeeded", st
+        first, second = st["history"]
+        assert first["reason"] == "daemon stopped; resumes on next start", first
+        assert second["resumed_from_step"] == stopped_at
+    finally:
+        d.stop()
+
+
+@pytest.mark.slow
+def test_cancel_gives_the_workers_their_grace_to_checkpoint(daemon):
+    daemon.drop("c.yaml", ddp_job("cancel-me", "--steps", "200", "--checkpoint-every", "100", "--sleep-per-step", "0.2"))
+    wait_for(lambda: ((daemon.job("cancel-me") or {}).get("step") or 0) >= 5, 240, "training progress")
+    daemon.spx("cancel", "cancel-me")
+    daemon.wait_state("cancel-me", "cancelled", 60)
+    assert job_pids("cancel-me") == []
+    ckpts = sorted((daemon.root / "checkpoints" / "cancel-me").glob("step-*"))
+    assert ckpts and (ckpts[-1] / "COMPLETE.json").exists(), "cancel is a SIGTERM: the workers checkpoint first"
