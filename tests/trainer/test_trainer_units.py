@@ -140,3 +140,22 @@ def test_sigterm_to_a_single_process_run_exits_75_after_a_checkpoint(tmp_path):
     beat = read_heartbeat(hb)
     assert beat.status == "preempted"
     assert layout.latest_complete(tmp_path / "ck").step == beat.step
+
+
+def test_bf16_autocast_runs_on_cpu_when_forced_and_auto_follows_the_hardware():
+    from spx.trainer.precision import cpu_has_native_bf16, resolve_bf16
+
+    assert resolve_bf16("auto", torch.device("cpu")) == cpu_has_native_bf16()
+    trainer = Trainer(TrainerConfig(max_steps=3, bf16=True, resume=False, save_final=False, handle_sigterm=False,
+                                    log_every_steps=0, checkpoint_dir="/nonexistent-never-written"))
+    try:
+        lm = SIZES["tiny"]
+        model = trainer.wrap(TinyLM(lm))
+        seen = []
+        model.blocks[0].qkv.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        result = trainer.fit(model, opt, trainer.dataloader(MarkovCorpus(16, lm.seq_len, lm.vocab), batch_size=4))
+        assert result.step == 3 and seen and set(seen) == {torch.bfloat16}
+        assert all(p.dtype == torch.float32 for p in model.parameters()), "autocast keeps fp32 master weights"
+    finally:
+        trainer.close()
