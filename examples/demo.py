@@ -125,7 +125,9 @@ def write_job(dir_: Path) -> Path:
     return job
 
 
-def follow_until_done(killed: list[bool]) -> dict:
+def follow_until_done(killed: list[bool], metrics_url: str | None, snapshot: list[str]) -> dict:
+    """Narrate progress, kill a worker once, and keep one /metrics scrape taken while attempt 2
+    trains (so it shows the job on its GPUs)."""
     last_step = last_ckpt = None
     while True:
         doc = job_doc()
@@ -142,20 +144,26 @@ def follow_until_done(killed: list[bool]) -> dict:
                 say(f"demo: kill -9 {pids[-1]} (one of the two workers) at step {step}")
                 os.kill(pids[-1], signal.SIGKILL)
                 killed[0] = True
+        if metrics_url and not snapshot and doc.get("attempts") == 2 and doc.get("state") == "running" and doc.get("gpus"):
+            snapshot.append(urllib.request.urlopen(metrics_url, timeout=10).read().decode())
         if doc.get("state") in ("succeeded", "failed", "cancelled"):
             return doc
         time.sleep(0.5)
 
 
-def show_metrics(url: str) -> None:
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    wanted = ("spx_job_state{", "spx_job_restarts_total", "spx_job_step", 'spx_gpu_utilization_ratio{gpu="0"',
-              'spx_gpu_memory_used_bytes{gpu="0"', 'spx_gpu_nvlink_up{gpu="3"')
-    shown = 0
+def show_metrics(text: str) -> None:
+    """The lines an operator looks at first: the job's state, step and restarts, its GPUs (with the
+    `job` label), and the fixture's one NVLink link that is down."""
+    wanted = ("spx_job_state{", "spx_job_restarts_total{", "spx_job_step{", "spx_job_samples_per_second{",
+              "spx_gpu_utilization_ratio{", "spx_gpu_memory_used_bytes{", 'spx_gpu_nvlink_up{gpu="3",link="7"')
     for line in text.splitlines():
-        if line.startswith(wanted) and (not line.startswith("spx_job_state{") or line.endswith(" 1.0")) and shown < 14:
-            print("    " + line)
-            shown += 1
+        if not line.startswith(wanted):
+            continue
+        if line.startswith("spx_job_state{") and not line.endswith(" 1.0"):
+            continue  # one line per possible state; show the current one
+        if line.startswith("spx_gpu_") and "nvlink" not in line and 'job="' not in line:
+            continue  # GPUs not allocated to the job
+        print("    " + line)
 
 
 def main() -> int:
@@ -171,13 +179,14 @@ def main() -> int:
         job = write_job(ROOT.parent)
         say(f"submitting {job.name}: spx submit (drops the file into {ROOT / 'spool'})")
         spx("submit", str(job))
-        doc = follow_until_done(killed)
+        snapshot: list[str] = []
+        doc = follow_until_done(killed, daemon.metrics_url, snapshot)
         print()
         say(f"job {doc['state']} after {doc['attempts']} attempts. spx status {JOB}:")
         print(spx("status", JOB))
-        if daemon.metrics_url:
-            say(f"a few lines of {daemon.metrics_url}:")
-            show_metrics(daemon.metrics_url)
+        if snapshot:
+            say(f"a few lines of {daemon.metrics_url}, scraped while attempt 2 was training:")
+            show_metrics(snapshot[0])
         log2 = ROOT / "log" / JOB / "attempt-2.log"
         digest = [line for line in log2.read_text().splitlines() if "final_state_sha256=" in line] if log2.exists() else []
         print()
