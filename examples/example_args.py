@@ -12,6 +12,7 @@ import time
 import torch
 
 from spx.daemon.contract import attempt_number
+from spx.trainer import TrainerConfig
 
 
 def common_parser(description: str) -> argparse.ArgumentParser:
@@ -36,6 +37,27 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--debug-write-delay", type=float, default=0.0,
                    help="hold each checkpoint's model file half-written this long (to kill mid-write)")
     return p
+
+
+def trainer_config(args: argparse.Namespace) -> TrainerConfig:
+    """The `TrainerConfig` these flags describe."""
+    return TrainerConfig(
+        max_steps=args.steps,
+        seed=args.seed,
+        gradient_checkpointing=args.gradient_checkpointing,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every_steps=args.checkpoint_every or None,
+        checkpoint_every_seconds=args.checkpoint_every_seconds,
+        keep=args.keep,
+        debug_write_delay_seconds=args.debug_write_delay,
+    )
+
+
+def print_final_hash(trainer) -> None:
+    """`final_state_sha256=<hex>` on rank 0 (the fingerprint is a collective for ZeRO-3)."""
+    digest = trainer.state_sha256()
+    if trainer.is_main:
+        print(f"final_state_sha256={digest}", flush=True)
 
 
 class InjectedCrash(RuntimeError):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 
 import torch
-from example_args import common_parser, fault_hook
+from example_args import common_parser, fault_hook, print_final_hash, trainer_config
 from tinylm import SIZES, MarkovCorpus, TinyLM
 
-from spx.trainer import Trainer, TrainerConfig
+from spx.trainer import Trainer
 
 
 def warmup_cosine(warmup: int, total: int):
@@ -31,16 +31,7 @@ def warmup_cosine(warmup: int, total: int):
 
 def main() -> None:
     args = common_parser(__doc__.splitlines()[0]).parse_args()
-    trainer = Trainer(TrainerConfig(
-        max_steps=args.steps,
-        seed=args.seed,
-        gradient_checkpointing=args.gradient_checkpointing,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every_steps=args.checkpoint_every or None,
-        checkpoint_every_seconds=args.checkpoint_every_seconds,
-        keep=args.keep,
-        debug_write_delay_seconds=args.debug_write_delay,
-    ))
+    trainer = Trainer(trainer_config(args))
     try:
         lm = SIZES[args.model_size]
         model = trainer.wrap(TinyLM(lm))
@@ -49,9 +40,7 @@ def main() -> None:
         loader = trainer.dataloader(MarkovCorpus(args.dataset_size, lm.seq_len, lm.vocab, seed=args.seed),
                                     batch_size=args.batch_size)
         trainer.fit(model, optimizer, loader, scheduler=scheduler, on_step=fault_hook(args))
-        digest = trainer.state_sha256()
-        if trainer.is_main:
-            print(f"final_state_sha256={digest}", flush=True)
+        print_final_hash(trainer)
     finally:
         trainer.close()
 

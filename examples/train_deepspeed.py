@@ -12,10 +12,10 @@ the spx layout, written by every rank and published by rank 0 once all are done.
 
 from __future__ import annotations
 
-from example_args import common_parser, fault_hook
+from example_args import common_parser, fault_hook, print_final_hash, trainer_config
 from tinylm import SIZES, MarkovCorpus, TinyLM
 
-from spx.trainer import DeepSpeedTrainer, TrainerConfig
+from spx.trainer import DeepSpeedTrainer
 
 
 def main() -> None:
@@ -26,27 +26,13 @@ def main() -> None:
     parser.add_argument("--deepspeed_config", default="ds_config.json")
     parser.add_argument("--local_rank", type=int, default=None, help="(set by the deepspeed launcher)")
     args = parser.parse_args()
-    trainer = DeepSpeedTrainer(
-        TrainerConfig(
-            max_steps=args.steps,
-            seed=args.seed,
-            gradient_checkpointing=args.gradient_checkpointing,
-            checkpoint_dir=args.checkpoint_dir,
-            checkpoint_every_steps=args.checkpoint_every or None,
-            checkpoint_every_seconds=args.checkpoint_every_seconds,
-            keep=args.keep,
-        ),
-        args.deepspeed_config,
-        micro_batch_size=args.batch_size,
-    )
+    trainer = DeepSpeedTrainer(trainer_config(args), args.deepspeed_config, micro_batch_size=args.batch_size)
     try:
         lm = SIZES[args.model_size]
         engine = trainer.wrap(TinyLM(lm), lr=args.lr, weight_decay=0.01)
         loader = trainer.dataloader(MarkovCorpus(args.dataset_size, lm.seq_len, lm.vocab, seed=args.seed))
         trainer.fit(engine, loader, on_step=fault_hook(args))
-        digest = trainer.state_sha256()
-        if trainer.is_main:
-            print(f"final_state_sha256={digest}", flush=True)
+        print_final_hash(trainer)
     finally:
         trainer.close()
 
