@@ -37,8 +37,9 @@ lint: venv
 bench: venv
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
+# sudo make install [DESTDIR=DIR] [INSTALL_ARGS="--venv DIR --prefix DIR --torch SPEC"]: see docs/systemd.md.
 install:
-	bash systemd/install.sh
+	bash systemd/install.sh $(INSTALL_ARGS)
 
 clean-demo:
 	rm -rf .demo

@@ -197,7 +197,8 @@ def unit_check(unit: str, props: dict[str, str]) -> Check:
     detail = f"{unit}.service: {load}, {enabled or 'no unit file'}, {active} ({sub})"
     if load == "not-found":
         return Check("unit", "fail", f"{unit}.service is not installed",
-                     f"install systemd/{unit}.service into /etc/systemd/system, then systemctl enable --now {unit}")
+                     f"sudo make install (systemd/install.sh puts it in /etc/systemd/system), then "
+                     f"systemctl enable --now {unit}")
     if enabled not in ("enabled", "enabled-runtime", "static", "linked"):
         return Check("unit", "fail", detail, f"systemctl enable --now {unit} (so it comes back after a reboot)")
     if active != "active":

@@ -141,6 +141,10 @@ class Daemon:
             if self.stopping:
                 if stop_deadline is None:
                     stop_deadline = now + self.supervisor.stop_all() + 30.0
+                    # STOPPING=1 as the stop begins, not once the jobs are down; the extension (renewed
+                    # with each STATUS) keeps TimeoutStopSec from cutting their checkpoints off.
+                    self.notifier.stopping(f"stopping: {len(self.supervisor.live)} jobs checkpointing")
+                    self.notifier.extend_timeout(15.0)
                 if not self.supervisor.live or now > stop_deadline:
                     break
             try:
@@ -218,7 +222,7 @@ class Daemon:
             self.wake.put("stop")
 
     def shutdown(self) -> None:
-        self.notifier.stopping("stopping")
+        self.notifier.stopping("stopping: jobs stopped, shutting down")
         log.info("daemon_stopping", live_attempts=len(self.supervisor.live))
         self.intake.stop()
         self.control.stop()

@@ -1,0 +1,127 @@
+"""A sandboxed systemd per test module, with spx-trainer installed into it by install.sh.
+
+Booting takes a second or two; a module's tests share it and each leaves the unit stopped and its
+jobs ended. Per module, not per session: it is gone before tests elsewhere run, so their leak guard
+never sees (or kills) processes of a still-running sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from systemd_sandbox import Sandbox, cannot_run_reason, python_dirs
+
+from harness import REPO
+
+UNIT = "spx-trainer.service"
+JOB_USER = "spxtest"
+# Test-only settings: the wedge hook; quick restarts so the tests do not wait out RestartSec; and
+# no nvidia-modprobe, which runs unsandboxed ('+') and would load modules into the host's kernel.
+TEST_DROPIN = "[Service]\nEnvironment=SPX_TEST_HOOKS=1\nRestartSec=1s\nExecStartPre=\n"
+# Written before install.sh runs, which must keep it: the daemon runs on the fake 8-GPU backend.
+TEST_CONFIG = "gpu_backend: fake\n"
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory) -> Iterator[Sandbox]:
+    why = cannot_run_reason()
+    if why:
+        pytest.skip(f"cannot boot systemd in a namespace here: {why}")
+    sb = Sandbox(tmp_path_factory.mktemp("systemd"), keep=[REPO, *python_dirs()])
+    try:
+        sb.boot()
+        sb.run("useradd", "--create-home", "--shell", "/bin/sh", JOB_USER)
+        sb.write("/etc/spx/config.yaml", TEST_CONFIG)
+        sb.install_log = sb.run("bash", str(REPO / "systemd" / "install.sh"), "--venv", sys.prefix).stdout
+        sb.write(f"/etc/systemd/system/{UNIT}.d/test.conf", TEST_DROPIN)
+        sb.systemctl("daemon-reload")
+        yield sb
+    finally:
+        sb.close()
+
+
+@pytest.fixture
+def unit(sandbox):
+    """The unit, stopped again after the test whatever happened (with its journal on failure)."""
+    yield sandbox
+    sandbox.systemctl("stop", UNIT, check=False)
+    sandbox.systemctl("reset-failed", UNIT, check=False)
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing systemd test prints the unit's journal: the only place its story is told."""
+    outcome = yield
+    rep = outcome.get_result()
+    sb = item.funcargs.get("unit") or item.funcargs.get("sandbox")
+    if rep.failed and isinstance(sb, Sandbox) and sb.pid:
+        rep.sections.append(("journal of spx-trainer.service", sb.journal(UNIT)))
+        for log in sorted(sb.path("/var/log/spx").glob("*/attempt-*.log")):
+            rep.sections.append((f"{log.parent.name}/{log.name} (last 40 lines)",
+                                 "\n".join(log.read_text(errors="replace").splitlines()[-40:])))
+
+
+def _children() -> set[int]:
+    live = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                live.add(p.pid)
+        except psutil.NoSuchProcess:  # sandbox processes come and go all the time
+            pass
+    return live
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads_or_children():
+    """The suite's leak guard (tests/conftest.py), minus the sandbox's own processes: whatever runs
+    under its systemd is the unit's business (the tests check it through systemd and /proc), and a
+    guard that killed it would kill the daemon under test."""
+    threads_before = set(threading.enumerate())
+    children_before = _children()
+    yield
+    deadline = time.monotonic() + 10
+    while True:
+        ours = Sandbox.all_pids()
+        leaked_threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        leaked = _children() - children_before - ours
+        if (not leaked_threads and not leaked) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for pid in leaked:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    problems = []
+    if leaked_threads:
+        problems.append(f"leaked threads: {[t.name for t in leaked_threads]}")
+    if leaked:
+        problems.append(f"leaked child processes (killed now): {sorted(leaked)}")
+    if problems:
+        pytest.fail("; ".join(problems))
+
+
+def job_processes(name: str) -> list[int]:
+    """Host pids of every live process of job `name`, wherever it runs (the host sees the sandbox's)."""
+    tag = f"SPX_JOB={name}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = Path(entry.path, "environ").read_bytes().split(b"\0")
+            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if tag in env and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found

@@ -1,0 +1,235 @@
+"""systemd/spx-trainer.service under a real systemd (booted in namespaces, see conftest.py).
+
+A real torchrun job (examples/train_ddp.py, 2 workers on 2 fake GPUs) runs as an ordinary user
+under the hardened unit, through start, stop, kill -9 and a wedged main loop.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from conftest import JOB_USER, UNIT, job_processes
+
+from harness import REPO, wait_for
+from spx.daemon import checkpoint_layout
+
+pytestmark = pytest.mark.systemd
+
+SPX = "/opt/spx-trainer/venv/bin/spx"
+GRACE = 15  # stop.grace_seconds of the stop test's job: a 3 s step + a checkpoint fit with room
+DOCS = REPO / "docs" / "systemd.md"
+# The daemon's bounding set, as the unit's comment explains it (capability numbers from capability.h).
+CAPS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "DAC_READ_SEARCH": 2, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7,
+        "SYS_PTRACE": 19, "SYSLOG": 34}
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def submit(sb, name: str, *args: str, grace: int = 30) -> None:
+    """`spx submit` as the unprivileged job user, the way a user would."""
+    argv = ", ".join(f'"{a}"' for a in ("--batch_size", "4", "--model-size", "tiny", "--seed", "7", *args))
+    spec = (f"name: {name}\nlauncher: torchrun\nscript: /opt/spx-trainer/src/examples/train_ddp.py\n"
+            f"python: /opt/spx-trainer/venv/bin/python\nargs: [{argv}]\ngpus: 2\nprocs: 2\n"
+            f"restart: {{max_restarts: 5, backoff_seconds: [1, 5]}}\nstop: {{grace_seconds: {grace}}}\n")
+    sb.run("sh", "-c", f"cat > ~/{name}.yaml", user=JOB_USER, input=spec)
+    sb.run(SPX, "submit", f"/home/{JOB_USER}/{name}.yaml", user=JOB_USER)
+
+
+def status(sb, name: str) -> dict:
+    return json.loads(sb.run(SPX, "status", name, "--json").stdout)
+
+
+def wait_status(sb, name: str, what: str, pred, timeout: float = 120) -> dict:
+    def check():
+        s = status(sb, name)
+        return s if pred(s) else None
+
+    return wait_for(check, timeout, f"{name}: {what}", interval=0.5)
+
+
+def heartbeat_step(sb, name: str) -> int | None:
+    for hb in sb.path("/run/spx/jobs").glob(f"*-{name}/heartbeat.json"):
+        try:
+            return int(json.loads(hb.read_text())["step"])
+        except (OSError, ValueError, KeyError):
+            return None
+    return None
+
+
+def latest_checkpoint(sb, name: str) -> int | None:
+    ref = checkpoint_layout.latest_complete(sb.path(f"/checkpoints/{name}"))
+    return ref.step if ref else None
+
+
+def show_times(sb, *props: str) -> dict[str, float]:
+    out = sb.systemctl("show", UNIT, "--timestamp=us+utc", "-p", ",".join(props)).stdout
+    times = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        times[key] = datetime.strptime(value, "%a %Y-%m-%d %H:%M:%S.%f UTC").replace(tzinfo=timezone.utc).timestamp()
+    return times
+
+
+def daemon_event(sb, event: str, pid: str) -> dict:
+    hits = [e["spx"] for e in sb.journal_json(UNIT) if e.get("spx", {}).get("event") == event and e.get("_PID") == pid]
+    assert hits, f"no {event} in the journal of pid {pid}"
+    return hits[-1]
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    return dict(ln.split(":\t", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in ln)
+
+
+def dropin(sb, name: str, text: str | None) -> None:
+    path = sb.path(f"/etc/systemd/system/{UNIT}.d/{name}.conf")
+    if text is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(text)
+    sb.systemctl("daemon-reload")
+
+
+# --- the unit file ------------------------------------------------------------------------------------
+
+
+def test_unit_verifies_and_its_exposure_is_the_documented_one(sandbox):
+    unit_file = f"/etc/systemd/system/{UNIT}"
+    verify = sandbox.run("systemd-analyze", "verify", unit_file, check=False)
+    assert verify.returncode == 0 and UNIT not in verify.stdout + verify.stderr, verify.stdout + verify.stderr
+    sec = sandbox.run("systemd-analyze", "security", "--offline=yes", "--no-pager", unit_file).stdout
+    exposure = re.search(r"Overall exposure level for \S+: (\d+\.\d)", sec)
+    assert exposure, sec
+    documented = re.search(r"exposure level: \*\*(\d+\.\d)\*\*", DOCS.read_text())
+    assert documented and documented.group(1) == exposure.group(1), (
+        f"docs/systemd.md records {documented and documented.group(1)}, systemd-analyze says {exposure.group(1)}")
+    assert float(exposure.group(1)) < 4.0
+
+
+# --- start, status, stop, resume ------------------------------------------------------------------
+
+
+def test_start_ready_status_then_stop_checkpoints_and_start_resumes(unit):
+    sb = unit
+    sb.systemctl("enable", UNIT)
+    sb.systemctl("start", UNIT)  # Type=notify: returns once READY=1 arrived
+    props = sb.show(UNIT, "ActiveState", "SubState", "MainPID", "StatusText")
+    assert (props["ActiveState"], props["SubState"]) == ("active", "running")
+    times = show_times(sb, "ExecMainStartTimestamp", "ActiveEnterTimestamp")
+    ready = daemon_event(sb, "daemon_ready", props["MainPID"])
+    ready_at = datetime.fromisoformat(ready["timestamp"].replace("Z", "+00:00")).timestamp()
+    assert times["ExecMainStartTimestamp"] < ready_at <= times["ActiveEnterTimestamp"], (times, ready_at)
+    # Active means usable: control socket, store and /metrics answer at once.
+    assert json.loads(sb.run(SPX, "ls", "--json", user=JOB_USER).stdout) == []
+    metrics = sb.run("/opt/spx-trainer/venv/bin/python", "-c",
+                     "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9101/metrics').read().decode())")
+    assert "spx_gpu_up" in metrics.stdout
+    assert props["StatusText"] == "0 running, 0/8 GPUs busy"
+    doctor = sb.run("/opt/spx-trainer/venv/bin/python", "-c",
+                    "from spx.daemon.doctor import DoctorContext, check_unit; c = check_unit(DoctorContext()); "
+                    "print(c.status, c.detail)").stdout
+    assert doctor.startswith("ok spx-trainer.service: loaded, enabled, active (running)"), doctor
+
+    # Slow steps, no periodic checkpoints: any checkpoint is the one written on SIGTERM.
+    submit(sb, "sd-stop", "--steps", "400", "--checkpoint-every", "0", "--sleep-per-step", "3", grace=GRACE)
+    wait_status(sb, "sd-stop", "training", lambda s: s["state"] == "running" and (s["step"] or 0) >= 1)
+    status_line = 'Status: "1 running, 2/8 GPUs busy"'
+    wait_for(lambda: status_line in sb.systemctl("status", UNIT, check=False).stdout, 10, status_line)
+    assert status(sb, "sd-stop")["gpus"] and len(status(sb, "sd-stop")["gpus"]) == 2
+    workers = job_processes("sd-stop")
+    assert workers and all(proc_status(p)["Uid"].split()[0] == sb.run("id", "-u", JOB_USER).stdout.strip()
+                           for p in workers), "job processes run as the job file's owner"
+    assert proc_status(workers[0])["NoNewPrivs"] == "1"
+    cap_bnd = int(proc_status(workers[0])["CapBnd"], 16)
+    assert cap_bnd == sum(1 << n for n in CAPS.values()), f"bounding set {cap_bnd:x}"
+
+    # Stop just after a step ends: the job needs most of a 3 s step + a checkpoint, more than the 2 s
+    # TimeoutStopSec of this drop-in, so the stop is clean only because the daemon extends it.
+    dropin(sb, "stop-timeout", "[Service]\nTimeoutStopSec=2s\n")
+    try:
+        before = heartbeat_step(sb, "sd-stop")
+        wait_for(lambda: (heartbeat_step(sb, "sd-stop") or 0) > (before or 0), 30, "a step to end", interval=0.05)
+        step_at_stop = heartbeat_step(sb, "sd-stop")
+        t0, stop_wall = time.monotonic(), time.time()
+        sb.systemctl("stop", UNIT)
+        took = time.monotonic() - t0
+    finally:
+        dropin(sb, "stop-timeout", None)
+    after = sb.show(UNIT, "ActiveState", "Result", "ExecMainStatus")
+    assert after == {"ActiveState": "inactive", "Result": "success", "ExecMainStatus": "0"}, after
+    # The checkpoint is written within the grace; the launcher may take the rest of it to exit
+    # (then the daemon SIGKILLs what is left, as designed), but never longer.
+    assert 2.0 < took < GRACE + 10, f"stop took {took:.1f} s (TimeoutStopSec 2 s, grace {GRACE} s)"
+    assert not job_processes("sd-stop"), "a job process outlived the unit"
+    cgroup = sb.path(f"/sys/fs/cgroup/system.slice/{UNIT}")
+    assert not cgroup.exists() or not (cgroup / "cgroup.procs").read_text().strip()
+    ckpt = latest_checkpoint(sb, "sd-stop")
+    assert ckpt is not None and ckpt >= (step_at_stop or 0) >= 1, (ckpt, step_at_stop)
+    written = sb.path(f"/checkpoints/sd-stop/{checkpoint_layout.step_dirname(ckpt)}/COMPLETE.json").stat().st_mtime
+    assert written - stop_wall < GRACE, "the SIGTERM checkpoint was written within the grace time"
+
+    sb.systemctl("start", UNIT)
+    resumed = wait_status(sb, "sd-stop", "relaunch", lambda s: s["attempts"] == 2 and s["state"] == "running")
+    first, second = resumed["history"]
+    assert first["reason"] == "daemon stopped; resumes on next start", first
+    assert second["resumed_from_step"] == ckpt, resumed["history"]
+    wait_status(sb, "sd-stop", "training past the checkpoint", lambda s: (s["step"] or 0) > ckpt)
+    sb.run(SPX, "cancel", "sd-stop", user=JOB_USER)
+    wait_status(sb, "sd-stop", "cancelled", lambda s: s["state"] == "cancelled", timeout=60)
+
+
+# --- failures -------------------------------------------------------------------------------------
+
+
+def test_kill9_of_the_daemon_restarts_it_and_the_job_resumes(unit):
+    sb = unit
+    sb.systemctl("start", UNIT)
+    submit(sb, "sd-kill", "--steps", "400", "--checkpoint-every", "5", "--sleep-per-step", "0.3", grace=10)
+    wait_status(sb, "sd-kill", "a checkpoint", lambda s: (s["last_checkpoint_step"] or 0) >= 5)
+    old = sb.show(UNIT, "MainPID", "NRestarts")
+    workers = job_processes("sd-kill")
+    sb.run("kill", "-9", old["MainPID"])
+    wait_for(lambda: sb.show(UNIT, "NRestarts")["NRestarts"] == str(int(old["NRestarts"]) + 1), 30, "a restart")
+    # KillMode=mixed: systemd SIGKILLed what was left of the unit before restarting it.
+    assert not set(workers) & set(job_processes("sd-kill"))
+    ckpt = latest_checkpoint(sb, "sd-kill")
+    wait_for(lambda: sb.show(UNIT, "ActiveState", "SubState") == {"ActiveState": "active", "SubState": "running"},
+             30, "the restarted daemon to be ready")
+    assert sb.show(UNIT, "MainPID")["MainPID"] != old["MainPID"]
+    assert "code=killed, status=9/KILL" in sb.journal(UNIT)
+    s = wait_status(sb, "sd-kill", "relaunch", lambda s: s["attempts"] == 2 and s["state"] == "running")
+    assert s["history"][1]["resumed_from_step"] == ckpt and ckpt >= 5, s["history"]
+    assert s["history"][0]["end"] is not None and s["history"][0]["reason"] == "daemon restarted"
+    wait_status(sb, "sd-kill", "training past the checkpoint", lambda s: (s["step"] or 0) > ckpt)
+    sb.run(SPX, "cancel", "sd-kill", user=JOB_USER)
+    wait_status(sb, "sd-kill", "cancelled", lambda s: s["state"] == "cancelled", timeout=60)
+
+
+def test_wedged_main_loop_is_killed_by_the_watchdog_and_restarted(unit):
+    sb = unit
+    dropin(sb, "watchdog", "[Service]\nWatchdogSec=3s\n")
+    try:
+        sb.systemctl("start", UNIT)
+        old = sb.show(UNIT, "MainPID", "NRestarts", "WatchdogUSec")
+        assert old["WatchdogUSec"] == "3s"
+        time.sleep(7)  # over twice the watchdog period: a healthy loop keeps pinging
+        assert sb.show(UNIT, "MainPID", "NRestarts") == {"MainPID": old["MainPID"], "NRestarts": old["NRestarts"]}
+        sb.path("/run/spx/wedge-main-loop").touch()
+        wait_for(lambda: sb.show(UNIT, "NRestarts")["NRestarts"] == str(int(old["NRestarts"]) + 1), 30,
+                 "the watchdog to restart the daemon")
+        wait_for(lambda: sb.show(UNIT, "SubState")["SubState"] == "running", 30, "the restarted daemon")
+        journal = sb.journal(UNIT)
+        assert "Watchdog timeout" in journal and "status=6/ABRT" in journal, journal[-3000:]
+        new_pid = sb.show(UNIT, "MainPID")["MainPID"]
+        assert new_pid != old["MainPID"]
+        daemon_event(sb, "main_loop_wedged_by_test_hook", old["MainPID"])
+        assert isinstance(json.loads(sb.run(SPX, "ls", "--json").stdout), list)  # it answers again
+        assert not sb.path("/run/spx/wedge-main-loop").exists(), "RuntimeDirectory= starts empty"
+    finally:
+        sb.systemctl("stop", UNIT, check=False)
+        dropin(sb, "watchdog", None)
