@@ -87,12 +87,18 @@ class FakeNvml:
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self._init_count = 0
-        self._fail_fn: dict[tuple[str, int | None], int] = {}
         defaults = fixture.get("defaults", {})
         self._t0 = clock()
         self._devices = [
             FakeDevice(i, {**defaults, **spec}, self._t0) for i, spec in enumerate(fixture["devices"])
         ]
+        # A fixture can describe a flaky host: {"failing_functions": {"nvmlDeviceGetPcieThroughput":
+        # "UNKNOWN"}} on a device makes that call fail there with pynvml's NVML_ERROR_UNKNOWN.
+        self._fail_fn: dict[tuple[str, int | None], int] = {
+            (function, dev.index): getattr(pynvml, f"NVML_ERROR_{error}")
+            for dev in self._devices
+            for function, error in dev.spec.get("failing_functions", {}).items()
+        }
         self._procs = ProcessScanner([d.spec["uuid"] for d in self._devices], process_filter)
         self._event_sets: list[FakeEventSet] = []
 

@@ -1,21 +1,23 @@
-"""A real exporter on the fake 8×H100 host, a real worker process, and a real Prometheus scraping it,
-for tests/dashboards/test_dashboards_live.py.
+"""The real daemon on the fake 8×H100 host running a real training job, and a real Prometheus
+scraping it, for the end-to-end tests in tests/dashboards/ (dashboards, alerts, and the exporter as
+Prometheus sees it).
 
-The stack is the daemon's exporter (`build_registry` + `serve`) with a jobs callable that reports one
-running job, "llama-ft", on GPUs 0 and 1, whose step and checkpoint time advance like a training
-run's. Prometheus runs with dashboards/prometheus.yml's scrape config (honor_labels, job name
-spx-trainer) at a 1 s scrape and rule interval, with our rules loaded; the alerting rules are
-loaded with every `for:` set to 0 s, so that an alert whose condition holds fires within seconds.
+The stack is `spx-trainer --gpu-backend fake` (tests/harness.py) with one job, "llama-ft": a
+2-worker torchrun of examples/train_ddp.py on GPUs 0 and 1 that crashes at step 5 of its first
+attempt (so restarts by reason have data), is relaunched by the daemon and then trains slowly,
+checkpointing every couple of seconds. The fixture is the bundled one with one NVML call failing on
+GPU 7, so the NVML-error series exist as on a host with a flaky call. Prometheus runs with
+dashboards/prometheus.yml's scrape config (honor_labels, job name spx-trainer) at a 1 s scrape and
+rule interval, with our rules loaded; the alerting rules are loaded with every `for:` set to 0 s,
+so that an alert whose condition holds fires within seconds.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -26,10 +28,23 @@ from pathlib import Path
 import yaml
 from dashboards_testlib import DASHBOARDS, RULES
 
+from harness import EXAMPLES, Daemon
+from spx.daemon.gpu.fake import DEFAULT_FIXTURE
+
 JOB = "llama-ft"
 JOB_GPUS = [0, 1]
-CHECKPOINT_EVERY_S = 3.0
-STEPS_PER_S = 10.0
+FLAKY_GPU, FLAKY_CALL = 7, "nvmlDeviceGetPcieThroughput"
+JOB_SPEC = {
+    "name": JOB,
+    "launcher": "torchrun",
+    "script": str(EXAMPLES / "train_ddp.py"),
+    # ~5 steps/s and a checkpoint every 2 s, lightly loaded so the rest of the stack keeps up.
+    "args": ["--steps", "1000000", "--checkpoint-every", "10", "--sleep-per-step", "0.2", "--keep", "2",
+             "--crash-at-step", "5", "--model-size", "tiny", "--batch_size", "4"],
+    "gpus": JOB_GPUS,
+    "restart": {"max_restarts": 3, "backoff_seconds": [1, 5], "hang_timeout_seconds": 600},
+    "stop": {"grace_seconds": 20},
+}
 
 
 def free_port() -> int:
@@ -49,49 +64,43 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
         time.sleep(interval)
 
 
-class Exporter:
-    """The daemon's exporter on the fake backend, with one running job and its worker process."""
+class LiveHost:
+    """`spx-trainer` on the fake host with JOB running its second attempt (see module docstring)."""
 
-    def __init__(self) -> None:
-        from spx.daemon.exporter.server import build_registry, serve
-        from spx.daemon.gpu.backend import open_backend
+    def __init__(self, workdir: Path) -> None:
+        fixture = json.loads(DEFAULT_FIXTURE.read_text())
+        fixture["devices"][FLAKY_GPU]["failing_functions"] = {FLAKY_CALL: "UNKNOWN"}
+        (workdir / "fixture.json").write_text(json.dumps(fixture))
+        self.daemon = Daemon(workdir / "root", gpu_backend="fake",
+                             extra_args=["--fake-gpus", str(workdir / "fixture.json")])
+        self.daemon.start()
+        self.address = f"127.0.0.1:{self.daemon.metrics_port}"
+        self.url = f"http://{self.address}/metrics"
+        try:
+            self.daemon.drop(f"{JOB}.yaml", yaml.safe_dump(JOB_SPEC))
+            self.daemon.wait_event("attempt_started", job=JOB, attempt=2, timeout=180)
+            # Training again, past a checkpoint of attempt 2: every job series has a value.
+            wait_for(self._checkpointed, 240, f"{JOB} to checkpoint in its second attempt", interval=1)
+        except BaseException:
+            self.stop()
+            raise
 
-        env = {**os.environ, "SPX_JOB": JOB, "CUDA_VISIBLE_DEVICES": ",".join(map(str, JOB_GPUS))}
-        env.pop("LOCAL_RANK", None)
-        # The job's worker: the fake NVML reports it as a compute process on the GPUs it can see.
-        self.worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], env=env)
-        self.t0 = time.time()
-        self.backend = open_backend("fake")
-        # One NVML function failing on one GPU, so the NVML-error series exist as they do on a host
-        # with a flaky call (the fake's own test hook; everything else stays healthy).
-        self.backend.nvml.fail_function("nvmlDeviceGetPcieThroughput", index=7)
-        self.server = serve(build_registry(self.backend, self.jobs, "0.0.0-dashboards-test"), "127.0.0.1:0")
-        self.address = f"127.0.0.1:{self.server.port}"
-
-    def jobs(self) -> list:
-        from spx.daemon.views import JobView
-
-        elapsed = time.time() - self.t0
-        checkpoint = self.t0 + CHECKPOINT_EVERY_S * (elapsed // CHECKPOINT_EVERY_S)
-        return [JobView(
-            name=JOB, state="running", reason=None, owner_uid=os.getuid(), owner="test", attempts=3,
-            step=int(elapsed * STEPS_PER_S), epoch=0, samples_per_second=512.0,
-            last_checkpoint_step=int((checkpoint - self.t0) * STEPS_PER_S), last_checkpoint_time=checkpoint,
-            gpus=list(JOB_GPUS), submitted=self.t0 - 60, restarts_by_reason={"crash": 1, "oom": 1},
-            pids=[self.worker.pid],
-        )]
+    def _checkpointed(self) -> bool:
+        job = self.daemon.job(JOB)
+        if job is None or job["state"] not in ("running", "restarting", "starting"):
+            raise AssertionError(f"{JOB} is not running: {job}\n{self.daemon.lines[-20:]}")
+        return job["attempts"] == 2 and job["state"] == "running" and bool(job["last_checkpoint_step"])
 
     def scrape(self) -> str:
-        with urllib.request.urlopen(self.server.url, timeout=30) as response:
+        with urllib.request.urlopen(self.url, timeout=30) as response:
             return response.read().decode()
 
     def stop(self) -> None:
+        self.daemon.spx("cancel", JOB, check=False)
         try:
-            self.server.shutdown()
-            self.backend.close()
+            wait_for(lambda: (self.daemon.job(JOB) or {}).get("state") == "cancelled", 60, f"{JOB} cancelled")
         finally:
-            self.worker.kill()
-            self.worker.wait(timeout=30)
+            self.daemon.stop()
 
 
 class Prometheus:

@@ -1,6 +1,6 @@
 """End to end: every panel query, variable query, recording rule and alert expression of dashboards/
-evaluated by a real Prometheus scraping the real exporter on the fake 8×H100 host with a running job
-(see dashboards_live.py for the stack).
+evaluated by a real Prometheus scraping the real daemon on the fake 8×H100 host with a real training
+job running (see dashboards_live.py for the stack, conftest.py for its fixture).
 
 "Returns data" is checked twice for a panel: as written (what Grafana shows), and with its
 `or vector(0)` fallback removed and every comparison made `bool` (so a stat that counts down GPUs
@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from dashboards_live import JOB, Exporter, Prometheus, wait_for
+from dashboards_live import JOB, JOB_GPUS, Prometheus, wait_for
 from dashboards_testlib import (
     LABEL_VALUES,
     PROMETHEUS_METRICS,
@@ -29,46 +29,11 @@ from dashboards_testlib import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-pytest.importorskip("spx.daemon.exporter.server")
-
 # Template variables as Grafana would fill them: everything, then one job and its GPUs.
 ALL = {"gpu": ".*", "job": ".*", "link": ".*"}
 # The second set proves each panel filters on the right label names (".*" matches a missing label).
 ONE_JOB = {"gpu": "(0|1)", "job": JOB, "link": "(0|7)"}
 RANGES = {"__rate_interval": "30s", "__interval": "5s", "__range": "5m", "datasource": "prometheus"}
-DATA_TIMEOUT_S = 180  # generous: the stack needs ~10 s, a loaded CI machine more
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    exporter = Exporter()
-    prometheus = None
-    try:
-        prometheus = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter.address)
-        _wait_for_enough_data(prometheus)
-        yield exporter, prometheus
-    finally:
-        try:
-            if prometheus is not None:
-                prometheus.stop()
-        finally:
-            exporter.stop()
-
-
-def _wait_for_enough_data(prom: Prometheus) -> None:
-    """Ten scrapes (rates need two samples in their window), two observed checkpoints, and the
-    recording rules evaluated."""
-    def ready() -> bool:
-        return bool(
-            prom.query('count_over_time(up{job="spx-trainer"}[1m]) >= 10')
-            and prom.query("instance_job:spx_job_checkpoint_interval:avg6h")
-            and prom.query("instance_gpu_link:spx_gpu_nvlink_transmit_bytes:rate1m")
-        )
-
-    try:
-        wait_for(ready, DATA_TIMEOUT_S, "ten scrapes and the recording rules")
-    except AssertionError as err:
-        raise AssertionError(f"{err}\nprometheus log:\n{prom.log_tail()}") from None
 
 
 def _no_data(prom: Prometheus, queries: dict[str, str], retry_s: float = 30) -> dict[str, str]:
@@ -98,14 +63,14 @@ def _panel_queries(instance: str, variables: dict[str, str]) -> dict[str, str]:
 
 @pytest.mark.parametrize("variables", [ALL, ONE_JOB], ids=["all", "one-job"])
 def test_every_panel_query_returns_data(stack, variables):
-    exporter, prom = stack
-    missing = _no_data(prom, _panel_queries(exporter.address, variables))
+    host, prom = stack
+    missing = _no_data(prom, _panel_queries(host.address, variables))
     assert not missing, "panel queries without data:\n" + "\n".join(f"  {w}:\n    {q}" for w, q in missing.items())
 
 
 def test_every_variable_query_returns_values(stack):
-    exporter, prom = stack
-    values = {"instance": exporter.address, **ALL}
+    host, prom = stack
+    values = {"instance": host.address, **ALL}
     for name, dashboard in load_dashboards().items():
         for var, definition in variable_queries(dashboard):
             m = LABEL_VALUES.match(definition)
@@ -168,13 +133,13 @@ def test_gpu_job_attribution_only_for_real_jobs(stack):
     _, prom = stack
     series = prom.query("instance_gpu:spx_gpu_job:info")
     jobs = {s["metric"]["gpu"]: s["metric"].get("job") for s in series}
-    assert jobs == {str(i): (JOB if i in (0, 1) else None) for i in range(8)}
+    assert jobs == {str(i): (JOB if i in JOB_GPUS else None) for i in range(8)}
     assert prom.query('spx_gpu_up{gpu="4", job="spx-trainer"}'), "an idle GPU carries the scrape job's name"
 
 
 def test_every_metric_name_in_dashboards_exists_in_a_real_scrape(stack):
-    exporter, _ = stack
-    scraped = {s.name for family in text_string_to_metric_families(exporter.scrape()) for s in family.samples}
+    host, _ = stack
+    scraped = {s.name for family in text_string_to_metric_families(host.scrape()) for s in family.samples}
     alerts, records = load_rules()
     recorded = {r["record"] for r in records}
     used = set()
