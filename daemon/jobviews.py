@@ -19,6 +19,10 @@ def job_view(
 ) -> JobView:
     attempts = store.attempts(job.id)
     beat = contract.read_heartbeat(heartbeat_path(run_dir, job))
+    # A beat older than the current attempt is the previous attempt's: its step was lost with it
+    # (the job went back to the checkpoint it resumed from), and its rate is not this attempt's.
+    stale = beat is not None and bool(attempts) and beat.time < attempts[-1].start
+    step = attempts[-1].resumed_from_step if stale else (beat.step if beat else None)
     last_ckpt_step = beat.last_checkpoint_step if beat else None
     if last_ckpt_step is None:
         resumed = [a.resumed_from_step for a in attempts if a.resumed_from_step is not None]
@@ -38,9 +42,9 @@ def job_view(
         owner_uid=job.owner_uid,
         owner=job.owner,
         attempts=len(attempts),
-        step=beat.step if beat else None,
-        epoch=beat.epoch if beat else None,
-        samples_per_second=beat.samples_per_second if beat and job.state.value == "running" else None,
+        step=step,
+        epoch=beat.epoch if beat and not stale else None,
+        samples_per_second=beat.samples_per_second if beat and not stale and job.state.value == "running" else None,
         last_checkpoint_step=last_ckpt_step,
         last_checkpoint_time=beat.last_checkpoint_time if beat else None,
         gpus=list(job.gpus),

@@ -1,8 +1,10 @@
 """The first error of a failed attempt, found in its log, for `spx status` and the journal.
 
-torchrun prints a failure summary naming the first failed rank and its exit code; a Python worker
-prints a traceback whose last line is the exception. The earliest of those is usually the cause;
-later ranks fail as a consequence (collectives time out, pipes break).
+torchrun prints a failure summary: a "Failures:" block with the ranks it stopped as a consequence
+(SIGTERM from its own teardown), then "Root Cause (first observed failure):" with the rank that
+failed first and its exit code. A Python worker prints a traceback whose last line is the exception.
+The root-cause rank and the earliest exception are the cause; later ranks fail as a consequence
+(collectives time out, pipes break).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ _RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*\d+\]:\s?")
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|torch\.OutOfMemoryError)\b.*")
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+_SUMMARY_ROOT = re.compile(r"^\s*Root Cause\b")
 
 
 def _signal_text(code: int) -> str:
@@ -35,18 +38,27 @@ def find_root_cause(log_file: Path) -> str | None:
         return None
     exception = None
     rank = None
+    first = root = None  # (rank, exit code, pid): the first summary entry, and the root-cause one
+    in_root = False
     for raw in lines:
         line = _RANK_PREFIX.sub("", raw).rstrip()
         if exception is None and _EXCEPTION.match(line) and "ChildFailedError" not in line:
             prefix = _RANK_PREFIX.match(raw)
             exception = f"{prefix.group(0).strip()} {line}" if prefix else line
+        if _SUMMARY_ROOT.match(line):
+            in_root, rank = True, None
         m = _SUMMARY_RANK.match(line)
         if m:
             rank = int(m.group(1))
         m = _SUMMARY_EXIT.match(line)
         if m and rank is not None:
-            code, pid = int(m.group(1)), int(m.group(2))
-            what = _signal_text(code) if code < 0 else f"exited with code {code}"
-            summary = f"rank {rank} (pid {pid}) {what}"
-            return f"{summary}: {exception}" if exception and code >= 0 else summary
-    return exception
+            entry = (rank, int(m.group(1)), int(m.group(2)))
+            first = first or entry
+            if in_root and root is None:
+                root = entry
+    chosen = root or first
+    if chosen is None:
+        return exception
+    rank, code, pid = chosen
+    summary = f"rank {rank} (pid {pid}) {_signal_text(code) if code < 0 else f'exited with code {code}'}"
+    return f"{summary}: {exception}" if exception and code >= 0 else summary

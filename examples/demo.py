@@ -128,16 +128,17 @@ def write_job(dir_: Path) -> Path:
 def follow_until_done(killed: list[bool], metrics_url: str | None, snapshot: list[str]) -> dict:
     """Narrate progress, kill a worker once, and keep one /metrics scrape taken while attempt 2
     trains (so it shows the job on its GPUs)."""
-    last_step = last_ckpt = None
+    shown_step = last_ckpt = None
     while True:
         doc = job_doc()
         step, ckpt = doc.get("step"), doc.get("last_checkpoint_step")
-        if doc.get("state") == "running" and step is not None and step != last_step and step % 5 == 0:
+        # Every 5 steps or so (the status is polled, so a step can fall between two polls).
+        if doc.get("state") == "running" and step is not None and (shown_step is None or not 0 <= step - shown_step < 5):
             say(f"training: step {step}, {doc.get('samples_per_second') or 0:.0f} samples/s, last checkpoint: step {ckpt}")
+            shown_step = step
         if ckpt is not None and ckpt != last_ckpt:
             say(f"trainer: checkpoint step-{ckpt:09d} complete (written atomically, manifest last)")
             last_ckpt = ckpt
-        last_step = step
         if not killed[0] and doc.get("attempts") == 1 and (step or 0) >= KILL_AT_STEP:
             pids = worker_pids()
             if pids:

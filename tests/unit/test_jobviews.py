@@ -1,0 +1,42 @@
+"""What `spx ls`, `spx status` and the job metrics say about a job, from the store and its heartbeat."""
+
+from __future__ import annotations
+
+from spx.daemon.contract import Heartbeat, write_heartbeat
+from spx.daemon.jobviews import heartbeat_path, job_view
+from spx.daemon.spec import parse_spec
+from spx.daemon.states import JobState
+from spx.daemon.store import Store
+
+
+def test_a_beat_of_the_previous_attempt_does_not_count_as_the_jobs_step(tmp_path):
+    """Attempt 1 reached step 26 and died; attempt 2 resumed from the step-20 checkpoint. Until
+    attempt 2 beats, the job is at step 20 (steps 21–26 were lost), with no rate of its own."""
+    store = Store(tmp_path / "s.sqlite")
+    jid = store.add_job(parse_spec("name: a\nscript: a.py\n"), 0, "root", "/x", 1.0)
+    store.transition(jid, JobState.STARTING, "starting", 2.0)
+    a1 = store.start_attempt(jid, number=1, attempt_id="u1", now=10.0, resumed_from=None, resumed_from_step=None, port=1)
+    store.transition(jid, JobState.RUNNING, "fresh start", 10.0)
+    beat = tmp_path / "run"
+    path = heartbeat_path(beat, store.job(jid))
+    path.parent.mkdir(parents=True)
+    write_heartbeat(path, Heartbeat(step=26, epoch=1, samples_per_second=70.0, last_checkpoint_step=20,
+                                    last_checkpoint_time=50.0, time=60.0))
+    view = job_view(store, store.job(jid), beat)
+    assert (view.step, view.epoch, view.samples_per_second, view.last_checkpoint_step) == (26, 1, 70.0, 20)
+
+    store.end_attempt(a1, end=61.0, exit_code=1, reason="exit code 1", reason_class="crash")
+    store.transition(jid, JobState.RESTARTING, "exit code 1", 61.0)
+    store.transition(jid, JobState.STARTING, "relaunching", 63.0)
+    store.start_attempt(jid, number=2, attempt_id="u2", now=63.0, resumed_from="/c/step-000000020",
+                        resumed_from_step=20, port=2)
+    store.transition(jid, JobState.RUNNING, "resuming", 63.0)
+    view = job_view(store, store.job(jid), beat)
+    assert (view.step, view.epoch, view.samples_per_second, view.last_checkpoint_step) == (20, None, None, 20)
+    assert view.last_checkpoint_time == 50.0  # still the time of the newest checkpoint
+
+    write_heartbeat(path, Heartbeat(step=21, epoch=1, samples_per_second=75.0, last_checkpoint_step=20,
+                                    last_checkpoint_time=50.0, time=70.0))
+    view = job_view(store, store.job(jid), beat)
+    assert (view.step, view.samples_per_second) == (21, 75.0)
+    store.close()

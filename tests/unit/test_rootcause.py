@@ -1,0 +1,68 @@
+"""The first error of an attempt, read from torchrun's failure summary and the workers' tracebacks."""
+
+from __future__ import annotations
+
+from spx.daemon.rootcause import find_root_cause
+
+# torchrun 2.13's summary after `kill -9` of rank 1: it SIGTERMs rank 0 (listed under Failures)
+# and names rank 1 as the root cause.
+KILLED_RANK_1 = """\
+E1203 08:07:04.995000 9848 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 9854) of binary: python
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+train_ddp.py FAILED
+------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-03_08:07:04
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 9853)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 9853
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_08:07:04
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 9854)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 9854
+======================================================
+"""
+
+CRASHED_RANK_0 = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "train.py", line 3, in <module>
+[rank0]: ValueError: learning rate must be positive
+[rank1]: RuntimeError: Connection closed by peer
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4242)
+"""
+
+
+def test_root_cause_is_the_rank_torchrun_names_not_the_ones_it_stopped(tmp_path):
+    log = tmp_path / "attempt-1.log"
+    log.write_text(KILLED_RANK_1)
+    assert find_root_cause(log) == "rank 1 (pid 9854) killed by SIGKILL"
+
+
+def test_a_crashed_rank_carries_the_first_exception(tmp_path):
+    log = tmp_path / "attempt-1.log"
+    log.write_text(CRASHED_RANK_0)
+    assert find_root_cause(log) == "rank 0 (pid 4242) exited with code 1: [rank0]: ValueError: learning rate must be positive"
+
+
+def test_without_a_summary_the_exception_is_the_cause_and_no_error_is_none(tmp_path):
+    log = tmp_path / "attempt-1.log"
+    log.write_text("step 1\nTraceback (most recent call last):\nKeyError: 'x'\n")
+    assert find_root_cause(log) == "KeyError: 'x'"
+    log.write_text("step 1\nstep 2\n")
+    assert find_root_cause(log) is None
+    assert find_root_cause(tmp_path / "missing.log") is None
