@@ -4,7 +4,9 @@ daemon, its training job and Prometheus start once (a minute or two on 2 cores) 
 from __future__ import annotations
 
 import pytest
-from dashboards_live import LiveHost, Prometheus, wait_for
+from dashboards_live import LiveHost, Prometheus
+
+from harness import wait_for
 
 DATA_TIMEOUT_S = 180  # generous: the stack needs ~10 s of scrapes, a loaded CI machine more
 

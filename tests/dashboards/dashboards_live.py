@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 from dashboards_testlib import DASHBOARDS, RULES
 
-from harness import EXAMPLES, Daemon
+from harness import EXAMPLES, Daemon, wait_for
 from spx.daemon.gpu.fake import DEFAULT_FIXTURE
+from spx.daemon.launcher import free_port
 
 JOB = "llama-ft"
 JOB_GPUS = [0, 1]
@@ -45,23 +43,6 @@ JOB_SPEC = {
     "restart": {"max_restarts": 3, "backoff_seconds": [1, 5], "hang_timeout_seconds": 600},
     "stop": {"grace_seconds": 20},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 class LiveHost:

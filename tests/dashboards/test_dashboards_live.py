@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from dashboards_live import JOB, JOB_GPUS, Prometheus, wait_for
+from dashboards_live import JOB, JOB_GPUS, Prometheus
 from dashboards_testlib import (
     LABEL_VALUES,
     PROMETHEUS_METRICS,
@@ -28,6 +28,8 @@ from dashboards_testlib import (
     without_fallback,
 )
 from prometheus_client.parser import text_string_to_metric_families
+
+from harness import wait_for
 
 # Template variables as Grafana would fill them: everything, then one job and its GPUs.
 ALL = {"gpu": ".*", "job": ".*", "link": ".*"}
