@@ -25,6 +25,7 @@ demo: venv
 	$(BIN)/python examples/demo.py
 
 test: venv
+	bash tests/system-deps.sh
 	bash tests/run.sh
 
 test-fast: venv
