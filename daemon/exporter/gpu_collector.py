@@ -163,15 +163,20 @@ class _GpuScrape:
         request = self.c.field_request(self.dev.index, self.handle, self)
         values = self.call("nvmlDeviceGetFieldValues", list(request.ids))
         got: dict[tuple[int, int], float] = {}
+        never: set[tuple[int, int]] = set()
         for fv in values or []:
             if fv.nvmlReturn == pynvml.NVML_SUCCESS:
                 got[(fv.fieldId, fv.scopeId)] = F.field_value(fv)
+            elif fv.nvmlReturn in F.NEVER_CODES:
+                never.add((fv.fieldId, fv.scopeId))
             elif fv.nvmlReturn in _LOST_CODES:
                 self.c.count_error("nvmlDeviceGetFieldValues")
                 raise GpuLost(f"field {fv.fieldId}: {pynvml.NVMLError(fv.nvmlReturn)}")
             elif fv.nvmlReturn not in F.ABSENT_CODES:
                 self.c.count_error("nvmlDeviceGetFieldValues")
                 self.ok = False
+        if never:  # e.g. the ≤12-link legacy error ids on Hopper, or the power fields on old drivers
+            self.c.narrow_request(self.dev.index, request.without(never))
 
         def dev(fid: int) -> float | None:
             return got.get((fid, 0))
@@ -231,14 +236,26 @@ class GpuCollector:
         self.errors[function] += 1
 
     def field_request(self, index: int, handle: Any, scrape: _GpuScrape) -> F.FieldRequest:
-        """The field list for GPU `index`, sized by its NVLink link count (asked once per GPU)."""
-        if index not in self._requests:
-            links = 0
-            values = scrape.call("nvmlDeviceGetFieldValues", [(F.LINK_COUNT, 0)])
-            if values is not None and values[0].nvmlReturn == pynvml.NVML_SUCCESS:
-                links = int(F.field_value(values[0]))
-            self._requests[index] = F.FieldRequest.for_links(links)
-        return self._requests[index]
+        """The field list for GPU `index`, sized by its NVLink link count: asked until the GPU
+        answers it (or says it has no NVLink), then remembered."""
+        if index in self._requests:
+            return self._requests[index]
+        values = scrape.call("nvmlDeviceGetFieldValues", [(F.LINK_COUNT, 0)])
+        answer = values[0].nvmlReturn if values is not None else None
+        if answer == pynvml.NVML_SUCCESS:
+            request = self._requests[index] = F.FieldRequest.for_links(int(F.field_value(values[0])))
+            return request
+        if answer in F.NEVER_CODES:  # a PCIe GPU: no NVLink
+            request = self._requests[index] = F.FieldRequest.for_links(0)
+            return request
+        # The read failed (counted by `call`, or in the entry): no link samples this scrape, ask again next.
+        if answer is not None:
+            self.count_error("nvmlDeviceGetFieldValues")
+            scrape.ok = False
+        return F.FieldRequest.for_links(0)
+
+    def narrow_request(self, index: int, request: F.FieldRequest) -> None:
+        self._requests[index] = request
 
     def collect(self) -> tuple[list[Any], bool]:
         """(metric families, success) of one scrape. Serialised: one scrape reads NVML at a time."""

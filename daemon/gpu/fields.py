@@ -74,26 +74,30 @@ DEVICE_FIELDS = (
 ABSENT_CODES = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NO_DATA)
 
 
+# A field the driver or GPU will never have: asked once, then left out of the request for good.
+NEVER_CODES = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+# c_nvmlValue_t member that holds each valueType.
+_VALUE_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+
+
 def field_value(fv: object) -> float:
     """The value of one `c_nvmlFieldValue_t`, whatever its valueType."""
-    value = fv.value  # type: ignore[attr-defined]
-    vtype = fv.valueType  # type: ignore[attr-defined]
-    return float(
-        {
-            pynvml.NVML_VALUE_TYPE_DOUBLE: lambda: value.dVal,
-            pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: lambda: value.uiVal,
-            pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: lambda: value.ulVal,
-            pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: lambda: value.ullVal,
-            pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: lambda: value.sllVal,
-            pynvml.NVML_VALUE_TYPE_SIGNED_INT: lambda: value.siVal,
-            pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: lambda: value.usVal,
-        }.get(vtype, lambda: value.ullVal)()
-    )
+    return float(getattr(fv.value, _VALUE_MEMBER.get(fv.valueType, "ullVal")))  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
 class FieldRequest:
-    """The (field id, scope) list for one GPU with `links` NVLink links, built once per GPU."""
+    """The (field id, scope) list for one GPU with `links` NVLink links, built once per GPU and
+    narrowed to what the GPU answers (`without`) after its first scrape."""
 
     links: int
     ids: tuple[tuple[int, int], ...]
@@ -106,3 +110,6 @@ class FieldRequest:
         for per_link in LEGACY_LINK_ERRORS.values():
             ids.extend((per_link[link], 0) for link in range(min(links, LEGACY_MAX_LINKS)))
         return cls(links, tuple(ids))
+
+    def without(self, never: set[tuple[int, int]]) -> FieldRequest:
+        return FieldRequest(self.links, tuple(i for i in self.ids if i not in never))

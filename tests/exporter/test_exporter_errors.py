@@ -96,3 +96,42 @@ def test_job_label_only_on_allocated_states(make_backend):
     assert jobs == {"0": "a", "1": "a", "2": None, "3": None, "4": None, "5": None, "6": None, "7": None}
     assert value(text, "spx_job_state", job="c", state="succeeded") == 1
     assert value(text, "spx_job_gpus", job="a") == 2
+
+
+def test_a_failed_link_count_read_drops_the_links_for_that_scrape_only(make_backend):
+    backend = make_backend()
+    registry = build_registry(backend, lambda: [], "t")
+    backend.nvml.fail_function("nvmlDeviceGetFieldValues", index=2)
+    first = scrape(registry)
+    assert not [s for s in samples(first, "spx_gpu_nvlink_up") if s[0]["gpu"] == "2"]
+    assert value(first, "spx_scrape_success", collector="gpu") == 0
+    backend.nvml.restore()
+    second = scrape(registry)
+    assert len([s for s in samples(second, "spx_gpu_nvlink_up") if s[0]["gpu"] == "2"]) == 18
+    assert value(second, "spx_scrape_success", collector="gpu") == 1
+
+
+def test_fields_the_gpu_never_has_are_asked_once(make_backend):
+    """H100s answer the per-link error fields, not the ≤12-link legacy ids (NOT_SUPPORTED): those
+    leave the request after the first scrape, and the samples stay the same."""
+    backend = make_backend()
+    registry = build_registry(backend, lambda: [], "t")
+    asked: list[int] = []
+    real = backend.nvml.nvmlDeviceGetFieldValues
+
+    def counting(handle, ids):
+        asked.append(len(ids))
+        return real(handle, ids)
+
+    backend.nvml.nvmlDeviceGetFieldValues = counting
+    first, second = scrape(registry), scrape(registry)
+    # First scrape: the link count, then the full request, per GPU; then only the narrowed request.
+    full, narrowed = asked[1], asked[-1]
+    assert narrowed < full and all(n == narrowed for n in asked[16:])
+
+    def series(text: str) -> list[tuple[str, tuple]]:
+        return sorted((name, tuple(sorted(labels.items())))
+                      for name in ("spx_gpu_nvlink_errors_total", "spx_gpu_ecc_errors_total", "spx_gpu_power_watts")
+                      for labels, _ in samples(text, name))
+
+    assert series(first) == series(second)
