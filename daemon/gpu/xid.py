@@ -80,6 +80,10 @@ class XidWatcher:
                 continue
             self._watched.add(index)
             self._by_key[handle_key(handle)] = index
+        if not self._watched:  # a thread watching nothing would report spx_xid_watch_up 1
+            log.warning("xid_watch_unavailable", error="no GPU accepted XID event registration")
+            self.stop()
+            return
         self._thread = threading.Thread(target=self._run, name="spx-xid-watch", daemon=True)
         self._thread.start()
 

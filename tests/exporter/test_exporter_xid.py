@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
+import pynvml
 from exporter_support import ManualClock, scrape, value
 
 from harness import wait_for
@@ -52,3 +53,12 @@ def test_close_stops_the_thread(make_backend):
     backend.close()
     assert not watcher.running
     backend.close()  # idempotent
+
+
+def test_no_gpu_accepting_xid_registration_reads_watch_down(make_backend):
+    """A watcher thread that watches nothing must not claim XIDs are being counted."""
+    backend = make_backend()
+    backend.nvml.fail_function("nvmlDeviceRegisterEvents", code=pynvml.NVML_ERROR_NO_PERMISSION)
+    text = scrape(build_registry(backend, lambda: [], "t"))
+    assert value(text, "spx_xid_watch_up") == 0
+    assert value(text, "spx_nvml_errors_total", function="nvmlDeviceRegisterEvents") == 8
