@@ -38,6 +38,8 @@ class Trainer(TrainingLoop):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.bf16 = resolve_bf16(self.config.bf16, self.device)
+        log.info("DDP on %d rank(s): %s on %s, %s", self.dist.world_size, self.dist.backend, self.device,
+                 "bf16 autocast" if self.bf16 else "fp32")
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None

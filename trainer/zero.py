@@ -55,6 +55,9 @@ class DeepSpeedTrainer(TrainingLoop):
                         config.grad_accum_steps, self._accum_steps)
         self.engine: Any = None
         self.loss_fn: Any = default_loss
+        zero = self.ds_config.get("zero_optimization", {})
+        log.info("DeepSpeed ZeRO-%s on %d rank(s): %s on %s, %s", zero.get("stage", 0), self.dist.world_size,
+                 self.dist.backend, self.device, "bf16" if self.ds_config.get("bf16", {}).get("enabled") else "fp32")
 
     def _offloads_optimizer(self) -> bool:
         zero = self.ds_config.get("zero_optimization", {})
