@@ -34,6 +34,7 @@ class LiveAttempt:
     heartbeat_file: Path
     log_file: Path
     resumed_from_step: int | None
+    cgroup: Path | None = None  # the attempt's own cgroup, where the daemon manages cgroups
     last_step: int | None = None
     last_progress_mono: float | None = None
     last_beat_time: float = 0.0
@@ -77,6 +78,10 @@ class LiveAttempt:
 
     # --- processes ------------------------------------------------------------------------------
 
+    @property
+    def procs(self) -> proctree.AttemptProcesses:
+        return proctree.AttemptProcesses(self.attempt_id, self.pgid, self.cgroup)
+
     def launcher_exited(self) -> bool:
         if self.returncode is not None:
             return True
@@ -86,7 +91,7 @@ class LiveAttempt:
                 return False
             self.returncode = rc
             return True
-        return not proctree.attempt_pids(self.attempt_id)
+        return not self.procs.pids()
 
     def begin_stop(self, cause: str, now_mono: float) -> None:
         """SIGTERM to the whole attempt; SIGKILL follows after the grace period (see `advance_stop`)."""
@@ -95,7 +100,7 @@ class LiveAttempt:
             self.stop_cause = cause
         if self.term_sent_mono is None:
             self.term_sent_mono = now_mono
-            proctree.signal_attempt(self.attempt_id, self.pgid, signal.SIGTERM)
+            self.procs.signal(signal.SIGTERM)
 
     def advance_stop(self, now_mono: float) -> None:
         """Escalate: SIGKILL after the grace period, or at once for leftovers of a launcher that
@@ -106,18 +111,19 @@ class LiveAttempt:
         )
         if due and (self.kill_sent_mono is None or now_mono - self.kill_sent_mono >= 1.0):
             self.kill_sent_mono = now_mono
-            proctree.signal_attempt(self.attempt_id, self.pgid, signal.SIGKILL)
+            self.procs.signal(signal.SIGKILL)
 
     def refresh_pids(self, now_mono: float, every: float = 2.0) -> None:
         """Keep `pids` (shown in metrics and used for GPU memory attribution) roughly current."""
         if now_mono - self.pids_checked_mono >= every:
             self.pids_checked_mono = now_mono
-            self.pids = proctree.attempt_pids(self.attempt_id)
+            self.pids = self.procs.pids()
             self.seen_pids.update(self.pids)
 
     def all_gone(self) -> bool:
-        self.pids = proctree.attempt_pids(self.attempt_id)
-        return not self.pids and not (self.pgid and proctree.group_alive(self.pgid))
+        procs = self.procs
+        self.pids = procs.pids()
+        return not self.pids and procs.gone()
 
     def exit_status(self) -> tuple[int | None, int | None]:
         """(exit code, signal) of the launcher; negative Popen codes are signals."""

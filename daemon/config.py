@@ -14,6 +14,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from spx.daemon.cgroups import CgroupMode
+
 DEFAULT_CONFIG_FILE = Path("/etc/spx/config.yaml")
 GpuBackendKind = Literal["auto", "nvml", "fake", "none"]
 
@@ -39,6 +41,10 @@ class DaemonConfig(BaseModel):
     submit_group: str | None = Field(None, description="If set, only root and this group's members may submit.")
     admin_group: str | None = Field(None, description="Members see and cancel every job, not only their own.")
     healthy_seconds: float = Field(600.0, gt=0, description="An attempt alive this long resets the backoff.")
+    cgroups: CgroupMode = Field("auto", description=(
+        "One cgroup v2 per attempt, so no process of it escapes a stop. auto = where systemd delegated the "
+        "daemon's cgroup (Delegate=yes); on = the daemon's cgroup is its own, fail to start otherwise; off = never "
+        "(processes are then found by their SPX_ATTEMPT_ID tag and process group only)."))
 
     @classmethod
     def rooted(cls, root: Path, **overrides: object) -> DaemonConfig:

@@ -2,7 +2,8 @@
 
 `plan_launch` is pure (tested without processes); `spawn` does the I/O. No shell anywhere: argv is a
 list. Workers run as the job file's owner, in a new session (so the whole attempt is one process
-group), with an environment built from scratch — the daemon's own variables never leak in.
+group) and, where the daemon manages cgroups, in the attempt's own cgroup from their first
+instruction on; their environment is built from scratch — the daemon's own variables never leak in.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from spx.daemon import contract
 from spx.daemon.spec import JobSpec
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The exec shim runs as root by file path, with site packages off, so it can only ever run stdlib.
+SHIM = Path(__file__).with_name("enter_attempt.py")
+SHIM_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
 
 
 @dataclass(frozen=True)
@@ -121,22 +125,47 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
     return LaunchPlan(argv=argv, env=env, cwd=cwd)
 
 
-def spawn(plan: LaunchPlan, uid: int, log_file: Path) -> subprocess.Popen:
-    """Start the attempt as `uid` in a new session; stdout+stderr append to `log_file`."""
+def spawn(plan: LaunchPlan, uid: int, log_file: Path, cgroup: Path | None = None) -> subprocess.Popen:
+    """Start the attempt as `uid` in a new session (and in `cgroup`, if given) through the exec shim
+    (enter_attempt.py); stdout+stderr append to `log_file`. Returns once the attempt's argv has been
+    exec'd; raises OSError, as subprocess would, when any step before that failed."""
     user = pwd.getpwuid(uid)
     as_other = uid != os.getuid()
-    with log_file.open("ab", buffering=0) as log:
-        return subprocess.Popen(
-            plan.argv,
-            cwd=plan.cwd,
-            env=plan.env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            close_fds=True,
-            start_new_session=True,
-            user=uid if as_other else None,
-            group=user.pw_gid if as_other else None,
-            extra_groups=os.getgrouplist(user.pw_name, user.pw_gid) if as_other else None,
-            umask=0o022,
-        )
+    request = {
+        "argv": plan.argv, "env": plan.env, "cwd": plan.cwd, "umask": 0o022,
+        "cgroup": str(cgroup) if cgroup is not None else None,
+        "uid": uid if as_other else None,
+        "gid": user.pw_gid,
+        "groups": os.getgrouplist(user.pw_name, user.pw_gid),
+    }
+    request_r, request_w = os.pipe()
+    status_r, status_w = os.pipe()
+    try:
+        with log_file.open("ab", buffering=0) as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(SHIM), str(request_r), str(status_w)],
+                cwd="/", env=SHIM_ENV, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                close_fds=True, pass_fds=(request_r, status_w), start_new_session=True,
+            )
+    except BaseException:
+        os.close(request_w)
+        os.close(status_r)
+        raise
+    finally:
+        os.close(request_r)
+        os.close(status_w)
+    with os.fdopen(request_w, "wb") as w:
+        try:
+            w.write(json.dumps(request).encode())
+        except BrokenPipeError:  # the shim died before reading; its status (or exit) says why
+            pass
+    with os.fdopen(status_r, "rb") as r:
+        status = r.read()
+    if status:
+        proc.wait()
+        failure = json.loads(status)
+        what = failure["strerror"] if failure["step"] == "exec" else f"{failure['step']}: {failure['strerror']}"
+        if failure["errno"] is None:
+            raise OSError(what)
+        raise OSError(failure["errno"], what, failure["filename"])
+    return proc

@@ -20,7 +20,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from spx.daemon import jobviews, proctree
+from spx.daemon import cgroups, jobviews, proctree
 from spx.daemon.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.control import Command, ControlServer, is_admin
 from spx.daemon.gpu.backend import GpuBackend, open_backend
@@ -47,7 +47,8 @@ def _version() -> str:
 
 
 class Daemon:
-    def __init__(self, cfg: DaemonConfig, backend: GpuBackend, notifier: Notifier):
+    def __init__(self, cfg: DaemonConfig, backend: GpuBackend, notifier: Notifier,
+                 cgroup_tree: cgroups.CgroupTree | None = None):
         self.cfg = cfg
         self.backend = backend
         self.notifier = notifier
@@ -56,7 +57,7 @@ class Daemon:
         self.stopping = False
         self._prepare_dirs()
         self.store = Store(cfg.store_path)
-        self.supervisor = Supervisor(cfg, self.store, self._gpus_free)
+        self.supervisor = Supervisor(cfg, self.store, self._gpus_free, cgroup_tree=cgroup_tree)
         self.intake = Intake(cfg, self.store, self.wake)
         self.control = ControlServer(cfg.socket_path, self._answer, self.commands, self.wake)
         self.metrics = None
@@ -93,6 +94,7 @@ class Daemon:
         for job in self.store.live_jobs():
             if job.state in (JobState.STARTING, JobState.RUNNING, JobState.RESTARTING):
                 self.supervisor.adopt_after_restart(job)
+        self.supervisor.sweep_cgroups()
         self.intake.start()
         self.control.start()
         registry = build_registry(self.backend, self.views, _version())
@@ -130,6 +132,7 @@ class Daemon:
                 self._schedule()
             if now >= next_reap:
                 proctree.reap_orphans(self.supervisor.launcher_pids())
+                self.supervisor.sweep_cgroups()
                 next_reap = now + REAP_EVERY_SECONDS
             if now >= next_status:
                 text = self.status_text()
@@ -253,12 +256,16 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.root, gpu_backend=args.gpu_backend, fake_gpus=args.fake_gpus,
                           metrics_address=args.metrics_address)
         backend = open_backend(cfg.gpu_backend, cfg.fake_gpus)
-    except (ConfigError, RuntimeError) as e:
+        # Before any thread starts: the daemon moves itself into its supervisor leaf here.
+        cgroup_tree, why = cgroups.manage_own(cfg.cgroups)
+    except (ConfigError, RuntimeError, cgroups.CgroupError) as e:
         log.error("cannot_start", error=str(e))
         return 2
+    log.info("cgroups", managed=cgroup_tree is not None, cgroup=str(cgroup_tree.root) if cgroup_tree else None,
+             reason=why)
     if backend.kind == "none":
         log.warning("no_gpus", detail=backend.description + "; only CPU jobs (gpus: 0) will run")
-    daemon = Daemon(cfg, backend, Notifier.from_env())
+    daemon = Daemon(cfg, backend, Notifier.from_env(), cgroup_tree)
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     return daemon.run()

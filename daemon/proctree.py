@@ -1,10 +1,11 @@
 """Find, signal and reap every process of an attempt, including ones that escaped its group.
 
 An attempt starts as one process group, but a worker may `setsid()` away from it (and ignore
-SIGTERM). Every process of an attempt inherits `SPX_ATTEMPT_ID`, so the daemon (root, a child
-subreaper) finds them in /proc by that tag; this also works after a daemon restart, when the old
-processes are no longer its children. Where cgroup v2 is delegated, a per-attempt cgroup would make
-this exact even for processes that scrub their environment; that is the next step (design §7).
+SIGTERM). Where the daemon manages cgroups, the attempt's cgroup holds every process of it, exactly
+(cgroups.py). Everywhere, and as a second net there, every process of an attempt inherits
+`SPX_ATTEMPT_ID`, so the daemon (root, a child subreaper) also finds them in /proc by that tag —
+which misses only a process that scrubs its own environment. Both work after a daemon restart,
+when the old processes are no longer its children.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-from spx.daemon import contract
+from spx.daemon import cgroups, contract
 
 PR_SET_CHILD_SUBREAPER = 36
 _PROC = Path("/proc")
@@ -61,21 +64,26 @@ def attempt_pids(attempt_id: str) -> list[int]:
     return sorted(found)
 
 
-def signal_attempt(attempt_id: str, pgid: int | None, sig: int) -> list[int]:
-    """Send `sig` to the attempt's process group and to every tagged process. Returns the pids
-    that were tagged (for the log)."""
+def signal_attempt(attempt_id: str, pgid: int | None, sig: int, also: Iterable[int] = ()) -> list[int]:
+    """Send `sig` once to every process of the attempt: to its process group in one call, then to
+    each tagged pid and each pid of `also` (its cgroup's) that is outside that group. Once, because
+    a second SIGTERM makes torchrun's agent give up waiting for its workers' checkpoint and exit.
+    Returns the pids signalled one by one."""
     if pgid:
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-    pids = attempt_pids(attempt_id)
-    for pid in pids:
+    singles = []
+    for pid in sorted(set(attempt_pids(attempt_id)) | set(also)):
         try:
+            if pgid and os.getpgid(pid) == pgid:
+                continue
             os.kill(pid, sig)
+            singles.append(pid)
         except (ProcessLookupError, PermissionError):
             pass
-    return pids
+    return singles
 
 
 def group_alive(pgid: int) -> bool:
@@ -86,6 +94,40 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+@dataclass(frozen=True)
+class AttemptProcesses:
+    """Every handle on one attempt's processes: its cgroup (None where cgroups are not managed),
+    its `SPX_ATTEMPT_ID` tag and its process group. Each net catches what another may miss."""
+
+    attempt_id: str
+    pgid: int | None
+    cgroup: Path | None = None
+
+    def pids(self) -> list[int]:
+        """Live pids of the attempt: tagged ones and everything in its cgroup."""
+        found = set(attempt_pids(self.attempt_id))
+        if self.cgroup is not None:
+            found.update(cgroups.procs(self.cgroup))
+        return sorted(found)
+
+    def signal(self, sig: int) -> None:
+        """`sig` once to each process of the group, the tag and the cgroup; SIGKILL to the cgroup
+        by `cgroup.kill`, which also catches children forked while it runs."""
+        in_cgroup: list[int] = []
+        if self.cgroup is not None:
+            if sig == signal.SIGKILL:
+                cgroups.kill(self.cgroup)
+            else:
+                in_cgroup = cgroups.procs(self.cgroup)
+        signal_attempt(self.attempt_id, self.pgid, sig, also=in_cgroup)
+
+    def gone(self) -> bool:
+        """No process left: the cgroup is not populated, no pid is tagged, the group is empty."""
+        if self.cgroup is not None and cgroups.populated(self.cgroup):
+            return False
+        return not attempt_pids(self.attempt_id) and not (self.pgid and group_alive(self.pgid))
 
 
 def reap_orphans(keep: set[int]) -> None:

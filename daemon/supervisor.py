@@ -2,7 +2,8 @@
 
 Runs on the daemon's main loop thread only (it is the store's writer). Each `tick` advances every
 live attempt one step — heartbeat, hang check, stop escalation, exit — and launches jobs that are
-due. Decisions after an exit come from `policy.decide`; process I/O from `launcher` and `proctree`.
+due. Decisions after an exit come from `policy.decide`; process I/O from `launcher`, `proctree` and
+`cgroups`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 import uuid
 from pathlib import Path
 
-from spx.daemon import checkpoint_layout, launcher, proctree
+from spx.daemon import cgroups, checkpoint_layout, launcher, proctree
 from spx.daemon.attempt import LEFTOVER_KILL_SECONDS, LiveAttempt
 from spx.daemon.config import DaemonConfig
 from spx.daemon.contract import EXIT_PREEMPTED
@@ -39,9 +40,11 @@ def _chown_dir(path: Path, uid: int, gid: int, mode: int) -> None:
 
 
 class Supervisor:
-    def __init__(self, cfg: DaemonConfig, store: Store, gpu_free, clock=time.monotonic, wall=time.time):
+    def __init__(self, cfg: DaemonConfig, store: Store, gpu_free, clock=time.monotonic, wall=time.time,
+                 cgroup_tree: cgroups.CgroupTree | None = None):
         self.cfg = cfg
         self.store = store
+        self.cgroups = cgroup_tree  # None: attempts are found by tag and process group only
         self._gpu_free = gpu_free  # callable(list[int]) -> bool: no compute processes on them
         self.clock = clock
         self.wall = wall
@@ -102,9 +105,12 @@ class Supervisor:
             resumed_from=str(latest.path) if latest else None,
             resumed_from_step=latest.step if latest else None, port=port,
         )
+        cgroup = self._make_attempt_cgroup(job, number, attempt_id)
         try:
-            proc = launcher.spawn(plan, job.owner_uid, log_file)
+            proc = launcher.spawn(plan, job.owner_uid, log_file, cgroup)
         except OSError as e:
+            if cgroup is not None:
+                cgroups.remove(cgroup)
             self._end_attempt_row(row_id, now, None, None, f"launch failed: {e}", "launch", None, None)
             self.store.transition(job.id, JobState.FAILED, f"launch failed: {e}", now, gpus=[])
             blog.error("launch_failed", error=str(e))
@@ -116,12 +122,25 @@ class Supervisor:
             grace_seconds=job.spec.stop.grace_seconds,
             hang_timeout_seconds=job.spec.restart.hang_timeout_seconds,
             heartbeat_file=ctx.heartbeat_file, log_file=log_file,
-            resumed_from_step=latest.step if latest else None,
+            resumed_from_step=latest.step if latest else None, cgroup=cgroup,
         )
         self.store.transition(job.id, JobState.RUNNING, resumed, now)
-        blog.info("attempt_started", pid=proc.pid, gpus=job.gpus, port=port,
+        blog.info("attempt_started", pid=proc.pid, gpus=job.gpus, port=port, cgroup=str(cgroup) if cgroup else None,
                   resumed_from=str(latest.path) if latest else None,
                   resumed_from_step=latest.step if latest else None)
+
+    def _make_attempt_cgroup(self, job: JobRow, number: int, attempt_id: str) -> Path | None:
+        """The attempt's own cgroup, where cgroups are managed. If it cannot be made, the attempt
+        still runs, found by tag and process group only, as where cgroups are not managed."""
+        if self.cgroups is None:
+            return None
+        cgroup = self.cgroups.attempt(job.name, number, attempt_id)
+        try:
+            cgroup.mkdir()
+            return cgroup
+        except OSError as e:
+            log.warning("attempt_cgroup_failed", job=job.name, attempt=number, cgroup=str(cgroup), error=str(e))
+            return None
 
     def _prepare_dirs(self, job: JobRow, user: pwd.struct_passwd, ckpt_dir: Path, number: int) -> None:
         """Log, heartbeat and checkpoint dirs, owned by the job's user (workers run as them).
@@ -180,7 +199,7 @@ class Supervisor:
                 f.write("spx: hang detected; py-spy is not installed, no stack dump\n")
             return
         with att.log_file.open("a") as f:
-            for pid in proctree.attempt_pids(att.attempt_id):
+            for pid in att.procs.pids():
                 f.write(f"spx: hang detected; stack of pid {pid}:\n")
                 f.flush()
                 try:
@@ -192,6 +211,8 @@ class Supervisor:
     def _finish(self, att: LiveAttempt) -> None:
         """The attempt's processes are all gone: classify, decide, record."""
         del self.live[att.job_id]
+        if att.cgroup is not None and not cgroups.remove(att.cgroup):
+            log.warning("attempt_cgroup_not_removed", job=att.name, attempt=att.number, cgroup=str(att.cgroup))
         now = self.wall()
         job = self.store.job(att.job_id)
         code, sig = att.exit_status()
@@ -331,12 +352,32 @@ class Supervisor:
             heartbeat_file=self.heartbeat_file(job),
             log_file=self.log_dir(job) / f"attempt-{open_att.number}.log",
             resumed_from_step=open_att.resumed_from_step,
+            cgroup=self._old_attempt_cgroup(job.name, open_att.number, open_att.attempt_id),
         )
         if job.state is JobState.STARTING:
             self.store.transition(job.id, JobState.RUNNING, "adopted after daemon restart", now)
         att.begin_stop("daemon-restart", self.clock())
         self.live[job.id] = att
-        log.info("adopted_after_restart", job=job.name, attempt=att.number, pids=proctree.attempt_pids(att.attempt_id))
+        log.info("adopted_after_restart", job=job.name, attempt=att.number, pids=att.procs.pids(),
+                 cgroup=str(att.cgroup) if att.cgroup else None)
+
+    def _old_attempt_cgroup(self, name: str, number: int, attempt_id: str) -> Path | None:
+        """The cgroup a previous daemon made for this attempt, derived from the store's row."""
+        if self.cgroups is None:
+            return None
+        cgroup = self.cgroups.attempt(name, number, attempt_id)
+        return cgroup if cgroup.is_dir() else None
+
+    def sweep_cgroups(self) -> None:
+        """Attempt cgroups of no live attempt (left by an earlier daemon, or not yet empty when
+        their attempt ended): kill what is in them, remove them once empty."""
+        if self.cgroups is None:
+            return
+        killed, removed = cgroups.sweep(self.cgroups, {a.cgroup for a in self.live.values() if a.cgroup})
+        for cg in killed:
+            log.warning("stray_attempt_cgroup_killed", cgroup=str(cg))
+        if removed:
+            log.info("stale_attempt_cgroups_removed", cgroups=[cg.name for cg in removed])
 
     def live_pids(self) -> dict[str, list[int]]:
         return {a.name: list(a.pids) for a in self.live.values()}

@@ -36,8 +36,9 @@ class Daemon:
     """A running `spx-trainer` rooted in `root`."""
 
     def __init__(self, root: Path, gpu_backend: str = "none", extra_args: list[str] | None = None,
-                 config: dict | None = None, env: dict[str, str] | None = None):
+                 config: dict | None = None, env: dict[str, str] | None = None, cgroup: Path | None = None):
         self.root = root
+        self.cgroup = cgroup  # start the daemon in this cgroup v2 directory (as systemd starts it in the unit's)
         self.gpu_backend = gpu_backend
         self.extra_args = extra_args or []
         self.config = config
@@ -60,6 +61,8 @@ class Daemon:
             cfg = self.root.parent / f"{self.root.name}-config.yaml"
             cfg.write_text(yaml.safe_dump(self.config))
             args += ["--config", str(cfg)]
+        if self.cgroup is not None:
+            args = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.cgroup), *args]
         self.lines = []
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      env={**os.environ, **self.env}, text=True)

@@ -16,13 +16,14 @@ import pytest
 from conftest import JOB_USER, UNIT, job_processes
 
 from harness import REPO, wait_for
-from spx.daemon import checkpoint_layout
+from spx.daemon import cgroups, checkpoint_layout
 
 pytestmark = pytest.mark.systemd
 
 SPX = "/opt/spx-trainer/venv/bin/spx"
 GRACE = 15  # stop.grace_seconds of the stop test's job: a 3 s step + a checkpoint fit with room
 DOCS = REPO / "docs" / "systemd.md"
+UNIT_CGROUP = f"/sys/fs/cgroup/system.slice/{UNIT}"
 # The daemon's bounding set, as the unit's comment explains it (capability numbers from capability.h).
 CAPS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "DAC_READ_SEARCH": 2, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7,
         "SYS_PTRACE": 19, "SYSLOG": 34}
@@ -147,6 +148,15 @@ def test_start_ready_status_then_stop_checkpoints_and_start_resumes(unit):
     assert proc_status(workers[0])["NoNewPrivs"] == "1"
     cap_bnd = int(proc_status(workers[0])["CapBnd"], 16)
     assert cap_bnd == sum(1 << n for n in CAPS.values()), f"bounding set {cap_bnd:x}"
+    # Delegate=yes: the daemon sits in its supervisor leaf, the job in its attempt's own cgroup.
+    assert daemon_event(sb, "cgroups", props["MainPID"])["managed"] is True
+    main_cgroup = sb.run("cat", f"/proc/{props['MainPID']}/cgroup").stdout
+    assert f"0::/system.slice/{UNIT}/supervisor" in main_cgroup.splitlines(), main_cgroup
+    unit_cg = sb.path(UNIT_CGROUP)
+    attempt_cgs = cgroups.CgroupTree(unit_cg).attempt_cgroups()
+    assert [cg.name.rsplit("-", 1)[0] for cg in attempt_cgs] == ["sd-stop-1"], attempt_cgs
+    assert set(workers) <= set(cgroups.procs(attempt_cgs[0])), "every job process is in the attempt's cgroup"
+    assert cgroups.procs(unit_cg) == [], "no process in the unit's inner cgroup"
 
     # Stop just after a step ends: the job needs most of a 3 s step + a checkpoint, more than the 2 s
     # TimeoutStopSec of this drop-in, so the stop is clean only because the daemon extends it.
@@ -166,8 +176,7 @@ def test_start_ready_status_then_stop_checkpoints_and_start_resumes(unit):
     # (then the daemon SIGKILLs what is left, as designed), but never longer.
     assert 2.0 < took < GRACE + 10, f"stop took {took:.1f} s (TimeoutStopSec 2 s, grace {GRACE} s)"
     assert not job_processes("sd-stop"), "a job process outlived the unit"
-    cgroup = sb.path(f"/sys/fs/cgroup/system.slice/{UNIT}")
-    assert not cgroup.exists() or not (cgroup / "cgroup.procs").read_text().strip()
+    assert not cgroups.populated(sb.path(UNIT_CGROUP)), "the unit's cgroup tree is empty"
     ckpt = latest_checkpoint(sb, "sd-stop")
     assert ckpt is not None and ckpt >= (step_at_stop or 0) >= 1, (ckpt, step_at_stop)
     written = sb.path(f"/checkpoints/sd-stop/{checkpoint_layout.step_dirname(ckpt)}/COMPLETE.json").stat().st_mtime
@@ -204,6 +213,8 @@ def test_kill9_of_the_daemon_restarts_it_and_the_job_resumes(unit):
     assert "code=killed, status=9/KILL" in sb.journal(UNIT)
     s = wait_status(sb, "sd-kill", "relaunch", lambda s: s["attempts"] == 2 and s["state"] == "running")
     assert s["history"][1]["resumed_from_step"] == ckpt and ckpt >= 5, s["history"]
+    attempt_cgs = cgroups.CgroupTree(sb.path(UNIT_CGROUP)).attempt_cgroups()
+    assert [cg.name.rsplit("-", 1)[0] for cg in attempt_cgs] == ["sd-kill-2"], "no cgroup of attempt 1 is left"
     assert s["history"][0]["end"] is not None and s["history"][0]["reason"] == "daemon restarted"
     wait_status(sb, "sd-kill", "training past the checkpoint", lambda s: (s["step"] or 0) > ckpt)
     sb.run(SPX, "cancel", "sd-kill", user=JOB_USER)
