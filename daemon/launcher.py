@@ -118,6 +118,9 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
     }
     if ctx.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
+        # The indices are NVML's, which count in PCI bus order; CUDA's default order is fastest
+        # first, which on a host of mixed GPUs would put the job on GPUs it was not given.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     else:
         # A CPU job must not grab a GPU by accident.
         env["CUDA_VISIBLE_DEVICES"] = ""

@@ -18,7 +18,7 @@ MAX_SPEC_BYTES = 64 * 1024
 MAX_DEPTH = 16
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 # Variables the daemon owns; a job setting them would break supervision or GPU isolation.
-RESERVED_ENV = re.compile(r"^(SPX_.*|CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|NVIDIA_VISIBLE_DEVICES)$")
+RESERVED_ENV = re.compile(r"^(SPX_.*|CUDA_VISIBLE_DEVICES|CUDA_DEVICE_ORDER|MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|NVIDIA_VISIBLE_DEVICES)$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

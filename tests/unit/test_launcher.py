@@ -23,6 +23,7 @@ def test_torchrun_argv_and_env():
     assert plan.argv[-5:] == ["train.py", "--ckpt", "/ck/j", "--resume", "/ck/j/step-000000020"]
     env = plan.env
     assert env["CUDA_VISIBLE_DEVICES"] == "4,5" and env["SPX_RESUME_FROM"] == "/ck/j/step-000000020"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # NVML's numbering, which the allocation uses
     assert env["SPX_ATTEMPT"] == "2" and env["HF_HOME"] == "/data/hf" and env["HOME"] == "/home/alice"
     assert env["PATH"].startswith("/venv/bin:")
 
