@@ -50,8 +50,8 @@ def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
 
     store = Store(cfg.store_path, readonly=True)
     try:
-        if op == "ls":
-            return [v.to_json() for v in jobviews.all_views(store, cfg.run_dir)]
+        if op in ("ls", "history"):
+            return [v.to_json() for v in jobviews.all_views(store, cfg.run_dir, scope="all" if op == "history" else "recent")]
         job = store.job_by_name(name or "")
         if job is None:
             raise CliError(f"no job named {name!r}")
@@ -182,8 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("submit", help="drop a job file into the spool")
     s.add_argument("file")
-    s = sub.add_parser("ls", help="list jobs")
+    s = sub.add_parser("ls", help="list live jobs and those that ended in the last 24 h")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--all", action="store_true", help="every job ever submitted, however long ago it ended")
     s = sub.add_parser("status", help="one job, with its attempts")
     s.add_argument("name")
     s.add_argument("--json", action="store_true")
@@ -207,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "submit":
         return cmd_submit(cfg, args)
     if args.command == "ls":
-        jobs = ask(cfg, "ls")
+        jobs = ask(cfg, "history" if args.all else "ls")
         assert isinstance(jobs, list)
         if args.json:
             print(json.dumps(jobs, indent=1))

@@ -119,7 +119,7 @@ class ControlServer:
         except (ValueError, KeyError, TypeError):
             reply = {"ok": False, "error": "malformed request", "code": 2}
         else:
-            if op in ("ls", "status"):
+            if op in ("ls", "history", "status"):
                 reply = self._answer(op, name, uid)
             elif op == "cancel" and isinstance(name, str):
                 cmd = Command(op, name, uid)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from spx.daemon import contract
 from spx.daemon.store import JobRow, Store
@@ -57,8 +59,23 @@ def job_view(
     )
 
 
+# Finished jobs stay in `spx ls` and /metrics this long after they end (SpxJobFailed looks back an
+# hour); then `spx ls --all` and `spx status NAME` still show them. Without it a host's history would
+# grow every scrape forever, and a reused name would give two series of one job.
+RECENT_SECONDS = 24 * 3600.0
+
+Scope = Literal["live", "recent", "all"]
+
+
 def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int]]] | None = None,
-              include_finished: bool = True) -> list[JobView]:
+              scope: Scope = "recent", now: float | None = None) -> list[JobView]:
+    """Views of the live jobs ("live"), plus each name's latest job that finished in the last
+    RECENT_SECONDS ("recent"), or of every job ever submitted ("all")."""
     live_pids = pids() if pids else {}
-    rows = store.all_jobs() if include_finished else store.live_jobs()
+    if scope == "live":
+        rows = store.live_jobs()
+    elif scope == "recent":
+        rows = store.current_jobs(finished_since=(time.time() if now is None else now) - RECENT_SECONDS)
+    else:
+        rows = store.all_jobs()
     return [job_view(store, j, run_dir, live_pids) for j in rows]

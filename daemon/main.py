@@ -61,7 +61,6 @@ class Daemon:
         self.intake = Intake(cfg, self.store, self.wake)
         self.control = ControlServer(cfg.socket_path, self._answer, self.commands, self.wake)
         self.metrics = None
-        self.xid = None
 
     def _prepare_dirs(self) -> None:
         for d in (self.cfg.state_dir, self.cfg.log_dir, self.cfg.run_dir, self.cfg.checkpoints_root):
@@ -99,7 +98,6 @@ class Daemon:
         self.control.start()
         registry = build_registry(self.backend, self.views, _version())
         metrics = self.metrics = serve(registry, self.cfg.metrics_address)
-        self.xid = self.backend.start_xid_watch()
         host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=_version(), root=str(self.cfg.spool_dir.parent),
                  gpu_backend=self.backend.description, metrics=f"{host}:{metrics.port}",
@@ -110,7 +108,7 @@ class Daemon:
         return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.live_pids)
 
     def status_text(self) -> str:
-        live = jobviews.all_views(self.store, self.cfg.run_dir, include_finished=False)
+        live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
         return format_status(live, len(self.backend.devices()), self.supervisor.last_restart, time.time())
 
     def run(self) -> int:
@@ -180,6 +178,8 @@ class Daemon:
                     queued.append(job)
             elif job.state in (JobState.STARTING, JobState.RESTARTING):
                 self.supervisor.start_due(job)
+        if not queued:  # asking NVML which GPUs are free costs calls on every GPU: only when it matters
+            return
         for placement in place(queued, self._free_gpus(live)):
             self.store.transition(placement.job.id, JobState.STARTING, "GPUs allocated" if placement.gpus else "starting",
                                   now, gpus=placement.gpus)
@@ -191,9 +191,9 @@ class Daemon:
         """Read requests from the control socket (its own thread, its own store connection)."""
         admin = is_admin(uid, self.cfg.admin_group)
         pids = self.supervisor.live_pids()
-        if op == "ls":
-            docs = [v.to_json() for v in jobviews.all_views(self.store, self.cfg.run_dir, lambda: pids)
-                    if admin or v.owner_uid == uid]
+        if op in ("ls", "history"):
+            views = jobviews.all_views(self.store, self.cfg.run_dir, lambda: pids, scope="all" if op == "history" else "recent")
+            docs = [v.to_json() for v in views if admin or v.owner_uid == uid]
             return {"ok": True, "result": docs}
         job = self.store.job_by_name(name or "")
         if job is None or not (admin or job.owner_uid == uid):
@@ -229,8 +229,6 @@ class Daemon:
         log.info("daemon_stopping", live_attempts=len(self.supervisor.live))
         self.intake.stop()
         self.control.stop()
-        if self.xid is not None:
-            self.xid.stop()
         if self.metrics is not None:
             self.metrics.shutdown()
         self.backend.close()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spx.daemon.spec import JobSpec
-from spx.daemon.states import LIVE, JobState, check_edge
+from spx.daemon.states import LIVE, TERMINAL, JobState, check_edge
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -68,6 +68,9 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT
 );
 """
+
+
+_TERMINAL_SQL = ",".join(f"'{s.value}'" for s in sorted(TERMINAL, key=lambda s: s.value))
 
 
 class DuplicateJob(Exception):
@@ -283,13 +286,24 @@ class Store:
     def all_jobs(self) -> list[JobRow]:
         return [_job(r) for r in self._db.execute("SELECT * FROM jobs ORDER BY id").fetchall()]
 
+    def current_jobs(self, finished_since: float) -> list[JobRow]:
+        """One job per name, the one `job_by_name` gives (the live one, else the newest finished),
+        without finished ones that ended before `finished_since`."""
+        rows = self._db.execute(
+            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY name ORDER BY "
+            f"  (state IN ({_TERMINAL_SQL})), id DESC) AS newest FROM jobs) "
+            f"WHERE newest = 1 AND (state NOT IN ({_TERMINAL_SQL}) OR updated >= ?) ORDER BY id",
+            (finished_since,),
+        ).fetchall()
+        return [_job(r) for r in rows]
+
     def job(self, job_id: int) -> JobRow:
         return _job(self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
 
     def job_by_name(self, name: str) -> JobRow | None:
         """The live job of that name, else the most recent finished one."""
         row = self._db.execute(
-            "SELECT * FROM jobs WHERE name = ? ORDER BY (state IN ('succeeded','failed','cancelled')), id DESC LIMIT 1",
+            f"SELECT * FROM jobs WHERE name = ? ORDER BY (state IN ({_TERMINAL_SQL})), id DESC LIMIT 1",
             (name,),
         ).fetchone()
         return _job(row) if row else None

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import time
+
+from spx.daemon import cli
+from spx.daemon.config import load_config
 from spx.daemon.contract import Heartbeat, write_heartbeat
 from spx.daemon.jobviews import heartbeat_path, job_view
 from spx.daemon.spec import parse_spec
@@ -40,3 +45,23 @@ def test_a_beat_of_the_previous_attempt_does_not_count_as_the_jobs_step(tmp_path
     view = job_view(store, store.job(jid), beat)
     assert (view.step, view.samples_per_second) == (21, 75.0)
     store.close()
+
+
+def test_ls_shows_live_and_recent_jobs_and_ls_all_the_whole_history(tmp_path, capsys):
+    """Read from the store directly (root's fallback while the daemon is down): the same views."""
+    cfg = load_config(None, tmp_path / "root")
+    cfg.store_path.parent.mkdir(parents=True)
+    store = Store(cfg.store_path)
+    now = time.time()
+    for name, ended in (("last-month", now - 30 * 86400), ("an-hour-ago", now - 3600)):
+        jid = store.add_job(parse_spec(f"name: {name}\nscript: a.py\n"), 0, "root", "/x", ended - 60)
+        store.transition(jid, JobState.CANCELLED, "cancelled", ended)
+    store.add_job(parse_spec("name: queued\nscript: a.py\n"), 0, "root", "/x", now)
+    store.close()
+
+    def ls(*flags: str) -> list[str]:
+        assert cli.main(["--root", str(tmp_path / "root"), "ls", "--json", *flags]) == 0
+        return [j["name"] for j in json.loads(capsys.readouterr().out)]
+
+    assert ls() == ["an-hour-ago", "queued"]
+    assert ls("--all") == ["last-month", "an-hour-ago", "queued"]

@@ -50,3 +50,19 @@ def test_readonly_store_sees_committed_state(tmp_path):
     assert [j.name for j in ro.live_jobs()] == ["a"]
     ro.close()
     store.close()
+
+
+def test_current_jobs_are_one_per_name_and_old_finished_ones_age_out(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    old = store.add_job(spec("old"), 0, "root", "/x", 1.0)
+    store.transition(old, JobState.CANCELLED, "cancelled", 2.0)
+    first = store.add_job(spec("a"), 0, "root", "/x", 10.0)
+    store.transition(first, JobState.FAILED, "crash loop", 20.0)
+    again = store.add_job(spec("a"), 0, "root", "/y", 30.0)  # the name reused: the live one is "a"
+    done = store.add_job(spec("b"), 0, "root", "/z", 31.0)
+    store.transition(done, JobState.CANCELLED, "cancelled", 40.0)
+    assert [(j.name, j.id) for j in store.current_jobs(finished_since=5.0)] == [("a", again), ("b", done)]
+    store.transition(again, JobState.CANCELLED, "cancelled", 50.0)
+    assert [(j.name, j.id) for j in store.current_jobs(finished_since=45.0)] == [("a", again)]
+    assert len(store.all_jobs()) == 4
+    store.close()
