@@ -18,7 +18,7 @@ import time
 import uuid
 from pathlib import Path
 
-from spx.daemon import cgroups, checkpoint_layout, launcher, proctree
+from spx.daemon import cgroups, checkpoint_layout, jobviews, launcher, proctree
 from spx.daemon.attempt import LEFTOVER_KILL_SECONDS, LiveAttempt
 from spx.daemon.config import DaemonConfig
 from spx.daemon.contract import EXIT_PREEMPTED
@@ -55,7 +55,7 @@ class Supervisor:
     # --- paths ----------------------------------------------------------------------------------
 
     def heartbeat_file(self, job: JobRow) -> Path:
-        return self.cfg.run_dir / "jobs" / f"{job.id}-{job.name}" / "heartbeat.json"
+        return jobviews.heartbeat_path(self.cfg.run_dir, job)
 
     def log_dir(self, job: JobRow) -> Path:
         return self.cfg.log_dir / job.name
