@@ -1,5 +1,7 @@
-"""The live stack (dashboards_live.py) as one fixture for every end-to-end test of this folder: the
-daemon, its training job and Prometheus start once (a minute or two on 2 cores) and serve them all."""
+"""The live stack (dashboards_live.py) as one fixture: the daemon, its training job and Prometheus
+start once per module (a minute or so on 2 cores). Module scope, not package: in a folder without
+__init__.py pytest keeps a "package" fixture until the session ends, and this stack's job would
+hold fake GPUs 0 and 1 through every later test."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from harness import wait_for
 DATA_TIMEOUT_S = 180  # generous: the stack needs ~10 s of scrapes, a loaded CI machine more
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     host = LiveHost(tmp_path_factory.mktemp("live-host"))
     prometheus = None
