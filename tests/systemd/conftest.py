@@ -22,6 +22,7 @@ JOB_USER = "spxtest"
 # Test-only settings: the wedge hook; quick restarts so the tests do not wait out RestartSec; and
 # no nvidia-modprobe, which runs unsandboxed ('+') and would load modules into the host's kernel.
 TEST_DROPIN = "[Service]\nEnvironment=SPX_TEST_HOOKS=1\nRestartSec=1s\nExecStartPre=\n"
+KEEP = [REPO, *python_dirs()]
 # Written before install.sh runs, which must keep it: the daemon runs on the fake 8-GPU backend.
 TEST_CONFIG = "gpu_backend: fake\n"
 
@@ -31,17 +32,23 @@ def sandbox(tmp_path_factory) -> Iterator[Sandbox]:
     why = cannot_run_reason()
     if why:
         pytest.skip(f"cannot boot systemd in a namespace here: {why}")
-    sb = Sandbox(tmp_path_factory.mktemp("systemd"), keep=[REPO, *python_dirs()])
+    sb = Sandbox(tmp_path_factory.mktemp("systemd"), keep=KEEP)
     try:
         sb.boot()
         sb.run("useradd", "--create-home", "--shell", "/bin/sh", JOB_USER)
         sb.write("/etc/spx/config.yaml", TEST_CONFIG)
         sb.install_log = sb.run("bash", str(REPO / "systemd" / "install.sh"), "--venv", sys.prefix).stdout
-        sb.write(f"/etc/systemd/system/{UNIT}.d/test.conf", TEST_DROPIN)
+        sb.write(f"/etc/systemd/system/{UNIT}.d/test.conf", TEST_DROPIN + _private_tmp_binds(KEEP))
         sb.systemctl("daemon-reload")
         yield sb
     finally:
         sb.close()
+
+
+def _private_tmp_binds(dirs: list[Path]) -> str:
+    """The unit has PrivateTmp=yes, so a checkout or venv under /tmp (a CI clone) does not exist in
+    its view: bind those back in, read-only. (On a host the venv is under /opt.)"""
+    return "".join(f"BindReadOnlyPaths={d}\n" for d in dirs if d.is_relative_to("/tmp") or d.is_relative_to("/var/tmp"))
 
 
 @pytest.fixture
