@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from spx.daemon.launcher import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
@@ -105,12 +106,6 @@ def worker(args: argparse.Namespace) -> None:
     if dist.get_rank() == 0:
         (work / "result.json").write_text(json.dumps({"plain": plain, "spx": spx}))
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

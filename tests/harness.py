@@ -32,6 +32,24 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
         time.sleep(interval)
 
 
+def job_pids(name: str) -> list[int]:
+    """Every live (non-zombie) process whose environment says it belongs to job `name` (the
+    daemon sets SPX_JOB for all of a job's processes), found from /proc as an operator would."""
+    tag = f"SPX_JOB={name}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = Path(entry.path, "environ").read_bytes().split(b"\0")
+            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if tag in env and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
 class Daemon:
     """A running `spx-trainer` rooted in `root`."""
 

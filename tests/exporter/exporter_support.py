@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
 from spx.daemon.views import JobView
 
 
@@ -29,23 +26,3 @@ def job_view(name: str = "train-a", state: str = "running", gpus: list[int] | No
         gpus=[0, 1] if gpus is None else gpus, submitted=1_717_990_000.0,
         restarts_by_reason={"crash": 1}, pids=pids or [],
     )
-
-
-def scrape(registry: CollectorRegistry) -> str:
-    return generate_latest(registry).decode()
-
-
-def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    """(labels, value) of every sample called `name` in a text exposition."""
-    out = []
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                out.append((dict(sample.labels), sample.value))
-    return out
-
-
-def value(text: str, name: str, **labels: str) -> float | None:
-    matches = [v for lab, v in samples(text, name) if all(lab.get(k) == want for k, want in labels.items())]
-    assert len(matches) <= 1, f"{name}{labels} matches {len(matches)} samples"
-    return matches[0] if matches else None

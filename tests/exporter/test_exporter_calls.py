@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
-from exporter_support import scrape
+from metrics_text import scrape
 
 from spx.daemon.exporter.gpu_collector import CALLS_PER_GPU
 from spx.daemon.exporter.server import build_registry
@@ -36,7 +36,8 @@ def test_calls_do_not_grow_with_links(make_backend):
 
 
 def test_counters_move_between_scrapes(make_backend):
-    from exporter_support import ManualClock, value
+    from exporter_support import ManualClock
+    from metrics_text import value
 
     clock = ManualClock()
     registry = build_registry(make_backend(clock=clock), lambda: [], "t")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import urllib.request
 
 import pynvml
-from exporter_support import job_view, samples, scrape, value
+from exporter_support import job_view
+from metrics_text import samples, scrape, value
 
 from spx.daemon.exporter.server import build_registry, serve
 

@@ -11,7 +11,8 @@ import os
 import re
 from pathlib import Path
 
-from exporter_support import ManualClock, job_view, scrape
+from exporter_support import ManualClock, job_view
+from metrics_text import scrape
 
 from harness import wait_for
 from spx.daemon.exporter.server import build_registry

@@ -6,7 +6,8 @@ import copy
 import json
 
 import pynvml
-from exporter_support import ManualClock, scrape, value
+from exporter_support import ManualClock
+from metrics_text import scrape, value
 
 from harness import wait_for
 from spx.daemon.exporter.server import build_registry

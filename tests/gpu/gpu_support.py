@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -16,38 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from metrics_text import samples
 
-from harness import wait_for
+from harness import job_pids, wait_for
 from spx.daemon import proctree
 from spx.daemon.contract import ENV_ATTEMPT, ENV_ATTEMPT_ID, ENV_CHECKPOINT_DIR, ENV_HEARTBEAT_FILE, ENV_NAMES
 from spx.daemon.gpu.xid import handle_key
+from spx.daemon.launcher import free_port
 
 PY = sys.executable
 
 # --- scrapes ------------------------------------------------------------------------------------
-
-
-def scrape(registry: CollectorRegistry) -> str:
-    return generate_latest(registry).decode()
-
-
-def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    """(labels, value) of every sample called `name` in a text exposition."""
-    out = []
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                out.append((dict(sample.labels), sample.value))
-    return out
-
-
-def value(text: str, name: str, **labels: str) -> float | None:
-    """The one sample `name` whose labels include `labels` (None if there is none)."""
-    matches = [v for lab, v in samples(text, name) if all(lab.get(k) == want for k, want in labels.items())]
-    assert len(matches) <= 1, f"{name}{labels} matches {len(matches)} samples"
-    return matches[0] if matches else None
 
 
 def error_counts(text: str) -> dict[str, float]:
@@ -119,12 +97,6 @@ def nvidia_smi_uuids(smi: str) -> list[str]:
 # --- processes ------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Finished:
     """A torchrun launch that has ended: exit status and its combined output."""
@@ -177,26 +149,10 @@ def torchrun(script: Path, args: list[str], *, nproc: int, work: Path, name: str
     return Finished(rc, log)
 
 
-def job_processes(job: str) -> list[int]:
-    """Live pids whose environment says they belong to daemon job `job`."""
-    tag = f"SPX_JOB={job}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = Path(entry.path, "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if tag in environ and not proctree._is_zombie(int(entry.name)):
-            found.append(int(entry.name))
-    return sorted(found)
-
-
 def worker_pids(job: str, script_name: str) -> list[int]:
     """The training workers of `job`: its processes running `script_name`, launcher excluded."""
     pids = []
-    for pid in job_processes(job):
+    for pid in job_pids(job):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:

@@ -12,7 +12,8 @@ import sys
 import urllib.request
 
 import pytest
-from gpu_support import opens_nvidia_device, pid_namespace_depth, samples, value, worker_pids
+from gpu_support import opens_nvidia_device, pid_namespace_depth, worker_pids
+from metrics_text import samples, value
 
 from harness import EXAMPLES, Daemon, wait_for
 

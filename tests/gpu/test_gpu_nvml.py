@@ -11,16 +11,8 @@ import shutil
 import subprocess
 
 import pytest
-from gpu_support import (
-    CountingNvml,
-    error_counts,
-    nvidia_smi_uuids,
-    nvlink_states,
-    samples,
-    scrape,
-    text_of,
-    value,
-)
+from gpu_support import CountingNvml, error_counts, nvidia_smi_uuids, nvlink_states, text_of
+from metrics_text import samples, scrape, value
 
 from spx.daemon.exporter.gpu_collector import CALLS_PER_GPU
 from spx.daemon.exporter.server import build_registry

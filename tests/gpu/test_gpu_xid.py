@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from gpu_support import scrape, value
+from metrics_text import scrape, value
 
 from spx.daemon.exporter.server import build_registry
 from spx.daemon.gpu.xid import WAIT_TIMEOUT_MS

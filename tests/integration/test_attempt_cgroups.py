@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from scratch_cgroup import cgroup_of, scratch_cgroup
 
-from harness import Daemon, wait_for
+from harness import Daemon, job_pids, wait_for
 from spx.daemon import cgroups, proctree
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
@@ -27,21 +27,6 @@ def scratch():
 def escaper_job(name: str, pidfile: Path) -> str:
     return (f"name: {name}\nlauncher: python\nscript: {SCRIPTS / 'setsid_scrubbed_grandchild.py'}\npython: {PY}\n"
             f"args: ['{pidfile}']\nstop: {{grace_seconds: 2}}\nrestart: {{max_restarts: 3, backoff_seconds: [1, 5]}}\n")
-
-
-def tagged(name: str) -> list[int]:
-    """What the tag search sees of job `name` (SPX_JOB is set beside SPX_ATTEMPT_ID)."""
-    tag = f"SPX_JOB={name}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                env = Path(entry.path, "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if tag in env and not proctree._is_zombie(int(entry.name)):
-                found.append(int(entry.name))
-    return found
 
 
 def scrubbed_grandchild(pidfile: Path) -> int:
@@ -71,16 +56,16 @@ def test_cancel_kills_a_setsid_grandchild_that_scrubbed_its_environment(scratch,
         # What the tag+pgid mechanism alone would have missed: no tag, another session.
         assert Path(f"/proc/{grandchild}/environ").read_bytes() == b""
         assert os.getsid(grandchild) != started["pid"] and os.getpgid(grandchild) != started["pid"]
-        assert grandchild not in tagged("scrubber") and tagged("scrubber")
+        assert grandchild not in job_pids("scrubber") and job_pids("scrubber")
         # What the cgroup sees: all of it.
         assert cgroup_of(grandchild) == attempt_cg
-        assert set(tagged("scrubber")) | {grandchild} <= set(cgroups.procs(attempt_cg))
+        assert set(job_pids("scrubber")) | {grandchild} <= set(cgroups.procs(attempt_cg))
 
         d.spx("cancel", "scrubber")
         d.wait_state("scrubber", "cancelled", 30)
         assert gone(grandchild), "the scrubbed grandchild survived the cancel"
         assert not attempt_cg.exists(), "the attempt's cgroup is removed once empty"
-        assert tagged("scrubber") == []
+        assert job_pids("scrubber") == []
     finally:
         d.stop()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import EXAMPLES, Daemon, wait_for
+from harness import EXAMPLES, Daemon, job_pids, wait_for
 from spx.daemon import proctree
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
@@ -28,21 +28,6 @@ def daemon(tmp_path):
     d = Daemon(tmp_path / "root", gpu_backend="fake").start()
     yield d
     d.stop()
-
-
-def job_pids(name: str) -> list[int]:
-    """Every live process whose environment says it belongs to job `name`."""
-    tag = f"SPX_JOB={name}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                env = Path(entry.path, "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if tag in env and not proctree._is_zombie(int(entry.name)):
-                found.append(int(entry.name))
-    return found
 
 
 def worker_pids(name: str) -> list[int]:

@@ -7,7 +7,6 @@ never sees (or kills) processes of a still-running sandbox.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,20 +77,3 @@ def leak_exempt_pids():
     under its systemd is the unit's business (the tests check it through systemd and /proc), and a
     guard that killed it would kill the daemon under test."""
     return Sandbox.all_pids
-
-
-def job_processes(name: str) -> list[int]:
-    """Host pids of every live process of job `name`, wherever it runs (the host sees the sandbox's)."""
-    tag = f"SPX_JOB={name}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = Path(entry.path, "environ").read_bytes().split(b"\0")
-            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if tag in env and state not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found

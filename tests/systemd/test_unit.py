@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from conftest import JOB_USER, UNIT, job_processes
+from conftest import JOB_USER, UNIT
 
-from harness import REPO, wait_for
+from harness import REPO, job_pids, wait_for
 from spx.daemon import cgroups, checkpoint_layout
 
 pytestmark = pytest.mark.systemd
@@ -142,7 +142,7 @@ def test_start_ready_status_then_stop_checkpoints_and_start_resumes(unit):
     status_line = 'Status: "1 running, 2/8 GPUs busy"'
     wait_for(lambda: status_line in sb.systemctl("status", UNIT, check=False).stdout, 10, status_line)
     assert status(sb, "sd-stop")["gpus"] and len(status(sb, "sd-stop")["gpus"]) == 2
-    workers = job_processes("sd-stop")
+    workers = job_pids("sd-stop")
     assert workers and all(proc_status(p)["Uid"].split()[0] == sb.run("id", "-u", JOB_USER).stdout.strip()
                            for p in workers), "job processes run as the job file's owner"
     assert proc_status(workers[0])["NoNewPrivs"] == "1"
@@ -175,7 +175,7 @@ def test_start_ready_status_then_stop_checkpoints_and_start_resumes(unit):
     # The checkpoint is written within the grace; the launcher may take the rest of it to exit
     # (then the daemon SIGKILLs what is left, as designed), but never longer.
     assert 2.0 < took < GRACE + 10, f"stop took {took:.1f} s (TimeoutStopSec 2 s, grace {GRACE} s)"
-    assert not job_processes("sd-stop"), "a job process outlived the unit"
+    assert not job_pids("sd-stop"), "a job process outlived the unit"
     assert not cgroups.populated(sb.path(UNIT_CGROUP)), "the unit's cgroup tree is empty"
     ckpt = latest_checkpoint(sb, "sd-stop")
     assert ckpt is not None and ckpt >= (step_at_stop or 0) >= 1, (ckpt, step_at_stop)
@@ -201,11 +201,11 @@ def test_kill9_of_the_daemon_restarts_it_and_the_job_resumes(unit):
     submit(sb, "sd-kill", "--steps", "400", "--checkpoint-every", "5", "--sleep-per-step", "0.3", grace=10)
     wait_status(sb, "sd-kill", "a checkpoint", lambda s: (s["last_checkpoint_step"] or 0) >= 5)
     old = sb.show(UNIT, "MainPID", "NRestarts")
-    workers = job_processes("sd-kill")
+    workers = job_pids("sd-kill")
     sb.run("kill", "-9", old["MainPID"])
     wait_for(lambda: sb.show(UNIT, "NRestarts")["NRestarts"] == str(int(old["NRestarts"]) + 1), 30, "a restart")
     # KillMode=mixed: systemd SIGKILLed what was left of the unit before restarting it.
-    assert not set(workers) & set(job_processes("sd-kill"))
+    assert not set(workers) & set(job_pids("sd-kill"))
     ckpt = latest_checkpoint(sb, "sd-kill")
     wait_for(lambda: sb.show(UNIT, "ActiveState", "SubState") == {"ActiveState": "active", "SubState": "running"},
              30, "the restarted daemon to be ready")

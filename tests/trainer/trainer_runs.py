@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -23,6 +22,7 @@ from pathlib import Path
 from harness import EXAMPLES, wait_for
 from spx.daemon import proctree
 from spx.daemon.contract import ENV_ATTEMPT_ID, read_heartbeat
+from spx.daemon.launcher import free_port
 
 PY = sys.executable
 # 2 ranks × batch 8 over 256 sequences: 16 steps per epoch, so 60 steps cross 3 epoch boundaries
@@ -30,12 +30,6 @@ PY = sys.executable
 DDP_ARGS = ["--batch_size", "8", "--model-size", "tiny", "--seed", "1234", "--steps", "60",
             "--checkpoint-every", "10", "--dataset-size", "256", "--gradient_checkpointing"]
 STEPS_PER_EPOCH = 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
