@@ -50,7 +50,7 @@ import pynvml
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
-from spx.daemon.exporter.gpu_collector import CLOCK_EVENT_REASONS
+from spx.daemon.exporter.gpu_collector import CLOCK_EVENT_REASONS, GPU_FAMILIES
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.exporter.server import build_registry
 from spx.daemon.gpu import fields as F
@@ -79,17 +79,8 @@ LINK_ERROR_COUNTERS = {
     "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
     "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
 }
-NAIVE_FAMILIES = [
-    "spx_gpu_up", "spx_gpu_info", "spx_gpu_utilization_ratio", "spx_gpu_memory_utilization_ratio",
-    "spx_gpu_memory_used_bytes", "spx_gpu_memory_free_bytes", "spx_gpu_memory_total_bytes",
-    "spx_gpu_memory_reserved_bytes", "spx_gpu_power_watts", "spx_gpu_power_limit_watts",
-    "spx_gpu_energy_joules_total", "spx_gpu_temperature_celsius", "spx_gpu_memory_temperature_celsius",
-    "spx_gpu_sm_clock_hertz", "spx_gpu_memory_clock_hertz", "spx_gpu_clocks_event_active",
-    "spx_gpu_pcie_transmit_bytes_per_second", "spx_gpu_pcie_receive_bytes_per_second",
-    "spx_gpu_pcie_transmit_bytes_total", "spx_gpu_pcie_receive_bytes_total", "spx_gpu_ecc_errors_total",
-    "spx_gpu_remapped_rows", "spx_gpu_xid_errors_total", "spx_gpu_process_memory_used_bytes", "spx_gpu_nvlink_up",
-    "spx_gpu_nvlink_transmit_bytes_total", "spx_gpu_nvlink_receive_bytes_total", "spx_gpu_nvlink_errors_total",
-]
+# The same families as the real collector, less its own NVML-error and XID-thread metrics.
+NAIVE_FAMILIES = [f for f in GPU_FAMILIES if f not in ("spx_nvml_errors_total", "spx_xid_watch_up")]
 
 
 class NaiveCollector:
