@@ -228,20 +228,17 @@ def check_unit(ctx: DoctorContext) -> Check:
 # --- worker environment ---------------------------------------------------------------------------
 
 _PROBE = r"""
-import json, sys
+import importlib, json, sys
 out = {"python": sys.version.split()[0]}
-try:
-    import torch
-    out["torch"] = torch.__version__
-    out["cuda"] = torch.version.cuda
-    out["cuda_devices"] = torch.cuda.device_count() if torch.version.cuda else 0
-except Exception as e:
-    out["torch_error"] = f"{type(e).__name__}: {e}"
-try:
-    import deepspeed
-    out["deepspeed"] = deepspeed.__version__
-except Exception as e:
-    out["deepspeed_error"] = f"{type(e).__name__}: {e}"
+for name in ("torch", "deepspeed"):
+    try:
+        mod = importlib.import_module(name)
+        out[name] = mod.__version__
+        if name == "torch":
+            out["cuda"] = mod.version.cuda
+            out["cuda_devices"] = mod.cuda.device_count() if mod.version.cuda else 0
+    except Exception as e:
+        out[name + "_error"] = f"{type(e).__name__}: {e}"
 print("SPX_DOCTOR=" + json.dumps(out), flush=True)
 """
 
