@@ -123,7 +123,7 @@ class LiveAttempt:
     def all_gone(self) -> bool:
         procs = self.procs
         self.pids = procs.pids()
-        return not self.pids and procs.gone()
+        return procs.gone(self.pids)
 
     def exit_status(self) -> tuple[int | None, int | None]:
         """(exit code, signal) of the launcher; negative Popen codes are signals."""

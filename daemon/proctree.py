@@ -123,11 +123,14 @@ class AttemptProcesses:
                 in_cgroup = cgroups.procs(self.cgroup)
         signal_attempt(self.attempt_id, self.pgid, sig, also=in_cgroup)
 
-    def gone(self) -> bool:
-        """No process left: the cgroup is not populated, no pid is tagged, the group is empty."""
+    def gone(self, pids: list[int] | None = None) -> bool:
+        """No process left: no pid tagged or in the cgroup, the cgroup not populated, the group
+        empty. `pids`: what `pids()` has just returned, to spare a second scan of /proc."""
+        if self.pids() if pids is None else pids:
+            return False
         if self.cgroup is not None and cgroups.populated(self.cgroup):
             return False
-        return not attempt_pids(self.attempt_id) and not (self.pgid and group_alive(self.pgid))
+        return not (self.pgid and group_alive(self.pgid))
 
 
 def reap_orphans(keep: set[int]) -> None:
