@@ -66,8 +66,9 @@ def pytest_runtest_makereport(item, call):
     sb = item.funcargs.get("unit") or item.funcargs.get("sandbox")
     if rep.failed and isinstance(sb, Sandbox) and sb.pid:
         rep.sections.append(("journal of spx-trainer.service", sb.journal(UNIT)))
-        for log in sorted(sb.path("/var/log/spx").glob("*/attempt-*.log")):
-            rep.sections.append((f"{log.parent.name}/{log.name} (last 40 lines)",
+        logs = sb.path("/var/log/spx")
+        for log in sorted([*logs.glob("*/attempt-*.log"), *logs.glob("*/attempt-*.ranks/**/std*.log")]):
+            rep.sections.append((f"{log.relative_to(logs)} (last 40 lines)",
                                  "\n".join(log.read_text(errors="replace").splitlines()[-40:])))
 
 
