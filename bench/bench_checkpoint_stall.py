@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
 from tinylm import SIZES, MarkovCorpus, TinyLM, parameter_count  # noqa: E402
 
-from spx.daemon import checkpoint_layout as layout  # noqa: E402
+from spx.daemon.contract import checkpoint_layout as layout  # noqa: E402
 from spx.trainer.checkpoint import Checkpointer  # noqa: E402
 
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from spx.daemon.launcher import free_port
+from spx.daemon.run.launcher import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))

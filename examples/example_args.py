@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from spx.daemon.contract import attempt_number
+from spx.daemon.contract.worker_env import attempt_number
 from spx.trainer import TrainerConfig
 
 

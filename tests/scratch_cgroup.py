@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spx.daemon import cgroups
+from spx.daemon.run import cgroups
 
 
 def own_cgroup() -> Path | None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from spx.daemon import checkpoint_layout as layout
+from spx.daemon.contract import checkpoint_layout as layout
 from spx.trainer.async_save import BackgroundSaver
 from spx.trainer.snapshot import HostSnapshotter
 
@@ -247,7 +247,7 @@ def resolve_resume_path(ckpt_dir: Path) -> Path | None:
     """SPX_RESUME_FROM if it names a complete checkpoint, else the latest complete one in
     `ckpt_dir`, else None. An unusable SPX_RESUME_FROM is logged, never fatal: the layout's own
     answer is what the daemon would have chosen anyway."""
-    from spx.daemon.contract import ENV_RESUME_FROM
+    from spx.daemon.contract.worker_env import ENV_RESUME_FROM
 
     wanted = os.environ.get(ENV_RESUME_FROM, "").strip()
     if wanted:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from spx.daemon.contract import ENV_CHECKPOINT_DIR, ENV_HEARTBEAT_FILE
+from spx.daemon.contract.worker_env import ENV_CHECKPOINT_DIR, ENV_HEARTBEAT_FILE
 
 
 @dataclass

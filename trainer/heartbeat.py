@@ -12,7 +12,7 @@ import logging
 import time
 from pathlib import Path
 
-from spx.daemon.contract import HEARTBEAT_MIN_INTERVAL_SECONDS, Heartbeat, write_heartbeat
+from spx.daemon.contract.worker_env import HEARTBEAT_MIN_INTERVAL_SECONDS, Heartbeat, write_heartbeat
 
 log = logging.getLogger("spx.trainer")
 

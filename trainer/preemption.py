@@ -14,7 +14,7 @@ import signal
 import threading
 from typing import Any
 
-from spx.daemon.contract import EXIT_PREEMPTED
+from spx.daemon.contract.worker_env import EXIT_PREEMPTED
 
 log = logging.getLogger("spx.trainer")
 

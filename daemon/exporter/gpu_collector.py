@@ -24,7 +24,7 @@ import structlog
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.gpu import fields as F
 from spx.daemon.gpu.backend import GpuBackend, GpuDevice
-from spx.daemon.views import JobView
+from spx.daemon.state.views import JobView
 
 log = structlog.get_logger(__name__)
 

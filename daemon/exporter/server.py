@@ -24,7 +24,7 @@ from spx.daemon.exporter.gpu_collector import GpuCollector
 from spx.daemon.exporter.job_collector import JobCollector
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.gpu.backend import GpuBackend
-from spx.daemon.views import JobView
+from spx.daemon.state.views import JobView
 
 log = structlog.get_logger(__name__)
 

@@ -27,7 +27,7 @@ from dashboards_testlib import DASHBOARDS, RULES
 
 from harness import EXAMPLES, Daemon, wait_for
 from spx.daemon.gpu.fake import DEFAULT_FIXTURE
-from spx.daemon.launcher import free_port
+from spx.daemon.run.launcher import free_port
 
 JOB = "llama-ft"
 JOB_GPUS = [0, 1]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from spx.daemon import doctor_gpu
-from spx.daemon.doctor import (
+from spx.daemon.doctor.hostprobe import mount_for, parse_mountinfo
+from spx.daemon.doctor.report import (
     Check,
     DoctorContext,
     check_checkpoints,
@@ -26,6 +26,7 @@ from spx.daemon.doctor import (
     check_unit,
     check_worker,
     exit_code,
+    gpu_checks,
     render_text,
     run_checks,
     to_json,
@@ -34,7 +35,6 @@ from spx.daemon.doctor import (
 )
 from spx.daemon.gpu.backend import GpuBackend, open_backend
 from spx.daemon.gpu.fake import DEFAULT_FIXTURE, FakeNvml
-from spx.daemon.hostprobe import mount_for, parse_mountinfo
 
 X86_FLAGS = "flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sse sse2 ht syscall nx lm"
 
@@ -388,7 +388,7 @@ def test_fake_host_reports_gpu3_link7_down() -> None:
 
 def test_all_links_up_is_ok() -> None:
     with fake_backend(nvlink_down=[]) as b:
-        c = doctor_gpu.check_nvlink(DoctorContext(backend=b))
+        c = gpu_checks.check_nvlink(DoctorContext(backend=b))
     assert c.status == "ok" and "all 144 up" in c.detail
 
 
@@ -401,9 +401,9 @@ def test_pcie_gpus_without_nvlink_are_a_warning() -> None:
 
 def test_two_gpus_or_old_gpus_fail() -> None:
     with fake_backend(count=2) as b:
-        assert doctor_gpu.check_gpus(DoctorContext(backend=b)).status == "fail"
+        assert gpu_checks.check_gpus(DoctorContext(backend=b)).status == "fail"
     with fake_backend(name="Tesla V100-SXM2-32GB", count=8) as b:
-        c = doctor_gpu.check_bf16(DoctorContext(backend=b))
+        c = gpu_checks.check_bf16(DoctorContext(backend=b))
     assert c.status == "fail" and "7.0" in c.detail and "fp16" in c.fix
 
 

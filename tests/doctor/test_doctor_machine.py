@@ -18,7 +18,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from spx.daemon.doctor import DoctorContext, exit_code, render_text, run_checks
+from spx.daemon.doctor.report import DoctorContext, exit_code, render_text, run_checks
 from spx.daemon.gpu.backend import open_backend
 
 
@@ -37,7 +37,7 @@ def nvml_loads() -> bool:
 
 
 def spx(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "spx.daemon.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "spx.daemon.cli.main", *args], capture_output=True, text=True,
                           timeout=300, env=env or {**os.environ, "SPX_ROOT": ""})
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spx.daemon.views import JobView
+from spx.daemon.state.views import JobView
 
 
 class ManualClock:

@@ -18,10 +18,16 @@ from typing import Any
 from metrics_text import samples
 
 from harness import job_pids, wait_for
-from spx.daemon import proctree
-from spx.daemon.contract import ENV_ATTEMPT, ENV_ATTEMPT_ID, ENV_CHECKPOINT_DIR, ENV_HEARTBEAT_FILE, ENV_NAMES
+from spx.daemon.contract.worker_env import (
+    ENV_ATTEMPT,
+    ENV_ATTEMPT_ID,
+    ENV_CHECKPOINT_DIR,
+    ENV_HEARTBEAT_FILE,
+    ENV_NAMES,
+)
 from spx.daemon.gpu.xid import handle_key
-from spx.daemon.launcher import free_port
+from spx.daemon.run import proctree
+from spx.daemon.run.launcher import free_port
 
 PY = sys.executable
 

@@ -17,7 +17,7 @@ import pytest
 from gpu_support import Finished, torchrun
 
 from harness import EXAMPLES
-from spx.daemon import checkpoint_layout as layout
+from spx.daemon.contract import checkpoint_layout as layout
 
 PROBE = Path(__file__).resolve().parent / "ddp_backend_probe.py"
 TRAIN = EXAMPLES / "train_ddp.py"

@@ -12,7 +12,7 @@ import pytest
 from scratch_cgroup import cgroup_of, scratch_cgroup
 
 from harness import Daemon, job_pids, wait_for
-from spx.daemon import cgroups, proctree
+from spx.daemon.run import cgroups, proctree
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
 PY = sys.executable

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import Daemon, wait_for
-from spx.daemon import control
+from spx.daemon.service import control
 
 USER = "spx-test-alice"
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import EXAMPLES, Daemon, job_pids, wait_for
-from spx.daemon import proctree
+from spx.daemon.run import proctree
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
 PY = sys.executable

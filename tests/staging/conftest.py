@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spx.daemon.staging import PART_SUFFIX, StageProgress, parse_event
+from spx.daemon.staging.copier import PART_SUFFIX, StageProgress, parse_event
 
 # No .pyc writes by the copier: its wchar counter must be its copy plus its stdout, nothing else.
 ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}

@@ -1,6 +1,6 @@
 """Data staging: skip-identical, resume of an interrupted part, symlinks, free space, the job's user.
 
-Real files and real `python -m spx.daemon.staging` subprocesses; the only injected thing is statvfs
+Real files and real `python -m spx.daemon.staging.copier` subprocesses; the only injected thing is statvfs
 in the no-space test that cannot mount a small tmpfs.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spx.daemon.staging import (
+from spx.daemon.staging.copier import (
     PART_SUFFIX,
     StageError,
     StageFailure,
@@ -281,5 +281,5 @@ def test_runs_with_the_job_users_permissions() -> None:
 
 
 def test_module_entry_rejects_bad_usage() -> None:
-    r = subprocess.run([sys.executable, "-m", "spx.daemon.staging"], capture_output=True, text=True, env=ENV)
+    r = subprocess.run([sys.executable, "-m", "spx.daemon.staging.copier"], capture_output=True, text=True, env=ENV)
     assert r.returncode == 2

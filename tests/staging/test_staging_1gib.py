@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from spx.daemon.staging import PART_SUFFIX, StageResult, command, parse_event
+from spx.daemon.staging.copier import PART_SUFFIX, StageResult, command, parse_event
 
 ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
 GIB = 1 << 30

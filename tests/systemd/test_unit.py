@@ -16,7 +16,8 @@ import pytest
 from conftest import JOB_USER, UNIT
 
 from harness import REPO, job_pids, wait_for
-from spx.daemon import cgroups, checkpoint_layout
+from spx.daemon.contract import checkpoint_layout
+from spx.daemon.run import cgroups
 
 pytestmark = pytest.mark.systemd
 
@@ -132,7 +133,7 @@ def test_start_ready_status_then_stop_checkpoints_and_start_resumes(unit):
     assert "spx_gpu_up" in metrics.stdout
     assert props["StatusText"] == "0 running, 0/8 GPUs busy"
     doctor = sb.run("/opt/spx-trainer/venv/bin/python", "-c",
-                    "from spx.daemon.doctor import DoctorContext, check_unit; c = check_unit(DoctorContext()); "
+                    "from spx.daemon.doctor.report import DoctorContext, check_unit; c = check_unit(DoctorContext()); "
                     "print(c.status, c.detail)").stdout
     assert doctor.startswith("ok spx-trainer.service: loaded, enabled, active (running)"), doctor
 

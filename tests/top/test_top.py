@@ -13,8 +13,7 @@ import time
 
 import pytest
 
-from spx.daemon.gpu.backend import open_backend
-from spx.daemon.top import (
+from spx.daemon.cli.top import (
     CLEAR_BELOW,
     HIDE_CURSOR,
     HOME,
@@ -26,8 +25,9 @@ from spx.daemon.top import (
     render,
     run_top,
 )
-from spx.daemon.top_cli import job_from_json
-from spx.daemon.views import JobView
+from spx.daemon.cli.top_command import job_from_json
+from spx.daemon.gpu.backend import open_backend
+from spx.daemon.state.views import JobView
 
 NOW = 1_800_000_000.0
 STAGING = "staging 412.0 MiB / 1.0 GiB (40%), 310/1000 files, 85.2 MiB/s"
@@ -166,7 +166,7 @@ def test_ctrl_c_ends_the_live_view_and_restores_the_cursor() -> None:
     script = textwrap.dedent(
         """
         import sys
-        from spx.daemon.top import GpuRow, run_top
+        from spx.daemon.cli.top import GpuRow, run_top
         gpus = [GpuRow(0, "NVIDIA H100 80GB HBM3", 50, 1 << 30, 80 << 30, 300.0, None)]
         sys.exit(run_top(lambda: ([], gpus), 0.05))
         """

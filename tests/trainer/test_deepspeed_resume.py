@@ -8,7 +8,7 @@ import pytest
 from trainer_runs import kill9_everything, start_deepspeed
 
 from harness import wait_for
-from spx.daemon import checkpoint_layout as layout
+from spx.daemon.contract import checkpoint_layout as layout
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ import pytest
 from trainer_runs import STEPS_PER_EPOCH, kill9_everything, start_ddp
 
 from harness import wait_for
-from spx.daemon import checkpoint_layout as layout
-from spx.daemon.contract import read_heartbeat
+from spx.daemon.contract import checkpoint_layout as layout
+from spx.daemon.contract.worker_env import read_heartbeat
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from harness import EXAMPLES, wait_for
-from spx.daemon import checkpoint_layout as layout
-from spx.daemon.contract import EXIT_PREEMPTED, read_heartbeat
+from spx.daemon.contract import checkpoint_layout as layout
+from spx.daemon.contract.worker_env import EXIT_PREEMPTED, read_heartbeat
 from spx.trainer import Preempted, Trainer, TrainerConfig
 from spx.trainer.checkpoint import Checkpointer, CheckpointError, resolve_resume_path
 from spx.trainer.data import ResumableDistributedSampler

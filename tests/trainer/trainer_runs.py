@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import EXAMPLES, wait_for
-from spx.daemon import proctree
-from spx.daemon.contract import ENV_ATTEMPT_ID, read_heartbeat
-from spx.daemon.launcher import free_port
+from spx.daemon.contract.worker_env import ENV_ATTEMPT_ID, read_heartbeat
+from spx.daemon.run import proctree
+from spx.daemon.run.launcher import free_port
 
 PY = sys.executable
 # 2 ranks × batch 8 over 256 sequences: 16 steps per epoch, so 60 steps cross 3 epoch boundaries

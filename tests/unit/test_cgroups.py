@@ -13,7 +13,7 @@ import pytest
 from scratch_cgroup import cgroup_of, own_cgroup, scratch_cgroup
 
 from harness import wait_for
-from spx.daemon import cgroups
+from spx.daemon.run import cgroups
 
 MOUNTINFO = Path("/proc/self/mountinfo").read_text()
 # A process tree that is hard to catch: the child leaves the session, ignores SIGTERM and forks a

@@ -3,7 +3,7 @@
 import json
 import zipfile
 
-from spx.daemon import checkpoint_layout as cl
+from spx.daemon.contract import checkpoint_layout as cl
 
 
 def make(ckpt_dir, step, payload=b"x" * 100, publish=True):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import time
 
-from spx.daemon import cli
-from spx.daemon.config import load_config
-from spx.daemon.contract import Heartbeat, write_heartbeat
-from spx.daemon.jobviews import heartbeat_path, job_view
-from spx.daemon.spec import parse_spec
-from spx.daemon.states import JobState
-from spx.daemon.store import Store
+from spx.daemon.cli import main
+from spx.daemon.contract.worker_env import Heartbeat, write_heartbeat
+from spx.daemon.intake.spec import parse_spec
+from spx.daemon.service.config import load_config
+from spx.daemon.state.jobviews import heartbeat_path, job_view
+from spx.daemon.state.states import JobState
+from spx.daemon.state.store import Store
 
 
 def test_a_beat_of_the_previous_attempt_does_not_count_as_the_jobs_step(tmp_path):
@@ -60,7 +60,7 @@ def test_ls_shows_live_and_recent_jobs_and_ls_all_the_whole_history(tmp_path, ca
     store.close()
 
     def ls(*flags: str) -> list[str]:
-        assert cli.main(["--root", str(tmp_path / "root"), "ls", "--json", *flags]) == 0
+        assert main.main(["--root", str(tmp_path / "root"), "ls", "--json", *flags]) == 0
         return [j["name"] for j in json.loads(capsys.readouterr().out)]
 
     assert ls() == ["an-hour-ago", "queued"]

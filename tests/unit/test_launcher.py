@@ -4,8 +4,8 @@ import base64
 import json
 from pathlib import Path
 
-from spx.daemon.launcher import LaunchContext, plan_launch
-from spx.daemon.spec import parse_spec
+from spx.daemon.intake.spec import parse_spec
+from spx.daemon.run.launcher import LaunchContext, plan_launch
 
 
 def ctx(gpus, resume=None):

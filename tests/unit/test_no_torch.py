@@ -13,7 +13,7 @@ def _all_daemon_modules() -> list[str]:
 
 def test_every_daemon_module_imports_without_torch():
     modules = _all_daemon_modules()
-    assert "spx.daemon.main" in modules and "spx.daemon.supervisor" in modules
+    assert "spx.daemon.service.main" in modules and "spx.daemon.run.supervisor" in modules
     code = (
         "import importlib, sys\n"
         f"mods = {modules!r}\n"

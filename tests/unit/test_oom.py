@@ -1,4 +1,4 @@
-from spx.daemon.oom import kernel_oom_victims, oom_killed
+from spx.daemon.run.oom import kernel_oom_victims, oom_killed
 
 
 def test_oom_victims_are_read_from_kernel_log_records(tmp_path):

@@ -2,9 +2,9 @@
 
 import signal
 
-from spx.daemon.policy import AttemptOutcome, backoff_delay, decide
-from spx.daemon.spec import Restart
-from spx.daemon.states import JobState
+from spx.daemon.intake.spec import Restart
+from spx.daemon.run.policy import AttemptOutcome, backoff_delay, decide
+from spx.daemon.state.states import JobState
 
 POLICY = Restart(max_restarts=5, backoff_seconds=(10, 300))
 

@@ -13,8 +13,8 @@ import pytest
 from scratch_cgroup import scratch_cgroup
 
 from harness import wait_for
-from spx.daemon import launcher, proctree
-from spx.daemon.launcher import LaunchPlan
+from spx.daemon.run import launcher, proctree
+from spx.daemon.run.launcher import LaunchPlan
 
 # Launcher + child in the launcher's group + grandchild in a session of its own; each appends a
 # "T" to OUT/PID per SIGTERM it handles, and they keep running.

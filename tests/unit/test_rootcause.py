@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spx.daemon.rootcause import find_root_cause
+from spx.daemon.run.rootcause import find_root_cause
 
 # torchrun 2.13's summary after `kill -9` of rank 1: it SIGTERMs rank 0 (listed under Failures)
 # and names rank 1 as the root cause.

@@ -1,7 +1,7 @@
-from spx.daemon.scheduler import impossible_reason, place
-from spx.daemon.spec import parse_spec
-from spx.daemon.states import JobState
-from spx.daemon.store import JobRow
+from spx.daemon.intake.spec import parse_spec
+from spx.daemon.run.scheduler import impossible_reason, place
+from spx.daemon.state.states import JobState
+from spx.daemon.state.store import JobRow
 
 
 def job(name, gpus, n=0):

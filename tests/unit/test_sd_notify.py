@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spx.daemon.sd_notify import Notifier
+from spx.daemon.service.sd_notify import Notifier
 
 
 def fields(datagram: bytes) -> dict[str, str]:

@@ -15,8 +15,8 @@ import pytest
 from scratch_cgroup import cgroup_of, scratch_cgroup
 
 from harness import wait_for
-from spx.daemon import launcher
-from spx.daemon.launcher import LaunchPlan
+from spx.daemon.run import launcher
+from spx.daemon.run.launcher import LaunchPlan
 
 
 def proc_status(pid: int) -> dict[str, str]:

@@ -1,6 +1,6 @@
 import pytest
 
-from spx.daemon.spec import MAX_SPEC_BYTES, SpecError, parse_spec
+from spx.daemon.intake.spec import MAX_SPEC_BYTES, SpecError, parse_spec
 
 OK = "name: ok\nscript: train.py\n"
 

@@ -1,8 +1,8 @@
 import pytest
 
-from spx.daemon.spec import parse_spec
-from spx.daemon.states import IllegalTransition, JobState
-from spx.daemon.store import DuplicateJob, Store
+from spx.daemon.intake.spec import parse_spec
+from spx.daemon.state.states import IllegalTransition, JobState
+from spx.daemon.state.store import DuplicateJob, Store
 
 
 def spec(name="a"):

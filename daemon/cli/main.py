@@ -1,0 +1,253 @@
+"""spx: submit and inspect jobs.
+
+    spx submit job.yaml            spx ls [--json]          spx status NAME [--json] [--watch]
+    spx logs NAME [--attempt N] [-f]                        spx cancel NAME
+    spx doctor [--json]            spx top
+
+Works for any user and never writes the state store: `submit` drops a file into the spool (its
+owner is who submits), everything else asks the daemon over its control socket, which checks the
+caller's uid. Exit status: 0 ok, 1 not found or failed, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from spx.daemon.intake.spec import SpecError, parse_spec
+from spx.daemon.service import control
+from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAIL):
+        super().__init__(message)
+        self.code = code
+
+
+def ask(cfg: DaemonConfig, op: str, name: str | None = None) -> object:
+    """Ask the daemon; if it is not running, root may still read the store directly."""
+    try:
+        reply = control.request(cfg.socket_path, op, name)
+    except OSError:
+        return _ask_store(cfg, op, name)
+    if not reply.get("ok"):
+        raise CliError(reply.get("error", "request failed"), reply.get("code", EXIT_FAIL))
+    return reply["result"]
+
+
+def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
+    if op == "cancel" or not os.access(cfg.store_path, os.R_OK):
+        raise CliError(f"the daemon is not running (no answer on {cfg.socket_path}); start it with `spx-trainer`")
+    from spx.daemon.state import jobviews  # only on this fallback path: keeps `spx` quick to start
+    from spx.daemon.state.store import Store
+
+    store = Store(cfg.store_path, readonly=True)
+    try:
+        if op in ("ls", "history"):
+            return [v.to_json() for v in jobviews.all_views(store, cfg.run_dir, scope="all" if op == "history" else "recent")]
+        job = store.job_by_name(name or "")
+        if job is None:
+            raise CliError(f"no job named {name!r}")
+        return jobviews.job_view(store, job, cfg.run_dir, with_history=True).to_json(with_history=True)
+    finally:
+        store.close()
+
+
+def _ago(t: float | None, now: float) -> str:
+    if t is None:
+        return "-"
+    s = max(0, int(now - t))
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
+def _fmt(v: object) -> str:
+    return "-" if v is None or v == [] else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def print_table(jobs: list[dict]) -> None:
+    now = time.time()
+    rows = [("NAME", "STATE", "ATTEMPTS", "STEP", "CKPT", "CKPT AGE", "GPUS", "REASON")]
+    for j in jobs:
+        rows.append((j["name"], j["state"], str(j["attempts"]), _fmt(j["step"]), _fmt(j["last_checkpoint_step"]),
+                     _ago(j.get("last_checkpoint_time"), now), _fmt(j["gpus"]), j["reason"] or ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+
+
+def print_status(doc: dict) -> None:
+    print(f"{doc['name']}: {doc['state']}" + (f" ({doc['reason']})" if doc["reason"] else ""))
+    print(f"  owner {doc['owner']}  gpus {_fmt(doc['gpus'])}  step {_fmt(doc['step'])}  "
+          f"last checkpoint {_fmt(doc['last_checkpoint_step'])}  samples/s {_fmt(doc['samples_per_second'])}")
+    if doc.get("staging"):
+        print(f"  staging: {doc['staging']}")
+    for a in doc.get("history", []):
+        start = time.strftime("%H:%M:%S", time.localtime(a["start"])) if a["start"] else "-"
+        end = time.strftime("%H:%M:%S", time.localtime(a["end"])) if a["end"] else "running"
+        resumed = f"resumed from step {a['resumed_from_step']}" if a["resumed_from_step"] is not None else "fresh start"
+        print(f"  attempt {a['number']}: {start} → {end}  {resumed}  {a['reason'] or ''}")
+        if a.get("root_cause"):
+            print(f"      root cause: {a['root_cause']}")
+
+
+def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
+    source = Path(args.file)
+    try:
+        text = source.read_text()
+    except OSError as e:
+        raise CliError(f"{source}: {e.strerror}", EXIT_USAGE) from e
+    try:
+        spec = parse_spec(text)
+    except SpecError as e:
+        raise CliError(e.render(str(source)), EXIT_USAGE) from e
+    final = f"{spec.name}-{time.time_ns()}.yaml"
+    tmp = cfg.spool_dir / f".{final}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.rename(tmp, cfg.spool_dir / final)
+    return _await_intake(cfg, spec.name, final)
+
+
+def _await_intake(cfg: DaemonConfig, name: str, spool_name: str, timeout: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout
+    error_file = cfg.rejected_dir / f"{spool_name}.error"
+    while time.monotonic() < deadline:
+        if error_file.exists():
+            print(error_file.read_text().rstrip(), file=sys.stderr)
+            return EXIT_FAIL
+        if not (cfg.spool_dir / spool_name).exists():
+            try:
+                doc = control.request(cfg.socket_path, "status", name)
+                if doc.get("ok"):
+                    print(f"{name}: {doc['result']['state']}")
+                    return EXIT_OK
+            except OSError:
+                break
+        time.sleep(0.05)
+    print(f"{name}: submitted ({cfg.spool_dir / spool_name}); the daemon will pick it up when it runs")
+    return EXIT_OK
+
+
+def cmd_logs(cfg: DaemonConfig, args: argparse.Namespace) -> int:
+    doc = ask(cfg, "status", args.name)
+    assert isinstance(doc, dict)
+    number = args.attempt or doc["attempts"]
+    if not number:
+        raise CliError(f"{args.name} has not started an attempt yet")
+    path = cfg.log_dir / args.name / f"attempt-{number}.log"
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise CliError(f"{path}: {e.strerror}") from e
+    with f:
+        while True:
+            chunk = f.read(65536)
+            if chunk:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+                continue
+            if not args.follow:
+                return EXIT_OK
+            current = ask(cfg, "status", args.name)
+            assert isinstance(current, dict)
+            if current["state"] in ("succeeded", "failed", "cancelled") or current["attempts"] != number:
+                return EXIT_OK
+            time.sleep(0.5)
+
+
+def cmd_doctor(cfg: DaemonConfig, args: argparse.Namespace) -> int:
+    from spx.daemon.doctor.command import run_doctor
+
+    return run_doctor(cfg, as_json=args.json)
+
+
+def cmd_top(cfg: DaemonConfig, args: argparse.Namespace, only: str | None = None) -> int:
+    from spx.daemon.cli.top_command import run_top_cli
+
+    return run_top_cli(cfg, lambda: ask(cfg, "ls"), only=only, once=getattr(args, "once", False))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spx", description="Submit and inspect spx-trainer jobs.")
+    p.add_argument("--root", type=Path, help="the daemon's --root (or set SPX_ROOT)")
+    p.add_argument("--config", type=Path, help="the daemon's config file")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("submit", help="drop a job file into the spool")
+    s.add_argument("file")
+    s = sub.add_parser("ls", help="list live jobs and those that ended in the last 24 h")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--all", action="store_true", help="every job ever submitted, however long ago it ended")
+    s = sub.add_parser("status", help="one job, with its attempts")
+    s.add_argument("name")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--watch", action="store_true", help="live view, refreshing in place")
+    s = sub.add_parser("logs", help="an attempt's log")
+    s.add_argument("name")
+    s.add_argument("--attempt", type=int)
+    s.add_argument("-f", "--follow", action="store_true")
+    s = sub.add_parser("cancel", help="stop a job (it gets its grace period to checkpoint)")
+    s.add_argument("name")
+    s = sub.add_parser("doctor", help="check this host against what training needs")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--gpu-backend", choices=["auto", "nvml", "fake", "none"], help="as for spx-trainer")
+    s = sub.add_parser("top", help="live view of jobs and GPUs")
+    s.add_argument("--once", action="store_true", help="print one frame and exit")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.root, gpu_backend=getattr(args, "gpu_backend", None))
+    if args.command == "submit":
+        return cmd_submit(cfg, args)
+    if args.command == "ls":
+        jobs = ask(cfg, "history" if args.all else "ls")
+        assert isinstance(jobs, list)
+        if args.json:
+            print(json.dumps(jobs, indent=1))
+        else:
+            print_table(jobs)
+        return EXIT_OK
+    if args.command == "status":
+        if args.watch:
+            return cmd_top(cfg, args, only=args.name)
+        doc = ask(cfg, "status", args.name)
+        assert isinstance(doc, dict)
+        if args.json:
+            print(json.dumps(doc, indent=1))
+        else:
+            print_status(doc)
+        return EXIT_FAIL if doc["state"] == "failed" else EXIT_OK
+    if args.command == "logs":
+        return cmd_logs(cfg, args)
+    if args.command == "cancel":
+        print(ask(cfg, "cancel", args.name))
+        return EXIT_OK
+    if args.command == "doctor":
+        return cmd_doctor(cfg, args)
+    return cmd_top(cfg, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except ConfigError as e:
+        print(f"spx: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except CliError as e:
+        print(f"spx: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""`spx doctor`'s GPU checks: count and model, NVLink (SXM) vs PCIe, BF16, driver/NVML versions.
+
+Facts come only from the GPU backend's `nvml` (the real pynvml module or the fake with the same
+function names), so the fake 8×H100 SXM5 fixture and a real host go through the same code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spx.daemon.doctor.check import Check
+
+if TYPE_CHECKING:
+    from spx.daemon.doctor.report import DoctorContext
+
+NVML_NVLINK_MAX_LINKS = 18 * 2  # pynvml.NVML_NVLINK_MAX_LINKS
+NVML_FEATURE_ENABLED = 1
+
+# Compute capability by model name, used only when NVML gives none (BF16 needs sm_80 or newer).
+_CC_BY_NAME = (
+    ("B200", (10, 0)), ("B100", (10, 0)), ("GB200", (10, 0)), ("H200", (9, 0)), ("H100", (9, 0)),
+    ("H800", (9, 0)), ("GH200", (9, 0)), ("L40", (8, 9)), ("L4", (8, 9)), ("RTX 6000 Ada", (8, 9)),
+    ("A100", (8, 0)), ("A800", (8, 0)), ("A30", (8, 0)), ("A40", (8, 6)), ("A10", (8, 6)),
+    ("A6000", (8, 6)), ("V100", (7, 0)), ("T4", (7, 5)), ("P100", (6, 0)),
+)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _reason(backend: Any) -> str:
+    """The backend's description without its "none: " prefix."""
+    return str(backend.description).removeprefix(f"{backend.kind}: ")
+
+
+def _gpus(ctx: DoctorContext, name: str) -> tuple[Any, list[Any]] | Check:
+    """(nvml, devices), or the "?" check to report when there is nothing to look at."""
+    b = ctx.backend
+    if b is None:
+        return Check(name, "unknown", "GPU backend not opened", "run spx doctor with --gpu-backend auto")
+    if b.nvml is None or not b.devices():
+        return Check(name, "unknown", "no GPUs to check", "run spx doctor on the GPU host")
+    return b.nvml, b.devices()
+
+
+def check_gpus(ctx: DoctorContext) -> Check:
+    b = ctx.backend
+    if b is None:
+        return Check("gpus", "unknown", "GPU backend not opened", "run spx doctor with --gpu-backend auto")
+    fix = ("use a host with 4 or 8 GPUs of one model (the seed: a Dedicated BAREMETAL offer with a GPU count "
+           "of 4 or 8); on a GPU host, install the NVIDIA driver and check `nvidia-smi`")
+    if b.nvml is None:
+        return Check("gpus", "fail", f"no NVIDIA GPU visible: {_reason(b)}", fix)
+    devices = b.devices()
+    if not devices:
+        return Check("gpus", "fail", "NVML answers but finds no GPUs", fix)
+    models = sorted({d.name for d in devices})
+    mem = sorted({d.memory_total_bytes for d in devices})
+    detail = f"{len(devices)}× {', '.join(models)} ({mem[0] / (1 << 30):.1f} GiB each)"
+    if b.kind == "fake":
+        detail += " (fake backend)"
+    if len(models) > 1:
+        return Check("gpus", "fail", detail + ": mixed models; data-parallel steps run at the slowest GPU's pace", fix)
+    if len(devices) not in (4, 8):
+        return Check("gpus", "fail", detail + ": the seed's setup is 4 or 8 GPUs on one host", fix)
+    return Check("gpus", "ok", detail)
+
+
+def _link_count(nvml: Any, handle: Any) -> int:
+    """NVLink links of a GPU: the LINK_COUNT field, else probe nvmlDeviceGetNvLinkState until it errors."""
+    fid = getattr(nvml, "NVML_FI_DEV_NVLINK_LINK_COUNT", 91)
+    try:
+        [value] = nvml.nvmlDeviceGetFieldValues(handle, [fid])
+        if value.nvmlReturn == 0 and value.value.uiVal > 0:
+            return int(value.value.uiVal)
+    except nvml.NVMLError:
+        pass
+    count = 0
+    for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", NVML_NVLINK_MAX_LINKS)):
+        try:
+            nvml.nvmlDeviceGetNvLinkState(handle, link)
+        except nvml.NVMLError:
+            break
+        count += 1
+    return count
+
+
+def check_nvlink(ctx: DoctorContext) -> Check:
+    got = _gpus(ctx, "nvlink")
+    if not isinstance(got, tuple):
+        return got
+    nvml, devices = got
+    links: dict[int, int] = {}
+    down: dict[int, list[int]] = {}
+    try:
+        for d in devices:
+            h = nvml.nvmlDeviceGetHandleByIndex(d.index)
+            links[d.index] = _link_count(nvml, h)
+            down[d.index] = [
+                link for link in range(links[d.index])
+                if nvml.nvmlDeviceGetNvLinkState(h, link) != getattr(nvml, "NVML_FEATURE_ENABLED", NVML_FEATURE_ENABLED)
+            ]
+    except nvml.NVMLError as e:
+        return Check("nvlink", "unknown", f"NVML error reading NVLink state: {e}", "check `nvidia-smi nvlink --status`")
+    with_links = [i for i, n in links.items() if n]
+    if not with_links:
+        return Check("nvlink", "warn", f"PCIe: no NVLink on any of the {len(devices)} GPUs; gradient sync goes over PCIe",
+                      "PCIe is adequate for smaller models; for large models choose an SXM offer "
+                      "(H100/H200 SXM5, B200 SXM6)")
+    if len(with_links) != len(devices):
+        without = sorted(set(links) - set(with_links))
+        return Check("nvlink", "fail", f"GPUs {without} have no NVLink while {with_links} do",
+                      "check `nvidia-smi nvlink --status`; a GPU without links needs a reset or a hardware ticket")
+    total = sum(links.values())
+    bad = {i: ls for i, ls in down.items() if ls}
+    per_gpu = sorted(set(links.values()))
+    shape = f"SXM: NVLink on all {len(devices)} GPUs, {'/'.join(map(str, per_gpu))} links each"
+    if bad:
+        problems = "; ".join(
+            f"GPU {i}: link{'s' if len(ls) > 1 else ''} {', '.join(map(str, ls))} down ({links[i] - len(ls)}/{links[i]} up)"
+            for i, ls in sorted(bad.items())
+        )
+        gpus = " ".join(f"-i {i}" for i in bad)
+        return Check("nvlink", "fail", f"{shape}, {total - sum(map(len, bad.values()))}/{total} up — {problems}",
+                      f"`nvidia-smi nvlink --status {gpus}`; drain the GPU and reset it (nvidia-smi -r), and if the "
+                      "link stays down open a hardware ticket with the provider; collectives through it are slower or fail")
+    return Check("nvlink", "ok", f"{shape}, all {total} up")
+
+
+def _cc(nvml: Any, handle: Any, name: str) -> tuple[tuple[int, int] | None, str]:
+    try:
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return (int(major), int(minor)), "NVML"
+    except (nvml.NVMLError, AttributeError):
+        for key, cc in _CC_BY_NAME:
+            if key in name:
+                return cc, "model name"
+    return None, ""
+
+
+def check_bf16(ctx: DoctorContext) -> Check:
+    got = _gpus(ctx, "bf16")
+    if not isinstance(got, tuple):
+        return got
+    nvml, devices = got
+    ccs: dict[int, tuple[int, int] | None] = {}
+    source = set()
+    try:
+        for d in devices:
+            ccs[d.index], how = _cc(nvml, nvml.nvmlDeviceGetHandleByIndex(d.index), d.name)
+            source.add(how)
+    except nvml.NVMLError as e:
+        return Check("bf16", "unknown", f"NVML error: {e}", "check `nvidia-smi --query-gpu=compute_cap --format=csv`")
+    unknown = [i for i, cc in ccs.items() if cc is None]
+    if unknown:
+        return Check("bf16", "unknown", f"no compute capability for GPUs {unknown}",
+                      "check `nvidia-smi --query-gpu=compute_cap --format=csv`; BF16 needs 8.0 or newer")
+    old = {i: cc for i, cc in ccs.items() if cc is not None and cc < (8, 0)}
+    shown = ", ".join(sorted({f"{c[0]}.{c[1]}" for c in ccs.values() if c}))
+    via = f" (from the {' and '.join(sorted(s for s in source if s))})"
+    if old:
+        return Check("bf16", "fail", f"GPUs {sorted(old)} have compute capability {shown}{via}: no native BF16",
+                      "use fp16 with loss scaling (ds_config: bf16.enabled=false, fp16.enabled=true) or Ampere/Hopper/Blackwell GPUs")
+    return Check("bf16", "ok", f"native BF16 on all {len(devices)} GPUs: compute capability {shown}{via}")
+
+
+def check_driver(ctx: DoctorContext) -> Check:
+    b = ctx.backend
+    if b is None:
+        return Check("driver", "unknown", "GPU backend not opened", "run spx doctor with --gpu-backend auto")
+    if b.nvml is None:
+        return Check("driver", "fail", f"no NVIDIA driver: {_reason(b)}",
+                      "install the NVIDIA datacenter driver (e.g. apt install nvidia-driver-550-server) and reboot; "
+                      "`nvidia-smi` must list the GPUs")
+    nvml = b.nvml
+    try:
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        lib = _text(nvml.nvmlSystemGetNVMLVersion())
+    except nvml.NVMLError as e:
+        return Check("driver", "unknown", f"NVML error: {e}", "check `nvidia-smi`")
+    detail = f"driver {driver}, NVML {lib}" + (" (fake backend)" if b.kind == "fake" else "")
+    if not lib.endswith(driver):
+        return Check("driver", "fail", detail + ": NVML library and kernel driver versions differ",
+                      "reboot (or reload the nvidia modules) after a driver upgrade")
+    return Check("driver", "ok", detail)

@@ -1,0 +1,345 @@
+"""`spx doctor [--json]`: is this host what the seed recommends, and does the daemon have what it needs?
+
+    spx doctor            # one line per check, a fix under each that is not ✓
+    spx doctor --json     # {"ok": ..., "checks": [{"name", "status", "detail", "fix"}, ...]}
+
+Statuses: ✓ ok · ✗ fail (against what the seed asks for — bare metal, 4 or 8 GPUs, NVLink up, BF16, a
+persistent /checkpoints, local NVMe staging — or what the daemon needs) · ! warn (works, but not the
+recommended setup, e.g. PCIe GPUs, which the seed calls adequate for smaller models) · ? unknown (this
+host cannot tell; the detail says why). `exit_code()` is 1 when anything failed.
+
+Every input comes through `DoctorContext`: the paths the daemon uses, the GPU backend (real NVML or the
+fake), the worker python, and the /proc and /sys roots, so the tests point it at fixture files as well
+as at the real machine. GPU facts come only from `backend.nvml`'s pynvml functions. torch and deepspeed
+are never imported here: the worker's python is run in a subprocess to see whether they import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spx.daemon.doctor import gpu_checks
+from spx.daemon.doctor.check import STATUSES, SYMBOL, Check
+from spx.daemon.doctor.hostprobe import dmi_says_vm, mount_for, probe_virt, read_mounts
+from spx.daemon.doctor.storage_checks import check_checkpoints, check_staging
+
+GIB = 1 << 30
+
+
+@dataclass
+class DoctorContext:
+    """What doctor looks at. Defaults are the real system daemon's paths and the real /proc and /sys.
+
+    backend: the opened GpuBackend (kind "nvml", "fake" or "none"), or None when it was not opened
+    (GPU checks then say "?"). owner_uid: who must own the spool and state dirs — 0 for the system
+    daemon, the user's uid under `--root`. staging: (from, to) pairs of `data.stage` to judge.
+    """
+
+    spool_dir: Path = Path("/var/spool/spx")
+    state_dir: Path = Path("/var/lib/spx")
+    checkpoints_root: Path = Path("/checkpoints")
+    backend: Any = None
+    worker_python: str | None = sys.executable
+    unit: str = "spx-trainer"
+    staging: Sequence[tuple[Path | None, Path]] = ()
+    submit_group: str | None = None
+    owner_uid: int = 0
+    proc_root: Path = Path("/proc")
+    sys_root: Path = Path("/sys")
+    mountinfo: Path | None = None
+    detect_virt: str | None = "systemd-detect-virt"
+    systemctl: str = "systemctl"
+    checkpoint_min_free_bytes: int = 100 * GIB
+    checkpoint_fail_free_bytes: int = 5 * GIB
+    worker_timeout_s: float = 180.0
+    _mounts: list | None = field(default=None, repr=False)
+
+    @property
+    def mounts(self) -> list:
+        if self._mounts is None:
+            self._mounts = read_mounts(self.mountinfo or self.proc_root / "self" / "mountinfo")
+        return self._mounts
+
+    @classmethod
+    def from_config(cls, config: Any, backend: Any, **overrides: Any) -> DoctorContext:
+        """From a DaemonConfig: its spool, state and checkpoints paths and submit group."""
+        return cls(
+            spool_dir=config.spool_dir, state_dir=config.state_dir, checkpoints_root=config.checkpoints_root,
+            submit_group=config.submit_group, backend=backend, **overrides,
+        )
+
+
+# --- host -----------------------------------------------------------------------------------------
+
+
+def check_host(ctx: DoctorContext) -> Check:
+    v = probe_virt(ctx.proc_root / "cpuinfo", ctx.sys_root / "class" / "dmi" / "id", ctx.detect_virt)
+    evidence = []
+    if v.hypervisor_flag:
+        evidence.append(f"hypervisor flag in {ctx.proc_root}/cpuinfo")
+    if dmi_vm := dmi_says_vm(v.dmi):
+        evidence.append(f"DMI: {dmi_vm}")
+    if v.detect_virt_vm not in (None, "none"):
+        evidence.append(f"systemd-detect-virt --vm: {v.detect_virt_vm}")
+    container = f"; inside a {v.detect_virt_container} container" if v.detect_virt_container not in (None, "none") else ""
+    if evidence:
+        return Check(
+            "host", "fail", "virtual machine (" + "; ".join(evidence) + ")" + container,
+            "for multi-GPU training use a Dedicated Bare Metal offer (GPU type name ends in BAREMETAL): "
+            "no hypervisor between the workers and the GPUs and their interconnect",
+        )
+    sources = []
+    if v.hypervisor_flag is False:
+        sources.append("no hypervisor flag in cpuinfo")
+    if v.dmi:
+        sources.append(f"DMI: {v.dmi.get('sys_vendor', '?')} {v.dmi.get('product_name', '')}".strip())
+    if v.detect_virt_vm == "none":
+        sources.append("systemd-detect-virt --vm: none")
+    if not sources:
+        return Check("host", "unknown", "cannot tell bare metal from VM: no cpuinfo flags, DMI or systemd-detect-virt",
+                     "run `systemd-detect-virt --vm` and check the offer's name for the BAREMETAL suffix")
+    if container:
+        return Check("host", "warn", "bare metal (" + "; ".join(sources) + ")" + container,
+                     "containers must pass every GPU and /dev/nvidia-caps through (e.g. --gpus all) and use host IPC")
+    return Check("host", "ok", "bare metal (" + "; ".join(sources) + ")")
+
+
+# --- daemon paths and unit ------------------------------------------------------------------------
+
+
+def _insecure_ancestor(path: Path) -> str | None:
+    for p in [path, *path.parents][1:]:
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+            return f"{p} is world-writable without the sticky bit"
+        if st.st_uid != 0:
+            return f"{p} is owned by uid {st.st_uid}, not root"
+    return None
+
+
+def check_spool(ctx: DoctorContext) -> Check:
+    path = ctx.spool_dir
+    owner = "root" if ctx.owner_uid == 0 else f"uid {ctx.owner_uid}"
+    group = ctx.submit_group or "spx"
+    fix = (f"install -d -o {owner if ctx.owner_uid else 'root'} -g {group} -m 1730 {path}  "
+           f"(group {group} may submit; or -m 1733 to let every user submit)")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return Check("spool", "fail", f"{path} does not exist", fix)
+    if stat.S_ISLNK(st.st_mode):
+        return Check("spool", "fail", f"{path} is a symlink (to {os.readlink(path)})", f"rm {path}; " + fix)
+    if not stat.S_ISDIR(st.st_mode):
+        return Check("spool", "fail", f"{path} is not a directory", fix)
+    mode = stat.S_IMODE(st.st_mode)
+    problems = []
+    if st.st_uid != ctx.owner_uid:
+        problems.append(f"owned by uid {st.st_uid}, not {owner}")
+    if mode == 0o1730:
+        if st.st_gid == 0:
+            problems.append("mode 1730 but group root: nobody else can submit")
+        elif ctx.submit_group and _group_name(st.st_gid) != ctx.submit_group:
+            problems.append(f"group {_group_name(st.st_gid)}, config says submit_group {ctx.submit_group}")
+    elif mode != 0o1733:
+        problems.append(f"mode {mode:04o}, want 1733 (anyone submits) or 1730 with a submit group")
+    if ctx.owner_uid == 0 and (bad := _insecure_ancestor(path)):
+        problems.append(bad)
+    detail = f"{path}: mode {mode:04o}, owner uid {st.st_uid}, group {_group_name(st.st_gid)}"
+    if problems:
+        return Check("spool", "fail", detail + ": " + "; ".join(problems), fix)
+    return Check("spool", "ok", detail)
+
+
+def _group_name(gid: int) -> str:
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def check_state(ctx: DoctorContext) -> Check:
+    path = ctx.state_dir
+    fix = f"install -d -m 0700 {path}  (root-only; the daemon keeps its SQLite store here)"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return Check("state", "warn", f"{path} does not exist yet (the daemon creates it at first start)", fix)
+    if not stat.S_ISDIR(st.st_mode):
+        return Check("state", "fail", f"{path} is not a directory", fix)
+    mode = stat.S_IMODE(st.st_mode)
+    m = mount_for(path, ctx.mounts)
+    detail = f"{path}: mode {mode:04o}, owner uid {st.st_uid}" + (f", {m.describe()}" if m else "")
+    if st.st_uid != ctx.owner_uid or mode & 0o022:
+        return Check("state", "fail", detail + ": must be owned by the daemon's user and writable only by it", fix)
+    if m is not None and m.kind == "volatile":
+        return Check("state", "fail", detail + ": not persistent, jobs would be forgotten at reboot",
+                     f"put {path} on a persistent filesystem")
+    return Check("state", "ok", detail)
+
+
+def unit_check(unit: str, props: dict[str, str]) -> Check:
+    """Judge `systemctl show UNIT -p LoadState,UnitFileState,ActiveState,SubState` output."""
+    load, enabled = props.get("LoadState", "?"), props.get("UnitFileState", "?")
+    active, sub = props.get("ActiveState", "?"), props.get("SubState", "?")
+    detail = f"{unit}.service: {load}, {enabled or 'no unit file'}, {active} ({sub})"
+    if load == "not-found":
+        return Check("unit", "fail", f"{unit}.service is not installed",
+                     f"sudo make install (systemd/install.sh puts it in /etc/systemd/system), then "
+                     f"systemctl enable --now {unit}")
+    if enabled not in ("enabled", "enabled-runtime", "static", "linked"):
+        return Check("unit", "fail", detail, f"systemctl enable --now {unit} (so it comes back after a reboot)")
+    if active != "active":
+        return Check("unit", "fail", detail, f"systemctl start {unit}; journalctl -u {unit} -n 50 says why it stopped")
+    return Check("unit", "ok", detail)
+
+
+def check_unit(ctx: DoctorContext) -> Check:
+    pid1 = (ctx.proc_root / "1" / "comm")
+    try:
+        init = pid1.read_text().strip()
+    except OSError as e:
+        init = f"unreadable ({e.strerror})"
+    if init != "systemd":
+        return Check("unit", "unknown", f"PID 1 is {init}, not systemd (a container?): cannot check {ctx.unit}.service",
+                     f"on the host, run `systemctl status {ctx.unit}`; in a container run `spx-trainer` as its entry point")
+    try:
+        r = subprocess.run([ctx.systemctl, "show", f"{ctx.unit}.service",
+                            "-p", "LoadState,UnitFileState,ActiveState,SubState"],
+                           capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return Check("unit", "unknown", f"systemctl failed: {e}", f"systemctl status {ctx.unit}")
+    props = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    return unit_check(ctx.unit, props)
+
+
+# --- worker environment ---------------------------------------------------------------------------
+
+_PROBE = r"""
+import importlib, json, sys
+out = {"python": sys.version.split()[0]}
+for name in ("torch", "deepspeed"):
+    try:
+        mod = importlib.import_module(name)
+        out[name] = mod.__version__
+        if name == "torch":
+            out["cuda"] = mod.version.cuda
+            out["cuda_devices"] = mod.cuda.device_count() if mod.version.cuda else 0
+    except Exception as e:
+        out[name + "_error"] = f"{type(e).__name__}: {e}"
+print("SPX_DOCTOR=" + json.dumps(out), flush=True)
+"""
+
+
+def worker_check(python: str, facts: dict[str, Any], gpus: int, fake: bool) -> Check:
+    """Judge what the probe printed, given how many GPUs the backend sees."""
+    fix_torch = f"{python} -m pip install 'spx-trainer[train]' (CPU-only host: torch from the CPU index first)"
+    if "torch" not in facts:
+        return Check("worker-env", "fail", f"torch is not importable by {python}: {facts.get('torch_error')}", fix_torch)
+    torch_s = f"torch {facts['torch']}" + (f" (CUDA {facts['cuda']})" if facts.get("cuda") else " (CPU-only build)")
+    ds = f"deepspeed {facts['deepspeed']}" if "deepspeed" in facts else None
+    detail = f"{python} (Python {facts['python']}): {torch_s}, {ds or 'no deepspeed'}"
+    if gpus and not fake:
+        if not facts.get("cuda"):
+            return Check("worker-env", "fail", detail + f", but this host has {gpus} GPUs",
+                         f"install a CUDA build of torch into {python} (pip install torch --index-url "
+                         "https://download.pytorch.org/whl/cu124)")
+        if facts.get("cuda_devices") != gpus:
+            return Check("worker-env", "fail", detail + f": torch sees {facts.get('cuda_devices')} of {gpus} GPUs",
+                         "the driver may be older than torch's CUDA needs; compare `nvidia-smi` with torch.version.cuda")
+    if gpus and fake:
+        detail += " (fake GPUs: workers run on CPU)"
+    if ds is None:
+        return Check("worker-env", "warn", detail + f"; deepspeed: {facts.get('deepspeed_error')}",
+                     f"{python} -m pip install deepspeed (needed only for launcher: deepspeed)")
+    return Check("worker-env", "ok", detail)
+
+
+def check_worker(ctx: DoctorContext) -> Check:
+    python = ctx.worker_python
+    if not python:
+        return Check("worker-env", "unknown", "no worker python configured", "set `python:` in the job spec")
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
+    try:
+        r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=ctx.worker_timeout_s, env=env)
+    except FileNotFoundError:
+        return Check("worker-env", "fail", f"worker python {python} does not exist", "set `python:` in the job spec")
+    except subprocess.TimeoutExpired:
+        return Check("worker-env", "unknown", f"{python}: importing torch/deepspeed took over {ctx.worker_timeout_s:.0f} s",
+                     "run the probe by hand: python -c 'import torch, deepspeed'")
+    line = next((x for x in r.stdout.splitlines() if x.startswith("SPX_DOCTOR=")), None)
+    if line is None:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check("worker-env", "fail", f"{python} failed (exit {r.returncode}): {tail}", "run it by hand to see why")
+    b = ctx.backend
+    gpus = len(b.devices()) if b is not None and b.nvml is not None else 0
+    return worker_check(python, json.loads(line.removeprefix("SPX_DOCTOR=")), gpus, getattr(b, "kind", "") == "fake")
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+
+def _guard(name: str, fn: Callable[[DoctorContext], Check | list[Check]], ctx: DoctorContext) -> list[Check]:
+    """A check that crashes reports "?" with the error; it never hides the others."""
+    try:
+        out = fn(ctx)
+    except Exception as e:  # noqa: BLE001 - one broken probe must not take down the report
+        return [Check(name, "unknown", f"check crashed: {type(e).__name__}: {e}", "report this as a bug in spx doctor")]
+    return out if isinstance(out, list) else [out]
+
+
+CHECKS: list[tuple[str, Callable[[DoctorContext], Check | list[Check]]]] = [
+    ("host", check_host),
+    ("gpus", gpu_checks.check_gpus),
+    ("nvlink", gpu_checks.check_nvlink),
+    ("bf16", gpu_checks.check_bf16),
+    ("driver", gpu_checks.check_driver),
+    ("checkpoints", check_checkpoints),
+    ("staging", check_staging),
+    ("spool", check_spool),
+    ("state", check_state),
+    ("unit", check_unit),
+    ("worker-env", check_worker),
+]
+
+
+def run_checks(ctx: DoctorContext, only: Sequence[str] | None = None) -> list[Check]:
+    checks: list[Check] = []
+    for name, fn in CHECKS:
+        if only is None or name in only:
+            checks.extend(_guard(name, fn, ctx))
+    return checks
+
+
+def render_text(checks: list[Check]) -> str:
+    width = max((len(c.name) for c in checks), default=0)
+    lines = []
+    for c in checks:
+        lines.append(f"{SYMBOL[c.status]} {c.name:<{width}}  {c.detail}")
+        if c.status != "ok":
+            lines.append(f"  {' ' * width}  fix: {c.fix}")
+    counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
+    lines.append(f"{counts['ok']} ok, {counts['fail']} failed, {counts['warn']} warning{'s' * (counts['warn'] != 1)}, "
+                 f"{counts['unknown']} unknown")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(checks: list[Check]) -> dict[str, Any]:
+    """The `--json` document (a dict; the CLI dumps it)."""
+    return {"ok": exit_code(checks) == 0, "checks": [asdict(c) for c in checks]}
+
+
+def exit_code(checks: list[Check]) -> int:
+    return 1 if any(c.status == "fail" for c in checks) else 0

@@ -1,0 +1,112 @@
+"""`spx doctor`'s storage checks: /checkpoints is a separate, persistent, writable mount with free
+space; the dataset staging target is local NVMe and the source is not what training reads."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spx.daemon.doctor.check import Check
+from spx.daemon.doctor.hostprobe import all_disks, block_info, local_nvme_disks, mount_for, root_mount
+from spx.daemon.staging.copier import human_bytes
+
+if TYPE_CHECKING:
+    from spx.daemon.doctor.report import DoctorContext
+
+
+
+def _writable(path: Path) -> str | None:
+    """None if a file can be created, written, fsynced and removed in path, else the error."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".spx-doctor-", dir=path)
+        try:
+            os.write(fd, b"x")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def check_checkpoints(ctx: DoctorContext) -> Check:
+    root = ctx.checkpoints_root
+    fix_mount = (f"mount a persistent volume at {root} (a separate block or network volume that survives "
+                 "redeploys; see the provider's Volume Mounting guide) before training")
+    if not root.is_dir():
+        return Check("checkpoints", "fail", f"{root} does not exist", fix_mount)
+    m = mount_for(root, ctx.mounts)
+    top = root_mount(ctx.mounts)
+    if m is None:
+        return Check("checkpoints", "unknown", f"no mount found for {root} in mountinfo", fix_mount)
+    where = f"{m.describe()} at {m.mount_point}"
+    if m.kind == "volatile":
+        return Check("checkpoints", "fail", f"{root} is on {where}: not persistent (lost on reboot/redeploy)", fix_mount)
+    if m.mount_point == "/" or (top is not None and m.dev == top.dev and m.kind == "local"):
+        what = "the root filesystem" if m.mount_point == "/" else f"a bind mount of the root filesystem ({where})"
+        return Check("checkpoints", "fail", f"{root} is on {what} ({top.describe() if top else m.describe()}), "
+                     "not a separate persistent volume", fix_mount)
+    if m.read_only:
+        return Check("checkpoints", "fail", f"{root} is on {where}, mounted read-only", f"remount {m.mount_point} rw")
+    if err := _writable(root):
+        return Check("checkpoints", "fail", f"{root} ({where}) is not writable by uid {os.geteuid()}: {err}",
+                     f"chmod/chown {root} so the daemon can create per-job directories")
+    st = os.statvfs(root)
+    free = st.f_bavail * st.f_frsize
+    detail = f"{root}: {where}, writable, {human_bytes(free)} free of {human_bytes(st.f_blocks * st.f_frsize)}"
+    if free < ctx.checkpoint_fail_free_bytes:
+        return Check("checkpoints", "fail", detail + f" (under the {human_bytes(ctx.checkpoint_fail_free_bytes)} minimum)",
+                     f"free space on {m.mount_point} or grow the volume")
+    if free < ctx.checkpoint_min_free_bytes:
+        return Check("checkpoints", "warn", detail + f" (under {human_bytes(ctx.checkpoint_min_free_bytes)})",
+                     "a checkpoint with optimizer state is ~16 bytes per parameter; lower checkpoints.keep or grow the volume")
+    return Check("checkpoints", "ok", detail)
+
+
+def _disks_summary(ctx: DoctorContext) -> str:
+    disks = all_disks(ctx.sys_root)
+    return ", ".join(f"{n} ({k})" for n, k in disks) or "none found"
+
+
+def _staging_target(ctx: DoctorContext, source: Path | None, target: Path) -> Check:
+    name = "staging"
+    m = mount_for(target, ctx.mounts)
+    if m is None:
+        return Check(name, "unknown", f"no mount found for {target}", "check /proc/self/mountinfo")
+    where = f"{target} is on {m.describe()} at {m.mount_point}"
+    fix_nvme = (f"stage to a directory on the local NVMe disk (local NVMe here: "
+                f"{', '.join(local_nvme_disks(ctx.sys_root)) or 'none'}) — format and mount it, e.g. at /nvme")
+    src = ""
+    if source is not None and (sm := mount_for(source, ctx.mounts)) is not None:
+        src = f"; source {source} on {sm.describe()} ({sm.kind})"
+        if sm.mount_id == m.mount_id:
+            return Check(name, "warn", where + src + ": source and target share one filesystem, staging only duplicates",
+                         fix_nvme)
+    if m.kind == "network":
+        return Check(name, "fail", where + src + ": training would read the data over the network", fix_nvme)
+    if m.kind == "volatile":
+        return Check(name, "warn", where + src + ": RAM-backed, uses host memory and is lost on reboot", fix_nvme)
+    info = block_info(m, ctx.sys_root)
+    disks = f" ({info.kind}: {info.describe()})"
+    if info.kind == "nvme":
+        return Check(name, "ok", where + disks + src)
+    if info.kind == "ssd":
+        return Check(name, "warn", where + disks + src + ": a local SSD, but not NVMe", fix_nvme)
+    if info.kind == "unknown":
+        return Check(name, "unknown", where + src + ": cannot tell which disk backs it", fix_nvme)
+    return Check(name, "fail", where + disks + src + ": not local NVMe", fix_nvme)
+
+
+def check_staging(ctx: DoctorContext) -> list[Check]:
+    if ctx.staging:
+        return [_staging_target(ctx, src, dst) for src, dst in ctx.staging]
+    nvme = local_nvme_disks(ctx.sys_root)
+    if nvme:
+        return [Check("staging", "unknown", f"no data.stage configured; local NVMe here: {', '.join(nvme)}",
+                      "stage datasets with data: {stage: {from: /mnt/volume/data, to: /nvme/data}} in the job spec")]
+    return [Check("staging", "warn", f"no data.stage configured and no local NVMe disk (disks: {_disks_summary(ctx)})",
+                  "choose an offer with local NVMe and stage datasets there (data.stage in the job spec) "
+                  "rather than reading them from a network volume during training")]

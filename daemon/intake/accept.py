@@ -1,0 +1,150 @@
+"""From spool file to queued job: claim, check against the host and the store, record durably.
+
+Order matters for "loses nothing": the accepted content is copied into the root-only state dir and
+fsynced (its name records the owner's uid), then the spool entry is removed, then the job row is
+committed. A daemon killed before the removal finds the spool entry again on its start-up rescan;
+one killed after it finds the copy without a row and records it (`recover_unrecorded`). Nothing is
+queued twice and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import queue
+import stat
+import time
+from pathlib import Path
+
+from spx.daemon.contract.checkpoint_layout import fsync_dir
+from spx.daemon.intake.spec import JobSpec, SpecError, parse_spec
+from spx.daemon.intake.spool import Accepted, Rejected, SpoolClaimer, SpoolWatcher
+from spx.daemon.service.config import DaemonConfig
+from spx.daemon.service.log import get_logger
+from spx.daemon.state.store import DuplicateJob, Store
+
+log = get_logger()
+
+
+def owner_can_write(path: Path, uid: int) -> bool:
+    """Whether `uid` could create or write `path`: judged on the first existing ancestor's mode
+    bits (the daemon is root, so os.access would always say yes)."""
+    if uid == 0:
+        return True
+    user = pwd.getpwuid(uid)
+    groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    st = probe.stat()
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IWUSR)
+    if st.st_gid in groups:
+        return bool(st.st_mode & stat.S_IWGRP)
+    return bool(st.st_mode & stat.S_IWOTH)
+
+
+class Intake:
+    def __init__(self, cfg: DaemonConfig, store: Store, wake: queue.SimpleQueue):
+        self.cfg = cfg
+        self.store = store
+        self.watcher = SpoolWatcher(cfg.spool_dir, wake, cfg.rescan_seconds)
+        self.claimer = SpoolClaimer(cfg.spool_dir, cfg.submit_group)
+        self.jobs_dir = cfg.state_dir / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> None:
+        self.recover_unrecorded()
+        self.watcher.start()
+
+    def stop(self) -> None:
+        self.watcher.stop()
+        self.claimer.close()
+
+    def claim_due(self, now_mono: float) -> None:
+        for name in self.watcher.due_names(now_mono):
+            try:
+                self.take(name)
+            except Exception as e:  # a bad file must never take the daemon down
+                log.exception("claim_failed", spool_file=name, error=repr(e))
+                self.claimer.reject(Rejected(name, f"internal error while claiming: {e!r}", None))
+
+    def take(self, name: str) -> None:
+        result = self.claimer.claim(name)
+        if result is None:
+            return
+        if isinstance(result, Accepted):
+            result = self._accept(result)
+        if isinstance(result, Rejected):
+            error_file = self.claimer.reject(result)
+            log.warning("job_rejected", spool_file=name, reason=result.reason, error_file=str(error_file))
+
+    def _accept(self, acc: Accepted) -> Rejected | None:
+        spec = acc.spec
+        problem = self._checkpoint_dir_problem(spec, acc.owner_uid, acc.owner)
+        if problem:
+            return Rejected(acc.name, problem, acc.owner_uid)
+        live = self.store.job_by_name(spec.name)
+        if live is not None and not live.state.terminal:
+            return Rejected(
+                acc.name,
+                f"name: a job named {spec.name!r} is already {live.state.value}; cancel it "
+                f"(spx cancel {spec.name}) or choose another name",
+                acc.owner_uid,
+            )
+        copy = self.jobs_dir / f"{spec.name}.{acc.owner_uid}.{time.time_ns()}.yaml"
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(acc.text)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(self.jobs_dir)
+        self.claimer.remove(acc.name)
+        self._record(spec, acc.owner_uid, acc.owner, copy, acc.name)
+        return None
+
+    def _checkpoint_dir_problem(self, spec: JobSpec, uid: int, owner: str) -> str | None:
+        """The checkpoint dir must be the owner's: an existing one must belong to them (else a
+        reused job name would resume from another user's checkpoints), a new one must be
+        creatable by them (the daemon creates the default one, under checkpoints_root, for them)."""
+        ckpt_dir = spec.checkpoint_dir(self.cfg.checkpoints_root)
+        if ckpt_dir.exists():
+            st = ckpt_dir.stat()
+            if uid != 0 and st.st_uid != uid:
+                return (f"checkpoints.dir: {ckpt_dir} exists and belongs to uid {st.st_uid}, not {owner}; "
+                        "choose another job name or set checkpoints.dir")
+            if not owner_can_write(ckpt_dir, uid):
+                return f"checkpoints.dir: {ckpt_dir} is not writable by {owner}"
+            return None
+        if ckpt_dir.parent == self.cfg.checkpoints_root:
+            return None
+        if not owner_can_write(ckpt_dir, uid):
+            return f"checkpoints.dir: {ckpt_dir} cannot be created by {owner} (parent not writable)"
+        return None
+
+    def _record(self, spec: JobSpec, uid: int, owner: str, copy: Path, spool_name: str) -> None:
+        try:
+            job_id = self.store.add_job(spec, uid, owner, str(copy), time.time())
+        except DuplicateJob:
+            # Only reachable in recovery: the name was taken meanwhile. Keep the file for the user.
+            self.claimer.reject(Rejected(spool_name, f"name: a job named {spec.name!r} is already live", uid))
+            copy.unlink(missing_ok=True)
+            return
+        log.info("job_queued", job=spec.name, job_id=job_id, owner=owner, spool_file=spool_name,
+                 gpus=spec.gpus, launcher=spec.launcher)
+
+    def recover_unrecorded(self) -> None:
+        """Copies taken out of the spool by a daemon that died before recording them."""
+        known = self.store.spec_files_known()
+        for copy in sorted(self.jobs_dir.glob("*.yaml")):
+            if str(copy) in known:
+                continue
+            try:
+                _name, uid_text, _ns, _ext = copy.name.rsplit(".", 3)
+                uid = int(uid_text)
+                spec = parse_spec(copy.read_text())
+                owner = pwd.getpwuid(uid).pw_name
+            except (ValueError, KeyError, OSError, SpecError) as e:
+                log.error("unrecorded_copy_unreadable", file=str(copy), error=str(e))
+                continue
+            self._record(spec, uid, owner, copy, copy.name)

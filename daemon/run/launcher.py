@@ -1,0 +1,174 @@
+"""Turn a job and an allocation into a process: argv, a clean environment, the user, the log.
+
+`plan_launch` is pure (tested without processes); `spawn` does the I/O. No shell anywhere: argv is a
+list. Workers run as the job file's owner, in a new session (so the whole attempt is one process
+group) and, where the daemon manages cgroups, in the attempt's own cgroup from their first
+instruction on; their environment is built from scratch — the daemon's own variables never leak in.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pwd
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from spx.daemon.contract import worker_env
+from spx.daemon.intake.spec import JobSpec
+
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The exec shim runs as root by file path, with site packages off, so it can only ever run stdlib.
+SHIM = Path(__file__).with_name("enter_attempt.py")
+SHIM_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What the daemon decided for this attempt."""
+
+    attempt: int
+    attempt_id: str
+    gpus: list[int]
+    port: int
+    checkpoint_dir: Path
+    resume_from: Path | None
+    heartbeat_file: Path
+    rank_log_dir: Path
+    home: str
+    user: str
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now, for this attempt's rendezvous. A fresh one per
+    attempt, so a relaunch never collides with a dying store of the previous attempt."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _expand(args: list[str], ctx: LaunchContext) -> list[str]:
+    values = {"resume_from": str(ctx.resume_from or ""), "checkpoint_dir": str(ctx.checkpoint_dir)}
+    return [a.replace("{resume_from}", values["resume_from"]).replace("{checkpoint_dir}", values["checkpoint_dir"]) for a in args]
+
+
+def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.executable) -> LaunchPlan:
+    python = str(spec.python or default_python)
+    target = ["-m", spec.module] if spec.module else [spec.script or ""]
+    args = _expand(spec.args, ctx)
+    if ctx.resume_from is not None:
+        args += _expand(spec.resume_args, ctx)
+    nproc = spec.worker_count
+    if spec.launcher == "torchrun":
+        argv = [
+            python, "-m", "torch.distributed.run",
+            "--nnodes=1", f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1", f"--master-port={ctx.port}",
+            # Every restart is a fresh launch by the daemon (design §7): torchrun's in-agent
+            # restart proved unreliable, and the daemon must see each failure to back off.
+            "--max-restarts=0",
+            # Rank-prefixed console lines in the attempt log, and per-rank files beside it.
+            "--tee=3", f"--log-dir={ctx.rank_log_dir}",
+            *(["--module", spec.module] if spec.module else [spec.script or ""]),
+            *args,
+        ]
+    elif spec.launcher == "deepspeed":
+        # DeepSpeed's single-node launcher with the allocation as its world info — what
+        # `deepspeed --include localhost:4,5` runs. Not `deepspeed --num_gpus=N`: that resets
+        # CUDA_VISIBLE_DEVICES to 0..N-1, i.e. onto GPUs allocated to another job.
+        slots = ctx.gpus or list(range(nproc))
+        world = base64.urlsafe_b64encode(json.dumps({"localhost": slots}).encode()).decode()
+        argv = [
+            python, "-m", "deepspeed.launcher.launch",
+            f"--world_info={world}", "--master_addr=127.0.0.1", f"--master_port={ctx.port}",
+            spec.script or "", "--deepspeed", "--deepspeed_config", spec.deepspeed_config or "",
+            *args,
+        ]
+    else:
+        argv = [python, *target, *args]
+    env = {
+        "PATH": f"{Path(python).parent}:{SAFE_PATH}",
+        "HOME": ctx.home,
+        "USER": ctx.user,
+        "LOGNAME": ctx.user,
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        # One BLAS thread per worker unless the job says otherwise (torchrun would warn and pick 1).
+        "OMP_NUM_THREADS": "1",
+        **spec.env,
+        worker_env.ENV_JOB: spec.name,
+        worker_env.ENV_ATTEMPT: str(ctx.attempt),
+        worker_env.ENV_ATTEMPT_ID: ctx.attempt_id,
+        worker_env.ENV_CHECKPOINT_DIR: str(ctx.checkpoint_dir),
+        worker_env.ENV_RESUME_FROM: str(ctx.resume_from or ""),
+        worker_env.ENV_HEARTBEAT_FILE: str(ctx.heartbeat_file),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(ctx.port),
+    }
+    if ctx.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ctx.gpus)
+        # The indices are NVML's, which count in PCI bus order; CUDA's default order is fastest
+        # first, which on a host of mixed GPUs would put the job on GPUs it was not given.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    else:
+        # A CPU job must not grab a GPU by accident.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    cwd = str(spec.workdir or ctx.home)
+    return LaunchPlan(argv=argv, env=env, cwd=cwd)
+
+
+def spawn(plan: LaunchPlan, uid: int, log_file: Path, cgroup: Path | None = None) -> subprocess.Popen:
+    """Start the attempt as `uid` in a new session (and in `cgroup`, if given) through the exec shim
+    (enter_attempt.py); stdout+stderr append to `log_file`. Returns once the attempt's argv has been
+    exec'd; raises OSError, as subprocess would, when any step before that failed."""
+    user = pwd.getpwuid(uid)
+    as_other = uid != os.getuid()
+    request = {
+        "argv": plan.argv, "env": plan.env, "cwd": plan.cwd, "umask": 0o022,
+        "cgroup": str(cgroup) if cgroup is not None else None,
+        "uid": uid if as_other else None,
+        "gid": user.pw_gid,
+        "groups": os.getgrouplist(user.pw_name, user.pw_gid),
+    }
+    request_r, request_w = os.pipe()
+    status_r, status_w = os.pipe()
+    try:
+        with log_file.open("ab", buffering=0) as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(SHIM), str(request_r), str(status_w)],
+                cwd="/", env=SHIM_ENV, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                close_fds=True, pass_fds=(request_r, status_w), start_new_session=True,
+            )
+    except BaseException:
+        os.close(request_w)
+        os.close(status_r)
+        raise
+    finally:
+        os.close(request_r)
+        os.close(status_w)
+    with os.fdopen(request_w, "wb") as w:
+        try:
+            w.write(json.dumps(request).encode())
+        except BrokenPipeError:  # the shim died before reading; its status (or exit) says why
+            pass
+    with os.fdopen(status_r, "rb") as r:
+        status = r.read()
+    if status:
+        proc.wait()
+        failure = json.loads(status)
+        what = failure["strerror"] if failure["step"] == "exec" else f"{failure['step']}: {failure['strerror']}"
+        if failure["errno"] is None:
+            raise OSError(what)
+        raise OSError(failure["errno"], what, failure["filename"])
+    return proc

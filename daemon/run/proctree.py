@@ -1,0 +1,160 @@
+"""Find, signal and reap every process of an attempt, including ones that escaped its group.
+
+An attempt starts as one process group, but a worker may `setsid()` away from it (and ignore
+SIGTERM). Where the daemon manages cgroups, the attempt's cgroup holds every process of it, exactly
+(cgroups.py). Everywhere, and as a second net there, every process of an attempt inherits
+`SPX_ATTEMPT_ID`, so the daemon (root, a child subreaper) also finds them in /proc by that tag —
+which misses only a process that scrubs its own environment. Both work after a daemon restart,
+when the old processes are no longer its children.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from spx.daemon.contract import worker_env
+from spx.daemon.run import cgroups
+
+PR_SET_CHILD_SUBREAPER = 36
+_PROC = Path("/proc")
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants re-parent to the daemon instead of init, so they can be reaped and
+    never outlive their attempt unnoticed."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return (_PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def attempt_pids(attempt_id: str) -> list[int]:
+    """Live (non-zombie) pids tagged with this attempt id."""
+    tag = f"{worker_env.ENV_ATTEMPT_ID}={attempt_id}".encode()
+    me = os.getpid()
+    found = []
+    for entry in os.scandir(_PROC):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid == me:
+            continue
+        if tag in _environ(pid).split(b"\0") and not _is_zombie(pid):
+            found.append(pid)
+    return sorted(found)
+
+
+def signal_attempt(attempt_id: str, pgid: int | None, sig: int, also: Iterable[int] = ()) -> list[int]:
+    """Send `sig` once to every process of the attempt: to its process group in one call, then to
+    each tagged pid and each pid of `also` (its cgroup's) that is outside that group. Once, because
+    a second SIGTERM makes torchrun's agent give up waiting for its workers' checkpoint and exit.
+    Returns the pids signalled one by one."""
+    if pgid:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    singles = []
+    for pid in sorted(set(attempt_pids(attempt_id)) | set(also)):
+        try:
+            if pgid and os.getpgid(pid) == pgid:
+                continue
+            os.kill(pid, sig)
+            singles.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return singles
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+@dataclass(frozen=True)
+class AttemptProcesses:
+    """Every handle on one attempt's processes: its cgroup (None where cgroups are not managed),
+    its `SPX_ATTEMPT_ID` tag and its process group. Each net catches what another may miss."""
+
+    attempt_id: str
+    pgid: int | None
+    cgroup: Path | None = None
+
+    def pids(self) -> list[int]:
+        """Live pids of the attempt: tagged ones and everything in its cgroup."""
+        found = set(attempt_pids(self.attempt_id))
+        if self.cgroup is not None:
+            found.update(cgroups.procs(self.cgroup))
+        return sorted(found)
+
+    def signal(self, sig: int) -> None:
+        """`sig` once to each process of the group, the tag and the cgroup; SIGKILL to the cgroup
+        by `cgroup.kill`, which also catches children forked while it runs."""
+        in_cgroup: list[int] = []
+        if self.cgroup is not None:
+            if sig == signal.SIGKILL:
+                cgroups.kill(self.cgroup)
+            else:
+                in_cgroup = cgroups.procs(self.cgroup)
+        signal_attempt(self.attempt_id, self.pgid, sig, also=in_cgroup)
+
+    def gone(self, pids: list[int] | None = None) -> bool:
+        """No process left: no pid tagged or in the cgroup, the cgroup not populated, the group
+        empty. `pids`: what `pids()` has just returned, to spare a second scan of /proc."""
+        if self.pids() if pids is None else pids:
+            return False
+        if self.cgroup is not None and cgroups.populated(self.cgroup):
+            return False
+        return not (self.pgid and group_alive(self.pgid))
+
+
+def reap_orphans(keep: set[int]) -> None:
+    """Collect exit statuses of re-parented descendants (as subreaper) without touching the
+    launcher processes in `keep`, whose status the supervisor reads through Popen."""
+    me = str(os.getpid())
+    for entry in os.scandir(_PROC):
+        if not entry.name.isdigit() or int(entry.name) in keep:
+            continue
+        try:
+            stat = (Path(entry.path) / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] == me:
+            try:
+                os.waitpid(int(entry.name), os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"

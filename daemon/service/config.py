@@ -1,0 +1,100 @@
+"""Daemon configuration: where everything lives and how the daemon behaves.
+
+Loaded from `/etc/spx/config.yaml` (or `--config`), then overridden by command-line flags. `--root DIR`
+(or `SPX_ROOT`) relocates every path under DIR so anyone can try the daemon without root (design §10).
+Unknown keys are an error: a typo in a config must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from spx.daemon.run.cgroups import CgroupMode
+
+DEFAULT_CONFIG_FILE = Path("/etc/spx/config.yaml")
+GpuBackendKind = Literal["auto", "nvml", "fake", "none"]
+
+
+class ConfigError(Exception):
+    """The config file or flags are unusable; the message says what and how to fix it."""
+
+
+class DaemonConfig(BaseModel):
+    """Everything the daemon reads at start-up. Paths are absolute."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spool_dir: Path = Field(Path("/var/spool/spx"), description="Inbox users drop job files into.")
+    state_dir: Path = Field(Path("/var/lib/spx"), description="SQLite store and accepted job files (root only).")
+    log_dir: Path = Field(Path("/var/log/spx"), description="Per-attempt logs: NAME/attempt-N.log.")
+    checkpoints_root: Path = Field(Path("/checkpoints"), description="Default parent of checkpoints.dir.")
+    run_dir: Path = Field(Path("/run/spx"), description="Control socket and heartbeat files.")
+    gpu_backend: GpuBackendKind = Field("auto", description="auto = NVML if a driver answers, else no GPUs.")
+    fake_gpus: Path | None = Field(None, description="Fixture for --gpu-backend fake (default: bundled 8×H100).")
+    metrics_address: str = Field("127.0.0.1:9101", description="HOST:PORT of /metrics; loopback by default.")
+    rescan_seconds: float = Field(5.0, gt=0, description="Spool rescan period, the backstop for inotify overflow.")
+    submit_group: str | None = Field(None, description="If set, only root and this group's members may submit.")
+    admin_group: str | None = Field(None, description="Members see and cancel every job, not only their own.")
+    healthy_seconds: float = Field(600.0, gt=0, description="An attempt alive this long resets the backoff.")
+    cgroups: CgroupMode = Field("auto", description=(
+        "One cgroup v2 per attempt, so no process of it escapes a stop. auto = where systemd delegated the "
+        "daemon's cgroup (Delegate=yes); on = the daemon's cgroup is its own, fail to start otherwise; off = never "
+        "(processes are then found by their SPX_ATTEMPT_ID tag and process group only)."))
+
+    @classmethod
+    def rooted(cls, root: Path, **overrides: object) -> DaemonConfig:
+        """All paths under `root`: root/{spool,state,log,checkpoints,run}."""
+        root = root.absolute()
+        paths = {
+            "spool_dir": root / "spool",
+            "state_dir": root / "state",
+            "log_dir": root / "log",
+            "checkpoints_root": root / "checkpoints",
+            "run_dir": root / "run",
+        }
+        return cls(**{**paths, **overrides})
+
+    @property
+    def store_path(self) -> Path:
+        return self.state_dir / "spx.sqlite"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.run_dir / "spx.sock"
+
+    @property
+    def rejected_dir(self) -> Path:
+        return self.spool_dir / "rejected"
+
+
+def load_config(
+    config_file: Path | None = None,
+    root: Path | None = None,
+    **flag_overrides: object,
+) -> DaemonConfig:
+    """Config file (if any) < `--root`/`SPX_ROOT` < explicit flags. None-valued flags are ignored."""
+    data: dict = {}
+    path = config_file or (DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.exists() else None)
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path}: cannot read config: {e}") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings, got {type(loaded).__name__}")
+        data.update(loaded)
+    overrides = {k: v for k, v in flag_overrides.items() if v is not None}
+    root = root or (Path(os.environ["SPX_ROOT"]) if os.environ.get("SPX_ROOT") else None)
+    try:
+        if root is not None:
+            return DaemonConfig.rooted(root, **{**data, **overrides})
+        return DaemonConfig(**{**data, **overrides})
+    except ValidationError as e:
+        where = f"{path}: " if path else ""
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"{where}invalid config: {problems}") from e

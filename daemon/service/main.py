@@ -1,0 +1,274 @@
+"""spx-trainer: the daemon.
+
+    spx-trainer --root ./spx-root --gpu-backend fake      # try it without root
+    spx-trainer --config /etc/spx/config.yaml             # what systemd runs
+
+One main loop on one thread owns the state store: it claims spool files, schedules, supervises
+attempts and answers change requests. Other threads (inotify, the control socket, the metrics
+server, the XID watcher) only read or hand work to it through queues. This module never imports
+torch (a test enforces it): the daemon must start fast and survive a broken CUDA install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import signal
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from spx.daemon.gpu.backend import GpuBackend, open_backend
+from spx.daemon.intake.accept import Intake
+from spx.daemon.run import cgroups, proctree
+from spx.daemon.run.scheduler import impossible_reason, place
+from spx.daemon.run.supervisor import Supervisor
+from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
+from spx.daemon.service.control import Command, ControlServer, is_admin
+from spx.daemon.service.log import configure, get_logger
+from spx.daemon.service.sd_notify import Notifier
+from spx.daemon.service.status_line import format_status
+from spx.daemon.state import jobviews
+from spx.daemon.state.states import JobState
+from spx.daemon.state.store import Store
+
+log = get_logger()
+TICK_SECONDS = 0.25
+REAP_EVERY_SECONDS = 2.0
+STATUS_EVERY_SECONDS = 2.0
+
+
+def _version() -> str:
+    try:
+        return version("spx-trainer")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class Daemon:
+    def __init__(self, cfg: DaemonConfig, backend: GpuBackend, notifier: Notifier,
+                 cgroup_tree: cgroups.CgroupTree | None = None):
+        self.cfg = cfg
+        self.backend = backend
+        self.notifier = notifier
+        self.wake: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self.stopping = False
+        self._prepare_dirs()
+        self.store = Store(cfg.store_path)
+        self.supervisor = Supervisor(cfg, self.store, self._gpus_free, cgroup_tree=cgroup_tree)
+        self.intake = Intake(cfg, self.store, self.wake)
+        self.control = ControlServer(cfg.socket_path, self._answer, self.commands, self.wake)
+        self.metrics = None
+
+    def _prepare_dirs(self) -> None:
+        for d in (self.cfg.state_dir, self.cfg.log_dir, self.cfg.run_dir, self.cfg.checkpoints_root):
+            d.mkdir(parents=True, exist_ok=True)
+        self.cfg.state_dir.chmod(0o700)
+        if not self.cfg.spool_dir.exists():
+            self.cfg.spool_dir.mkdir(parents=True)
+            # Sticky, writable by all, not listable: users can drop but not see or touch others' files.
+            self.cfg.spool_dir.chmod(0o1733)
+
+    # --- GPUs -----------------------------------------------------------------------------------
+
+    def _gpus_free(self, gpus: list[int]) -> bool:
+        for g in gpus:
+            pids = self.backend.compute_pids(g)
+            if pids is None or pids or not self.backend.healthy(g):
+                return False
+        return True
+
+    def _free_gpus(self, live_jobs) -> set[int]:
+        held = {g for j in live_jobs if j.state.holds_gpus for g in j.gpus}
+        return {d.index for d in self.backend.devices() if d.index not in held and self._gpus_free([d.index])}
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        from spx.daemon.exporter.server import build_registry, serve
+
+        proctree.become_subreaper()
+        for job in self.store.live_jobs():
+            if job.state in (JobState.STARTING, JobState.RUNNING, JobState.RESTARTING):
+                self.supervisor.adopt_after_restart(job)
+        self.supervisor.sweep_cgroups()
+        self.intake.start()
+        self.control.start()
+        registry = build_registry(self.backend, self.views, _version())
+        metrics = self.metrics = serve(registry, self.cfg.metrics_address)
+        host = self.cfg.metrics_address.rsplit(":", 1)[0]
+        log.info("daemon_ready", version=_version(), root=str(self.cfg.spool_dir.parent),
+                 gpu_backend=self.backend.description, metrics=f"{host}:{metrics.port}",
+                 spool=str(self.cfg.spool_dir), pid=os.getpid())
+        self.notifier.ready(self.status_text())
+
+    def views(self):
+        return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.live_pids)
+
+    def status_text(self) -> str:
+        live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
+        return format_status(live, len(self.backend.devices()), self.supervisor.last_restart, time.time())
+
+    def run(self) -> int:
+        self.start()
+        next_reap = next_status = 0.0
+        stop_deadline = None
+        watchdog_every = self.notifier.watchdog_interval or 5.0
+        next_watchdog = 0.0
+        while True:
+            now = time.monotonic()
+            self._test_wedge_hook()
+            if now >= next_watchdog:
+                self.notifier.watchdog()
+                next_watchdog = now + watchdog_every
+            self.intake.claim_due(now)
+            self._run_commands()
+            self.supervisor.tick()
+            if not self.stopping:
+                self._schedule()
+            if now >= next_reap:
+                proctree.reap_orphans(self.supervisor.launcher_pids())
+                self.supervisor.sweep_cgroups()
+                next_reap = now + REAP_EVERY_SECONDS
+            if now >= next_status:
+                text = self.status_text()
+                if self.stopping:
+                    text = f"stopping: {len(self.supervisor.live)} jobs checkpointing; " + text
+                    self.notifier.extend_timeout(15.0)
+                self.notifier.status(text)
+                next_status = now + STATUS_EVERY_SECONDS
+            if self.stopping:
+                if stop_deadline is None:
+                    stop_deadline = now + self.supervisor.stop_all() + 30.0
+                    # STOPPING=1 as the stop begins, not once the jobs are down; the extension (renewed
+                    # with each STATUS) keeps TimeoutStopSec from cutting their checkpoints off.
+                    self.notifier.stopping(f"stopping: {len(self.supervisor.live)} jobs checkpointing")
+                    self.notifier.extend_timeout(15.0)
+                if not self.supervisor.live or now > stop_deadline:
+                    break
+            try:
+                self.wake.get(timeout=TICK_SECONDS)
+            except queue.Empty:
+                pass
+        self.shutdown()
+        return 0
+
+    def _test_wedge_hook(self) -> None:
+        """Test hook (SPX_TEST_HOOKS=1): a file `run_dir/wedge-main-loop` blocks the loop, so tests
+        can prove the systemd watchdog restarts a wedged daemon."""
+        if os.environ.get("SPX_TEST_HOOKS") == "1" and (self.cfg.run_dir / "wedge-main-loop").exists():
+            log.warning("main_loop_wedged_by_test_hook")
+            while True:
+                time.sleep(3600)
+
+    def _schedule(self) -> None:
+        live = self.store.live_jobs()
+        now = time.time()
+        all_gpus = [d.index for d in self.backend.devices()]
+        queued = []
+        for job in live:
+            if job.state is JobState.QUEUED:
+                why = impossible_reason(job, all_gpus, self.backend.description)
+                if why:
+                    self.store.transition(job.id, JobState.FAILED, why, now)
+                    log.error("job_cannot_run", job=job.name, reason=why)
+                else:
+                    queued.append(job)
+            elif job.state in (JobState.STARTING, JobState.RESTARTING):
+                self.supervisor.start_due(job)
+        if not queued:  # asking NVML which GPUs are free costs calls on every GPU: only when it matters
+            return
+        for placement in place(queued, self._free_gpus(live)):
+            self.store.transition(placement.job.id, JobState.STARTING, "GPUs allocated" if placement.gpus else "starting",
+                                  now, gpus=placement.gpus)
+            self.supervisor.start_due(self.store.job(placement.job.id))
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def _answer(self, op: str, name: str | None, uid: int) -> dict:
+        """Read requests from the control socket (its own thread, its own store connection)."""
+        admin = is_admin(uid, self.cfg.admin_group)
+        pids = self.supervisor.live_pids()
+        if op in ("ls", "history"):
+            views = jobviews.all_views(self.store, self.cfg.run_dir, lambda: pids, scope="all" if op == "history" else "recent")
+            docs = [v.to_json() for v in views if admin or v.owner_uid == uid]
+            return {"ok": True, "result": docs}
+        job = self.store.job_by_name(name or "")
+        if job is None or not (admin or job.owner_uid == uid):
+            return {"ok": False, "error": f"no job named {name!r}", "code": 1}
+        view = jobviews.job_view(self.store, job, self.cfg.run_dir, pids, with_history=True)
+        return {"ok": True, "result": view.to_json(with_history=True)}
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            job = self.store.job_by_name(cmd.name)
+            if job is None or not (is_admin(cmd.uid, self.cfg.admin_group) or job.owner_uid == cmd.uid):
+                cmd.reply = {"ok": False, "error": f"no job named {cmd.name!r}", "code": 1}
+            elif job.state.terminal:
+                cmd.reply = {"ok": False, "error": f"{cmd.name} already {job.state.value}", "code": 1}
+            else:
+                by = "root" if cmd.uid == 0 else f"uid {cmd.uid}"
+                cmd.reply = {"ok": True, "result": self.supervisor.cancel(job, by)}
+            cmd.done.set()
+
+    # --- stop -----------------------------------------------------------------------------------
+
+    def request_stop(self, signum: int, _frame: object) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self.wake.put("stop")
+
+    def shutdown(self) -> None:
+        self.notifier.stopping("stopping: jobs stopped, shutting down")
+        log.info("daemon_stopping", live_attempts=len(self.supervisor.live))
+        self.intake.stop()
+        self.control.stop()
+        if self.metrics is not None:
+            self.metrics.shutdown()
+        self.backend.close()
+        self.store.close()
+        log.info("daemon_stopped")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="spx-trainer", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--config", type=Path, help="config file (default /etc/spx/config.yaml if it exists)")
+    p.add_argument("--root", type=Path, help="put spool, state, log, checkpoints and run dirs under DIR")
+    p.add_argument("--gpu-backend", choices=["auto", "nvml", "fake", "none"])
+    p.add_argument("--fake-gpus", type=Path, help="fixture for --gpu-backend fake")
+    p.add_argument("--metrics-address", help="HOST:PORT for /metrics (default 127.0.0.1:9101)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure(args.log_level)
+    try:
+        cfg = load_config(args.config, args.root, gpu_backend=args.gpu_backend, fake_gpus=args.fake_gpus,
+                          metrics_address=args.metrics_address)
+        backend = open_backend(cfg.gpu_backend, cfg.fake_gpus)
+        # Before any thread starts: the daemon moves itself into its supervisor leaf here.
+        cgroup_tree, why = cgroups.manage_own(cfg.cgroups)
+    except (ConfigError, RuntimeError, cgroups.CgroupError) as e:
+        log.error("cannot_start", error=str(e))
+        return 2
+    log.info("cgroups", managed=cgroup_tree is not None, cgroup=str(cgroup_tree.root) if cgroup_tree else None,
+             reason=why)
+    if backend.kind == "none":
+        log.warning("no_gpus", detail=backend.description + "; only CPU jobs (gpus: 0) will run")
+    daemon = Daemon(cfg, backend, Notifier.from_env(), cgroup_tree)
+    signal.signal(signal.SIGTERM, daemon.request_stop)
+    signal.signal(signal.SIGINT, daemon.request_stop)
+    return daemon.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""The one-line summary systemd shows as `Status:` in `systemctl status spx-trainer`."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from spx.daemon.state.views import JobView
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{int(seconds)} s ago"
+    if seconds < 5400:
+        return f"{int(seconds // 60)} min ago"
+    return f"{int(seconds // 3600)} h ago"
+
+
+def format_status(
+    jobs: list[JobView], gpus_total: int, last_restart: tuple[str, float, str] | None, now: float
+) -> str:
+    """E.g. "2 running, 1 queued, 6/8 GPUs busy; llama-ft restarted 3 min ago (crash)"."""
+    states = Counter(j.state for j in jobs)
+    parts = [f"{states.get('running', 0)} running"]
+    for state in ("starting", "restarting", "queued"):
+        if states.get(state):
+            parts.append(f"{states[state]} {state}")
+    busy = len({g for j in jobs if j.state in ("starting", "running", "restarting") for g in j.gpus})
+    text = ", ".join(parts) + (f", {busy}/{gpus_total} GPUs busy" if gpus_total else ", no GPUs (CPU jobs only)")
+    if last_restart is not None:
+        name, when, why = last_restart
+        text += f"; {name} restarted {_ago(max(0.0, now - when))} ({why})"
+    return text

@@ -1,0 +1,81 @@
+"""Build `JobView`s from the store and the heartbeats: the one snapshot every reader shares."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from spx.daemon.contract import worker_env
+from spx.daemon.state.store import JobRow, Store
+from spx.daemon.state.views import AttemptView, JobView
+
+
+def heartbeat_path(run_dir: Path, job: JobRow) -> Path:
+    return run_dir / "jobs" / f"{job.id}-{job.name}" / "heartbeat.json"
+
+
+def job_view(
+    store: Store, job: JobRow, run_dir: Path, pids: dict[str, list[int]] | None = None, with_history: bool = False
+) -> JobView:
+    attempts = store.attempts(job.id)
+    beat = worker_env.read_heartbeat(heartbeat_path(run_dir, job))
+    # A beat older than the current attempt is the previous attempt's: its step was lost with it
+    # (the job went back to the checkpoint it resumed from), and its rate is not this attempt's.
+    stale = beat is not None and bool(attempts) and beat.time < attempts[-1].start
+    step = attempts[-1].resumed_from_step if stale else (beat.step if beat else None)
+    last_ckpt_step = beat.last_checkpoint_step if beat else None
+    if last_ckpt_step is None:
+        resumed = [a.resumed_from_step for a in attempts if a.resumed_from_step is not None]
+        last_ckpt_step = max(resumed) if resumed else None
+    history = [
+        AttemptView(
+            number=a.number, start=a.start, end=a.end, exit_code=a.exit_code, signal=a.signal,
+            reason=a.reason, resumed_from_step=a.resumed_from_step, resumed_from=a.resumed_from,
+            root_cause=a.root_cause,
+        )
+        for a in attempts
+    ] if with_history else []
+    return JobView(
+        name=job.name,
+        state=job.state.value,
+        reason=job.reason,
+        owner_uid=job.owner_uid,
+        owner=job.owner,
+        attempts=len(attempts),
+        step=step,
+        epoch=beat.epoch if beat and not stale else None,
+        samples_per_second=beat.samples_per_second if beat and not stale and job.state.value == "running" else None,
+        last_checkpoint_step=last_ckpt_step,
+        last_checkpoint_time=beat.last_checkpoint_time if beat else None,
+        gpus=list(job.gpus),
+        submitted=job.submitted,
+        priority=job.priority,
+        restarts_by_reason=store.restarts_by_reason(job.id),
+        pids=list((pids or {}).get(job.name, [])),
+        staging=job.staging,
+        history=history,
+    )
+
+
+# Finished jobs stay in `spx ls` and /metrics this long after they end (SpxJobFailed looks back an
+# hour); then `spx ls --all` and `spx status NAME` still show them. Without it a host's history would
+# grow every scrape forever, and a reused name would give two series of one job.
+RECENT_SECONDS = 24 * 3600.0
+
+Scope = Literal["live", "recent", "all"]
+
+
+def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int]]] | None = None,
+              scope: Scope = "recent", now: float | None = None) -> list[JobView]:
+    """Views of the live jobs ("live"), plus each name's latest job that finished in the last
+    RECENT_SECONDS ("recent"), or of every job ever submitted ("all")."""
+    live_pids = pids() if pids else {}
+    if scope == "live":
+        rows = store.live_jobs()
+    elif scope == "recent":
+        rows = store.current_jobs(finished_since=(time.time() if now is None else now) - RECENT_SECONDS)
+    else:
+        rows = store.all_jobs()
+    return [job_view(store, j, run_dir, live_pids) for j in rows]

@@ -1,0 +1,332 @@
+"""The durable state store: SQLite in WAL mode, one writer (the daemon's main loop), many readers.
+
+Every state change is one transaction (`transition`), so a daemon killed with SIGKILL at any instant
+restarts into a consistent store: each job is in exactly one state, each attempt is open or closed.
+Readers (the control socket, the exporter) use their own per-thread connections; WAL lets them read
+while the main loop writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from spx.daemon.intake.spec import JobSpec
+from spx.daemon.state.states import LIVE, TERMINAL, JobState, check_edge
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    owner_uid INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    spec_json TEXT NOT NULL,
+    spec_file TEXT NOT NULL,
+    submitted REAL NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    gpus TEXT NOT NULL DEFAULT '[]',
+    next_start_at REAL,
+    no_progress_streak INTEGER NOT NULL DEFAULT 0,
+    backoff_level INTEGER NOT NULL DEFAULT 0,
+    staging TEXT,
+    updated REAL NOT NULL
+);
+-- Names are unique among live jobs only: a finished job's name may be reused.
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_live_name ON jobs(name)
+    WHERE state NOT IN ('succeeded', 'failed', 'cancelled');
+CREATE TABLE IF NOT EXISTS attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    number INTEGER NOT NULL,
+    attempt_id TEXT NOT NULL,
+    start REAL NOT NULL,
+    end REAL,
+    exit_code INTEGER,
+    signal INTEGER,
+    reason TEXT,
+    reason_class TEXT,
+    resumed_from TEXT,
+    resumed_from_step INTEGER,
+    max_step INTEGER,
+    pgid INTEGER,
+    port INTEGER,
+    root_cause TEXT,
+    UNIQUE (job_id, number)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER REFERENCES jobs(id),
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    detail TEXT
+);
+"""
+
+
+_TERMINAL_SQL = ",".join(f"'{s.value}'" for s in sorted(TERMINAL, key=lambda s: s.value))
+
+
+class DuplicateJob(Exception):
+    """A live job with this name exists already."""
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: int
+    name: str
+    state: JobState
+    reason: str | None
+    owner_uid: int
+    owner: str
+    spec: JobSpec
+    spec_file: str
+    submitted: float
+    priority: int
+    gpus: list[int]
+    next_start_at: float | None
+    no_progress_streak: int
+    backoff_level: int
+    staging: str | None
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    id: int
+    job_id: int
+    number: int
+    attempt_id: str
+    start: float
+    end: float | None
+    exit_code: int | None
+    signal: int | None
+    reason: str | None
+    reason_class: str | None
+    resumed_from: str | None
+    resumed_from_step: int | None
+    max_step: int | None
+    pgid: int | None
+    port: int | None
+    root_cause: str | None
+
+
+_JOB_FIELDS = {"gpus", "next_start_at", "no_progress_streak", "backoff_level", "staging", "reason"}
+_ATTEMPT_END_FIELDS = {"end", "exit_code", "signal", "reason", "reason_class", "max_step", "root_cause"}
+
+
+def _job(row: sqlite3.Row) -> JobRow:
+    return JobRow(
+        id=row["id"],
+        name=row["name"],
+        state=JobState(row["state"]),
+        reason=row["reason"],
+        owner_uid=row["owner_uid"],
+        owner=row["owner"],
+        spec=JobSpec.model_validate_json(row["spec_json"]),
+        spec_file=row["spec_file"],
+        submitted=row["submitted"],
+        priority=row["priority"],
+        gpus=json.loads(row["gpus"]),
+        next_start_at=row["next_start_at"],
+        no_progress_streak=row["no_progress_streak"],
+        backoff_level=row["backoff_level"],
+        staging=row["staging"],
+    )
+
+
+def _attempt(row: sqlite3.Row) -> AttemptRow:
+    return AttemptRow(**{k: row[k] for k in row.keys()})  # noqa: SIM118 (sqlite3.Row iterates values)
+
+
+class Store:
+    """Jobs, attempts and events. Writers must be on the thread that owns the daemon's main loop;
+    any thread may read (each gets its own connection)."""
+
+    def __init__(self, path: Path, readonly: bool = False):
+        self.path = path
+        self.readonly = readonly
+        self._local = threading.local()
+        if not readonly:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db.executescript(SCHEMA)  # DDL; executescript commits on its own
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            if self.readonly:
+                db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, isolation_level=None)
+            else:
+                db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=FULL")
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA foreign_keys=ON")
+            self._local.db = db
+        return db
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    # --- writes -----------------------------------------------------------------------------------
+
+    def add_job(self, spec: JobSpec, owner_uid: int, owner: str, spec_file: str, now: float) -> int:
+        try:
+            with self._tx() as db:
+                cur = db.execute(
+                    "INSERT INTO jobs (name, state, owner_uid, owner, spec_json, spec_file, submitted,"
+                    " priority, updated) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+                    (spec.name, owner_uid, owner, spec.model_dump_json(by_alias=True), spec_file, now, spec.priority, now),
+                )
+                job_id = int(cur.lastrowid or 0)
+                db.execute(
+                    "INSERT INTO events (job_id, time, kind, detail) VALUES (?, ?, 'submitted', ?)",
+                    (job_id, now, f"by {owner} (uid {owner_uid})"),
+                )
+                return job_id
+        except sqlite3.IntegrityError as e:
+            raise DuplicateJob(spec.name) from e
+
+    def transition(self, job_id: int, new: JobState, reason: str | None, now: float, **fields: object) -> None:
+        """The only writer of a job's state: checks the edge, writes state, reason and any of the
+        job's bookkeeping fields, and records an event, all in one transaction."""
+        unknown = set(fields) - _JOB_FIELDS
+        if unknown:
+            raise ValueError(f"not job fields: {sorted(unknown)}")
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            check_edge(JobState(row["state"]), new)
+            self._set(db, job_id, {"state": new.value, "reason": reason, **fields}, now)
+            db.execute(
+                "INSERT INTO events (job_id, time, kind, detail) VALUES (?, ?, ?, ?)",
+                (job_id, now, new.value, reason),
+            )
+
+    def update_job(self, job_id: int, now: float, **fields: object) -> None:
+        unknown = set(fields) - _JOB_FIELDS
+        if unknown:
+            raise ValueError(f"not job fields: {sorted(unknown)}")
+        with self._tx() as db:
+            self._set(db, job_id, fields, now)
+
+    @staticmethod
+    def _set(db: sqlite3.Connection, job_id: int, fields: dict, now: float) -> None:
+        values = {k: (json.dumps(v) if k == "gpus" else v) for k, v in fields.items()}
+        values["updated"] = now
+        cols = ", ".join(f"{k} = ?" for k in values)
+        db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*values.values(), job_id))
+
+    def start_attempt(
+        self,
+        job_id: int,
+        *,
+        number: int,
+        attempt_id: str,
+        now: float,
+        resumed_from: str | None,
+        resumed_from_step: int | None,
+        port: int | None,
+    ) -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO attempts (job_id, number, attempt_id, start, resumed_from, resumed_from_step, port)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (job_id, number, attempt_id, now, resumed_from, resumed_from_step, port),
+            )
+            return int(cur.lastrowid or 0)
+
+    def set_attempt_pgid(self, attempt_row: int, pgid: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE attempts SET pgid = ? WHERE id = ?", (pgid, attempt_row))
+
+    def end_attempt(self, attempt_row: int, **fields: object) -> None:
+        unknown = set(fields) - _ATTEMPT_END_FIELDS
+        if unknown:
+            raise ValueError(f"not attempt fields: {sorted(unknown)}")
+        with self._tx() as db:
+            cols = ", ".join(f"{k} = ?" for k in fields)
+            db.execute(f"UPDATE attempts SET {cols} WHERE id = ?", (*fields.values(), attempt_row))
+
+    def add_event(self, job_id: int | None, kind: str, detail: str | None, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO events (job_id, time, kind, detail) VALUES (?, ?, ?, ?)", (job_id, now, kind, detail)
+            )
+
+    # --- reads ------------------------------------------------------------------------------------
+
+    def live_jobs(self) -> list[JobRow]:
+        marks = ",".join("?" * len(LIVE))
+        rows = self._db.execute(
+            f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY priority DESC, submitted, id",
+            [s.value for s in LIVE],
+        ).fetchall()
+        return [_job(r) for r in rows]
+
+    def all_jobs(self) -> list[JobRow]:
+        return [_job(r) for r in self._db.execute("SELECT * FROM jobs ORDER BY id").fetchall()]
+
+    def current_jobs(self, finished_since: float) -> list[JobRow]:
+        """One job per name, the one `job_by_name` gives (the live one, else the newest finished),
+        without finished ones that ended before `finished_since`."""
+        rows = self._db.execute(
+            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY name ORDER BY "
+            f"  (state IN ({_TERMINAL_SQL})), id DESC) AS newest FROM jobs) "
+            f"WHERE newest = 1 AND (state NOT IN ({_TERMINAL_SQL}) OR updated >= ?) ORDER BY id",
+            (finished_since,),
+        ).fetchall()
+        return [_job(r) for r in rows]
+
+    def job(self, job_id: int) -> JobRow:
+        return _job(self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
+
+    def job_by_name(self, name: str) -> JobRow | None:
+        """The live job of that name, else the most recent finished one."""
+        row = self._db.execute(
+            f"SELECT * FROM jobs WHERE name = ? ORDER BY (state IN ({_TERMINAL_SQL})), id DESC LIMIT 1",
+            (name,),
+        ).fetchone()
+        return _job(row) if row else None
+
+    def attempts(self, job_id: int) -> list[AttemptRow]:
+        rows = self._db.execute("SELECT * FROM attempts WHERE job_id = ? ORDER BY number", (job_id,)).fetchall()
+        return [_attempt(r) for r in rows]
+
+    def open_attempt(self, job_id: int) -> AttemptRow | None:
+        row = self._db.execute(
+            "SELECT * FROM attempts WHERE job_id = ? AND end IS NULL ORDER BY number DESC LIMIT 1", (job_id,)
+        ).fetchone()
+        return _attempt(row) if row else None
+
+    def restarts_by_reason(self, job_id: int) -> dict[str, int]:
+        """Closed attempts that were followed by a relaunch, counted by failure class."""
+        rows = self._db.execute(
+            "SELECT a.reason_class, COUNT(*) FROM attempts a WHERE a.job_id = ? AND a.end IS NOT NULL"
+            " AND EXISTS (SELECT 1 FROM attempts b WHERE b.job_id = a.job_id AND b.number = a.number + 1)"
+            " GROUP BY a.reason_class",
+            (job_id,),
+        ).fetchall()
+        return {r[0] or "unknown": r[1] for r in rows}
+
+    def spec_files_known(self) -> set[str]:
+        return {r[0] for r in self._db.execute("SELECT spec_file FROM jobs").fetchall()}
