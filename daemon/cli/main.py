@@ -103,16 +103,21 @@ def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
         text = source.read_text()
     except OSError as e:
         raise CliError(f"{source}: {e.strerror}", EXIT_USAGE) from e
+    except UnicodeDecodeError as e:
+        raise CliError(f"{source}: not UTF-8 text (byte {e.start}); a job file is YAML text", EXIT_USAGE) from e
     try:
         spec = parse_spec(text)
     except SpecError as e:
         raise CliError(e.render(str(source)), EXIT_USAGE) from e
     final = f"{spec.name}-{time.time_ns()}.yaml"
     tmp = cfg.spool_dir / f".{final}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.rename(tmp, cfg.spool_dir / final)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.rename(tmp, cfg.spool_dir / final)
+    except OSError as e:
+        raise CliError(f"cannot drop the job into {cfg.spool_dir}: {e.strerror}") from e
     return _await_intake(cfg, spec.name, final)
 
 

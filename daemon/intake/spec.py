@@ -1,8 +1,11 @@
 """The job spec: one YAML file = one job (design §3).
 
-Parsing is defensive because the daemon runs as root and the file comes from a user: the YAML is
-composed with the safe loader, anchors/aliases and deep nesting are refused (alias bombs), unknown
-keys are errors (a typo must not be silently ignored), and every error names the field and its line.
+Parsing is defensive because the daemon runs as root and the file comes from a user. Contract:
+`parse_spec` returns a JobSpec or raises SpecError, for every input text, and every number in a
+returned JobSpec is finite and bounded (timers included: hang timeout <= 30 days, backoff <= 1 day).
+The YAML is read into plain data by `spec_yaml` (no tags beyond the core ones, no aliases, no deep
+nesting); unknown keys are errors (a typo must not be silently ignored), and every error names the
+field and its line.
 """
 
 from __future__ import annotations
@@ -14,32 +17,23 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from spx.daemon.intake.spec_yaml import SpecError, line_of, read_yaml
+
 MAX_SPEC_BYTES = 64 * 1024
-MAX_DEPTH = 16
+# Bounds that keep timers and the store's integers sane (a timer of 1e308 s overflows deadlines).
+MAX_HANG_TIMEOUT = 30 * 24 * 3600.0
+MAX_BACKOFF = 24 * 3600.0
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 # Variables the daemon owns; a job setting them would break supervision or GPU isolation.
 RESERVED_ENV = re.compile(r"^(SPX_.*|CUDA_VISIBLE_DEVICES|CUDA_DEVICE_ORDER|MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|NVIDIA_VISIBLE_DEVICES)$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class SpecError(Exception):
-    """A job file is unusable. `problems` are (line or None, field path, message) triples."""
-
-    def __init__(self, problems: list[tuple[int | None, str, str]]):
-        self.problems = problems
-        super().__init__(self.render())
-
-    def render(self, filename: str = "") -> str:
-        lines = []
-        for line, field, msg in self.problems:
-            where = filename + (f":{line}" if line else "")
-            prefix = f"{where}: " if where else ""
-            lines.append(f"{prefix}{field + ': ' if field else ''}{msg}")
-        return "\n".join(lines)
+# Names pydantic puts in an error's path for the branch of a union; not fields, so not shown.
+_UNION_BRANCHES = {"int", "list[int]", "literal['any']", "list[constrained-int]"}
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `.inf`/`.nan` (or "inf" as text) in any float field is an error naming it.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _absolute(p: Path) -> Path:
@@ -55,7 +49,9 @@ AbsPath = Annotated[Path, Field(description="An absolute path without '..'.")]
 
 class Checkpoints(_Strict):
     dir: AbsPath | None = Field(None, description="Where this job's checkpoints live; default CHECKPOINTS_ROOT/NAME.")
-    keep: int = Field(3, ge=1, description="Complete checkpoints kept; older ones are deleted after a newer one completes.")
+    keep: int = Field(
+        3, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted after a newer one completes."
+    )
     pattern: str | None = Field(
         None, description="Glob for scripts with their own naming (`ckpt.pt`, `checkpoint-*/`); default: the step-*/ layout."
     )
@@ -71,20 +67,22 @@ class Checkpoints(_Strict):
 
 
 class Restart(_Strict):
-    max_restarts: int = Field(10, ge=0, description="Relaunches allowed before the job fails.")
+    max_restarts: int = Field(10, ge=0, le=1_000_000, description="Relaunches allowed before the job fails.")
     backoff_seconds: tuple[float, float] = Field(
-        (10.0, 300.0), description="[first, cap] of the exponential backoff between attempts."
+        (10.0, 300.0), description="[first, cap] of the exponential backoff between attempts; cap at most one day."
     )
-    hang_timeout_seconds: float = Field(900.0, gt=0, description="No heartbeat step progress this long = hang.")
-    on_exit_codes: Literal["any"] | list[int] = Field(
-        "any", description="Exit codes that are restarted; any other non-zero code fails the job."
+    hang_timeout_seconds: float = Field(
+        900.0, gt=0, le=MAX_HANG_TIMEOUT, description="No heartbeat step progress this long = hang (at most 30 days)."
+    )
+    on_exit_codes: Literal["any"] | list[Annotated[int, Field(ge=0, le=255)]] = Field(
+        "any", description="Exit codes (0-255) that are restarted; any other non-zero code fails the job."
     )
 
     @field_validator("backoff_seconds")
     @classmethod
     def _ordered(cls, v: tuple[float, float]) -> tuple[float, float]:
-        if v[0] < 0 or v[1] < v[0]:
-            raise ValueError("must be [first, cap] with 0 <= first <= cap")
+        if not 0 <= v[0] <= v[1] <= MAX_BACKOFF:
+            raise ValueError(f"must be [first, cap] with 0 <= first <= cap <= {MAX_BACKOFF:.0f} (one day)")
         return v
 
 
@@ -147,8 +145,8 @@ class JobSpec(_Strict):
     def _gpus(cls, v: int | list[int]) -> int | list[int]:
         if isinstance(v, int) and not 0 <= v <= 64:
             raise ValueError("must be a count between 0 and 64, or a list of GPU indices")
-        if isinstance(v, list) and (not v or len(set(v)) != len(v) or min(v) < 0):
-            raise ValueError("an explicit list must be non-empty, without duplicates, of indices >= 0")
+        if isinstance(v, list) and (not v or len(set(v)) != len(v) or min(v) < 0 or max(v) > 63):
+            raise ValueError("an explicit list must be non-empty, without duplicates, of indices 0-63")
         return v
 
     @field_validator("env")
@@ -192,74 +190,38 @@ class JobSpec(_Strict):
         return self.checkpoints.dir or checkpoints_root / self.name
 
 
-# --- parsing --------------------------------------------------------------------------------------
-
-
-def _check_tree(node: yaml.Node, depth: int = 0) -> None:
-    if depth > MAX_DEPTH:
-        raise SpecError([(node.start_mark.line + 1, "", f"nesting deeper than {MAX_DEPTH} levels")])
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            _check_tree(k, depth + 1)
-            _check_tree(v, depth + 1)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _check_tree(item, depth + 1)
-
-
-def _refuse_aliases(text: str) -> None:
-    """Scan events before composing: an alias bomb expands at compose time, so refuse anchors and
-    aliases while they are still tokens."""
-    try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-                line = event.start_mark.line + 1 if event.start_mark else None
-                raise SpecError([(line, "", "YAML anchors/aliases are not allowed in job files")])
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise SpecError([(mark.line + 1 if mark else None, "", f"invalid YAML: {getattr(e, 'problem', e)}")]) from e
-
-
-def _line_of(root: yaml.Node | None, loc: tuple) -> int | None:
-    """Line of the deepest node along `loc` (a pydantic error location) in the composed YAML."""
-    node, line = root, (root.start_mark.line + 1 if root is not None else None)
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
-            key = next((k for k, _ in node.value if getattr(k, "value", None) == part), None)
-            if match is None:
-                break
-            line = (key or match).start_mark.line + 1
-            node = match
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
-
-
 def parse_spec(text: str) -> JobSpec:
-    """Validate a job file's text. Raises SpecError naming each bad field and its line."""
-    if len(text.encode()) > MAX_SPEC_BYTES:
+    """Validate a job file's text. Returns a JobSpec or raises SpecError (naming each bad field and its
+    line) -- nothing else, for any text."""
+    try:
+        return _parse(text)
+    except SpecError:
+        raise
+    except Exception as e:  # last resort: a parser bug must still read as "this file is bad", not a crash
+        raise SpecError([(None, "", f"cannot read this file as a job spec ({type(e).__name__}: {str(e)[:200]})")]) from e
+
+
+def _parse(text: str) -> JobSpec:
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise SpecError([(None, "", "file is not valid UTF-8 text")]) from None
+    if size > MAX_SPEC_BYTES:
         raise SpecError([(None, "", f"file is larger than {MAX_SPEC_BYTES // 1024} KiB")])
-    _refuse_aliases(text)
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    if root is None:
-        raise SpecError([(None, "", "file is empty; a job needs at least `name` and `script`")])
-    _check_tree(root)
-    data: Any = yaml.safe_load(text)
+    root, data = read_yaml(text)
     if not isinstance(data, dict):
         raise SpecError([(root.start_mark.line + 1, "", "expected a mapping of job fields at the top level")])
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in ("int", "list[int]", "literal['any']")))
-            field = ".".join(str(p) for p in loc)
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown field (check the spelling; see the job spec reference in the README)"
-            problems.append((_line_of(root, loc), field, msg))
-        raise SpecError(problems) from None
+        raise SpecError([_problem(root, err) for err in e.errors()]) from None
+
+
+def _problem(root: yaml.Node, err: Any) -> tuple[int | None, str, str]:
+    """One pydantic error as (line, field, message); union branch names are dropped from the path."""
+    loc = tuple(p for p in err["loc"] if p not in _UNION_BRANCHES)
+    field = ".".join(str(p) for p in loc)
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field (check the spelling; see the job spec reference in the README)"
+    return line_of(root, loc), field, msg

@@ -80,3 +80,95 @@ def test_cross_field_messages_say_the_fix():
     assert "exactly one of `script` or `module`" in errors("name: x\n")
     assert "use torchrun" in errors("name: x\nlauncher: python\nscript: a.py\nprocs: 2\n")
     assert "0 <= first <= cap" in errors(OK + "restart: {backoff_seconds: [5, 1]}\n")
+
+
+# --- every input is a JobSpec or a SpecError (issue 12): the escapes found by a hostile user ------
+
+BASE = "name: x\nscript: a.py\n"
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("args: !!python/object/apply:os.system ['touch /tmp/pwned']", "tag !!python/object/apply:os.system is not allowed"),
+    ("args: !!python/name:os.system", "tag !!python/name:os.system is not allowed"),
+    ("args: !foo bar", "tag !foo is not allowed"),
+    ("args: !!set {a, b}", "tag !!set is not allowed"),
+    ("env: !!omap [A: b]", "tag !!omap is not allowed"),
+    ("env: !!pairs [A: b]", "tag !!pairs is not allowed"),
+    ("args: [!!binary '@@@ not base64']", "tag !!binary is not allowed"),
+    ("args: [!!timestamp x]", "tag !!timestamp is not allowed"),
+    ("priority: !!int 1.5", "'1.5' is not a valid int"),
+    ("priority: !!int [1]", "a list is not a valid int"),
+    ("args: [!!bool maybe]", "'maybe' is not a valid bool"),
+    ("args: [!!float abc]", "'abc' is not a valid float"),
+    ("priority: " + "9" * 5000, "number too large"),
+    ("priority: " + "1:" * 40 + "1", "number too large"),  # YAML 1.1 base-60
+    ("env: {1: a}", "mapping keys must be text; '1' is not"),
+    ("? [a]\n: b", "mapping keys must be text; a list is not"),
+    ("yes: 1", "mapping keys must be text; 'yes' is not"),
+    ('args: ["a\\0b"]', "must not contain NUL"),
+    ('args: ["\\ud800"]', "no lone surrogate"),
+])
+def test_yaml_escape_is_a_spec_error_at_its_line(line, expected):
+    msg = errors(BASE + line + "\n")
+    assert msg.startswith("job.yaml:3: ") and expected in msg
+
+
+def test_duplicate_key_names_the_key_and_both_lines():
+    assert "job.yaml:3: name: duplicate key (first given on line 1)" in errors(BASE + "name: y\n")
+    assert "job.yaml:5: A: duplicate key (first given on line 4)" in errors(BASE + "env:\n  A: '1'\n  A: '2'\n")
+
+
+@pytest.mark.parametrize("opener", ["[", "{a: "])
+def test_deep_nesting_is_refused_before_the_composer_recurses(opener):
+    closer = "]" if opener == "[" else "}"
+    assert "job.yaml:3: nesting deeper than 16 levels" in errors(BASE + "args: " + opener * 3000 + closer * 3000 + "\n")
+
+
+def test_sixteen_levels_are_still_read():
+    assert "env: Input should be a valid dictionary" in errors(BASE + "env: " + "[" * 15 + "]" * 15 + "\n")
+
+
+@pytest.mark.parametrize(("line", "field"), [
+    ("restart: {hang_timeout_seconds: .inf}", "restart.hang_timeout_seconds"),
+    ("restart: {hang_timeout_seconds: 'inf'}", "restart.hang_timeout_seconds"),
+    ("restart: {backoff_seconds: [.nan, .nan]}", "restart.backoff_seconds.0"),
+    ("stop: {grace_seconds: .nan}", "stop.grace_seconds"),
+    ("priority: 1.0e+400", "priority"),
+])
+def test_numbers_must_be_finite(line, field):
+    assert f"job.yaml:3: {field}: Input should be a finite number" in errors(BASE + line + "\n")
+
+
+@pytest.mark.parametrize(("line", "field"), [
+    ("restart: {hang_timeout_seconds: 2592001}", "restart.hang_timeout_seconds"),  # > 30 days
+    ("restart: {backoff_seconds: [1, 86401]}", "restart.backoff_seconds"),  # cap > 1 day
+    ("restart: {max_restarts: 99999999999}", "restart.max_restarts"),
+    ("restart: {on_exit_codes: [256]}", "restart.on_exit_codes.0"),
+    ("priority: 9223372036854775807", "priority"),
+    ("procs: 100000", "procs"),
+    ("gpus: [64]", "gpus"),
+    ("checkpoints: {keep: 100000}", "checkpoints.keep"),
+])
+def test_numbers_that_would_overflow_timers_or_the_store_are_bounded(line, field):
+    assert f"job.yaml:3: {field}: " in errors(BASE + line + "\n")
+
+
+def test_bounds_themselves_are_accepted():
+    spec = parse_spec(BASE + "restart: {hang_timeout_seconds: 2592000, backoff_seconds: [0, 86400], on_exit_codes: [1, 255]}\n")
+    assert spec.restart.hang_timeout_seconds == 2592000 and spec.restart.backoff_seconds == (0, 86400)
+
+
+def test_dates_merges_and_equals_are_plain_text():
+    spec = parse_spec(BASE + "args: [2020-01-01, '=', =]\n")
+    assert spec.args == ["2020-01-01", "=", "="]
+    assert "job.yaml:3: <<: unknown field" in errors(BASE + "<<: {priority: 1}\n")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("\udcff", "not valid UTF-8"),
+    (BASE + "\x01", "job.yaml:3: invalid YAML: control character U+0001"),
+    (BASE + "---\n" + BASE, "invalid YAML"),
+    ("# only a comment\n", "file is empty"),
+])
+def test_odd_texts_are_spec_errors(text, expected):
+    assert expected in errors(text)
