@@ -1,6 +1,7 @@
 """Turn a job and an allocation into a process: argv, a clean environment, the user, the log.
 
-`plan_launch` is pure (tested without processes); `spawn` does the I/O. No shell anywhere: argv is a
+`plan_launch` is pure (tested without processes); `spawn` does the I/O, with the attempt's output
+going through a per-attempt log relay (log_relay.py) that caps and rotates the log. No shell anywhere: argv is a
 list. Workers run as the job file's owner, in a new session (so the whole attempt is one process
 group) and, where the daemon manages cgroups, in the attempt's own cgroup from their first
 instruction on; their environment is built from scratch — the daemon's own variables never leak in.
@@ -25,6 +26,8 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The exec shim runs as root by file path, with site packages off, so it can only ever run stdlib.
 SHIM = Path(__file__).with_name("enter_attempt.py")
 SHIM_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
+# The log relay: root too (the log dir is root's), so started the same way.
+RELAY = Path(__file__).with_name("log_relay.py")
 
 
 @dataclass(frozen=True)
@@ -128,10 +131,37 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
     return LaunchPlan(argv=argv, env=env, cwd=cwd)
 
 
-def spawn(plan: LaunchPlan, uid: int, log_file: Path, cgroup: Path | None = None) -> subprocess.Popen:
+@dataclass(frozen=True)
+class Spawned:
+    """A started attempt: `proc` is the launcher (through the shim), leader of the attempt's process
+    group and session; `relay` carries its stdout+stderr into the capped log and exits at EOF."""
+
+    proc: subprocess.Popen
+    relay: subprocess.Popen
+
+    @property
+    def relay_pid(self) -> int:
+        return self.relay.pid
+
+
+def start_relay(log_dir_fd: int, log_name: str, max_log_bytes: int, uid: int, gid: int,
+                source_fd: int) -> subprocess.Popen:
+    """The log relay (log_relay.py) reading `source_fd`, writing `log_name` in the directory
+    `log_dir_fd`. Its own session: a group kill of the attempt must not cut off the attempt's last words."""
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", str(RELAY), str(log_dir_fd), log_name, str(max_log_bytes), str(uid), str(gid)],
+        cwd="/", env=SHIM_ENV, stdin=source_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        close_fds=True, pass_fds=(log_dir_fd,), start_new_session=True,
+    )
+
+
+def spawn(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Path | None,
+          max_log_bytes: int) -> Spawned:
     """Start the attempt as `uid` in a new session (and in `cgroup`, if given) through the exec shim
-    (enter_attempt.py); stdout+stderr append to `log_file`. Returns once the attempt's argv has been
-    exec'd; raises OSError, as subprocess would, when any step before that failed."""
+    (enter_attempt.py); stdout+stderr go through a log relay into `log_name` inside the directory
+    `log_dir_fd` (root's), capped at `max_log_bytes` per file with one rotated file. Returns once the
+    attempt's argv has been exec'd; raises OSError, as subprocess would, when any step before that
+    failed (the relay then has the shim's last words in the log and has exited)."""
     user = pwd.getpwuid(uid)
     as_other = uid != os.getuid()
     request = {
@@ -141,22 +171,32 @@ def spawn(plan: LaunchPlan, uid: int, log_file: Path, cgroup: Path | None = None
         "gid": user.pw_gid,
         "groups": os.getgrouplist(user.pw_name, user.pw_gid),
     }
+    out_r, out_w = os.pipe()
+    try:
+        relay = start_relay(log_dir_fd, log_name, max_log_bytes, uid, user.pw_gid, out_r)
+    except BaseException:
+        os.close(out_w)
+        raise
+    finally:
+        os.close(out_r)
     request_r, request_w = os.pipe()
     status_r, status_w = os.pipe()
     try:
-        with log_file.open("ab", buffering=0) as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(SHIM), str(request_r), str(status_w)],
-                cwd="/", env=SHIM_ENV, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                close_fds=True, pass_fds=(request_r, status_w), start_new_session=True,
-            )
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(SHIM), str(request_r), str(status_w)],
+            cwd="/", env=SHIM_ENV, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+            close_fds=True, pass_fds=(request_r, status_w), start_new_session=True,
+        )
     except BaseException:
         os.close(request_w)
         os.close(status_r)
+        os.close(out_w)  # the relay sees EOF and exits
+        relay.wait()
         raise
     finally:
         os.close(request_r)
         os.close(status_w)
+    os.close(out_w)
     with os.fdopen(request_w, "wb") as w:
         try:
             w.write(json.dumps(request).encode())
@@ -166,9 +206,13 @@ def spawn(plan: LaunchPlan, uid: int, log_file: Path, cgroup: Path | None = None
         status = r.read()
     if status:
         proc.wait()
+        try:  # the shim was the pipe's only writer: EOF once its message is in the log
+            relay.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a stuck disk: the daemon's reaper collects it later
+            pass
         failure = json.loads(status)
         what = failure["strerror"] if failure["step"] == "exec" else f"{failure['step']}: {failure['strerror']}"
         if failure["errno"] is None:
             raise OSError(what)
         raise OSError(failure["errno"], what, failure["filename"])
-    return proc
+    return Spawned(proc=proc, relay=relay)

@@ -109,7 +109,12 @@ class Supervisor:
         )
         cgroup = self._make_attempt_cgroup(job, number, attempt_id)
         try:
-            proc = launcher.spawn(plan, job.owner_uid, log_file, cgroup)
+            log_dir_fd = os.open(log_file.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                proc = launcher.spawn(plan, job.owner_uid, log_dir_fd, log_file.name, cgroup,
+                                      self.cfg.log_max_bytes).proc
+            finally:
+                os.close(log_dir_fd)
         except OSError as e:
             if cgroup is not None:
                 cgroups.remove(cgroup)

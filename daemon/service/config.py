@@ -41,6 +41,12 @@ class DaemonConfig(BaseModel):
     submit_group: str | None = Field(None, description="If set, only root and this group's members may submit.")
     admin_group: str | None = Field(None, description="Members see and cancel every job, not only their own.")
     healthy_seconds: float = Field(600.0, gt=0, description="An attempt alive this long resets the backoff.")
+    log_max_bytes: int = Field(256 * 1024 * 1024, ge=4096, description=(
+        "Cap on one attempt log file; past it the log rotates to attempt-N.log.1 (one kept), so an attempt's "
+        "logs use at most twice this. Output that meets a full disk is dropped and counted in the log."))
+    backup_every_seconds: float = Field(900.0, gt=0, description=(
+        "How often the state store is backed up (SQLite online backup) into state_dir/backup/."))
+    backup_keep: int = Field(8, ge=1, description="How many state store backups to keep (oldest removed first).")
     cgroups: CgroupMode = Field("auto", description=(
         "One cgroup v2 per attempt, so no process of it escapes a stop. auto = where systemd delegated the "
         "daemon's cgroup (Delegate=yes); on = the daemon's cgroup is its own, fail to start otherwise; off = never "

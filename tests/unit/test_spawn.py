@@ -1,5 +1,6 @@
 """launcher.spawn through the exec shim, with real processes: the attempt starts in its cgroup, as
-the job's user, with exactly the planned environment; failures come back as launch errors."""
+the job's user, with exactly the planned environment, its output through the log relay; failures come
+back as launch errors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import errno
 import os
 import pwd
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,9 +24,22 @@ def proc_status(pid: int) -> dict[str, str]:
     return dict(ln.split(":\t", 1) for ln in text.splitlines() if ":\t" in ln)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.kill()
-    proc.wait()
+MIB = 1024 * 1024
+
+
+def spawn(plan: LaunchPlan, uid: int, log: Path, cgroup: Path | None = None,
+          max_log_bytes: int = MIB) -> launcher.Spawned:
+    fd = os.open(log.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return launcher.spawn(plan, uid, fd, log.name, cgroup, max_log_bytes)
+    finally:
+        os.close(fd)
+
+
+def stop(spawned: launcher.Spawned) -> None:
+    spawned.proc.kill()
+    spawned.proc.wait()
+    spawned.relay.wait(timeout=30)
 
 
 @pytest.fixture
@@ -44,7 +57,8 @@ def test_attempt_starts_in_its_cgroup_as_the_owner_with_exactly_the_planned_envi
     env = {"PATH": launcher.SAFE_PATH, "LANG": "C", "SPX_ATTEMPT_ID": "abc", "LD_PRELOAD": ""}
     plan = LaunchPlan(argv=["sleep", "300"], env=env, cwd="/")
     with scratch_cgroup() as cg:
-        proc = launcher.spawn(plan, nobody.pw_uid, tmp_path / "attempt.log", cgroup=cg)
+        spawned = spawn(plan, nobody.pw_uid, tmp_path / "attempt.log", cgroup=cg)
+        proc = spawned.proc
         try:
             # spawn returns once exec is past its point of no return; comm changes a moment later
             wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep", 5, "the exec")
@@ -61,21 +75,22 @@ def test_attempt_starts_in_its_cgroup_as_the_owner_with_exactly_the_planned_envi
             assert dict(e.decode().split("=", 1) for e in environ) == env
             assert os.readlink(f"/proc/{proc.pid}/cwd") == "/"
         finally:
-            stop(proc)
+            stop(spawned)
 
 
 def test_without_a_cgroup_the_attempt_stays_in_the_daemons_and_runs_in_its_workdir(tmp_path):
     plan = LaunchPlan(argv=[sys.executable, "-c", "import os; print(os.getcwd())"], env={"PATH": "/usr/bin"},
                       cwd=str(tmp_path))
-    proc = launcher.spawn(plan, os.getuid(), tmp_path / "attempt.log")
-    assert proc.wait(timeout=30) == 0
+    spawned = spawn(plan, os.getuid(), tmp_path / "attempt.log")
+    assert spawned.proc.wait(timeout=30) == 0
+    assert spawned.relay.wait(timeout=30) == 0, "the relay exits once the attempt's output ends"
     assert (tmp_path / "attempt.log").read_text().strip() == str(tmp_path)
 
 
 def test_an_argv_that_cannot_be_exec_d_is_a_launch_error_as_with_subprocess(tmp_path):
     plan = LaunchPlan(argv=["/nonexistent/python", "train.py"], env={"PATH": "/usr/bin"}, cwd="/")
     with pytest.raises(OSError) as err:
-        launcher.spawn(plan, os.getuid(), tmp_path / "attempt.log")
+        spawn(plan, os.getuid(), tmp_path / "attempt.log")
     assert err.value.errno == errno.ENOENT
     assert str(err.value) == "[Errno 2] No such file or directory: '/nonexistent/python'"
     assert "cannot start the attempt (exec)" in (tmp_path / "attempt.log").read_text()
@@ -85,7 +100,7 @@ def test_a_cgroup_that_cannot_be_entered_is_a_launch_error_and_nothing_runs(tmp_
     marker = tmp_path / "ran"
     plan = LaunchPlan(argv=["touch", str(marker)], env={"PATH": "/usr/bin:/bin"}, cwd="/")
     with pytest.raises(OSError, match="cgroup: No such file or directory"):
-        launcher.spawn(plan, os.getuid(), tmp_path / "attempt.log", cgroup=tmp_path / "no-such-cgroup")
+        spawn(plan, os.getuid(), tmp_path / "attempt.log", cgroup=tmp_path / "no-such-cgroup")
     assert not marker.exists()
 
 
@@ -93,6 +108,34 @@ def test_the_shim_ignores_the_jobs_python_variables_while_it_is_root(tmp_path):
     # The job's PYTHONPATH (or its workdir) must not put code into the shim, which is root until exec.
     (tmp_path / "json.py").write_text(f"open({str(tmp_path / 'pwned')!r}, 'w').close()\n")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
-    proc = launcher.spawn(LaunchPlan(argv=["true"], env=env, cwd=str(tmp_path)), os.getuid(), tmp_path / "a.log")
-    assert proc.wait(timeout=30) == 0
+    spawned = spawn(LaunchPlan(argv=["true"], env=env, cwd=str(tmp_path)), os.getuid(), tmp_path / "a.log")
+    assert spawned.proc.wait(timeout=30) == 0
+    spawned.relay.wait(timeout=30)
     assert not (tmp_path / "pwned").exists()
+
+
+def test_the_relay_survives_a_group_kill_of_the_attempt_and_keeps_its_last_words(tmp_path):
+    # The attempt's last line is written just before the whole process group is SIGKILLed: the relay,
+    # in its own session, still gets it into the log, then exits at EOF.
+    script = "import os, signal, sys; print('last words', flush=True); os.killpg(0, signal.SIGKILL)"
+    spawned = spawn(LaunchPlan(argv=[sys.executable, "-c", script], env={"PATH": "/usr/bin"}, cwd="/"),
+                    os.getuid(), tmp_path / "attempt.log")
+    assert spawned.proc.wait(timeout=30) == -signal.SIGKILL
+    assert spawned.relay.wait(timeout=30) == 0
+    assert (tmp_path / "attempt.log").read_text() == "last words\n"
+
+
+def test_the_log_belongs_to_the_owner_and_is_capped(tmp_path, nobody):
+    tmp_path.chmod(0o755)
+    script = "import sys\nfor i in range(4000): sys.stdout.write(f'{i:07d} ' + 'x' * 92 + '\\n')"
+    # The system's python: the test venv may not be readable by nobody.
+    plan = LaunchPlan(argv=["python3", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    spawned = spawn(plan, nobody.pw_uid, tmp_path / "attempt.log", max_log_bytes=64 * 1024)
+    assert spawned.proc.wait(timeout=30) == 0
+    assert spawned.relay.wait(timeout=30) == 0
+    log, old = tmp_path / "attempt.log", tmp_path / "attempt.log.1"
+    for f in (log, old):
+        st = f.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (nobody.pw_uid, nobody.pw_gid, 0o640)
+        assert st.st_size <= 64 * 1024
+    assert log.read_text().splitlines()[-1].startswith("0003999 "), "the newest output is in the log"
