@@ -1,0 +1,272 @@
+"""Every file the daemon touches for one attempt, made safe (design §9).
+
+Where each lives and who makes it:
+
+- `log/NAME/` — root's (0755, never the user's: a user who could write there could plant a link at
+  the next `attempt-N.log`). Marked with `.job-id`; a reused name moves the earlier job's directory
+  aside as `NAME.job-<id>`. Anything at `log/NAME` that root did not make is moved aside, not used.
+- `log/NAME/attempt-N.log` — created by root in that directory with O_EXCL|O_NOFOLLOW on its fd, mode
+  0640, fchown'd to the owner (who reads it with `spx logs`).
+- `log/NAME/attempt-N.ranks/` (torchrun's --log-dir) and `run/jobs/ID-NAME/` (the heartbeat's
+  directory) — made by root inside those root-only parents and handed to the owner with fchown on
+  the fd: the owner cannot create anything in the parent, so nothing there is theirs to swap.
+- the checkpoint dir — in the user's tree: created and checked *as the user* (`as_user`), so root
+  never mkdirs or chowns through a path the user can rearrange. The default `checkpoints_root/NAME`
+  is the one exception: its parent is root's, so root makes that one component and gives it away.
+- the heartbeat and the log tail are read through `fsafe` (no link, no FIFO, capped).
+
+Every failure is a `UserPathError` whose message is the job's reason.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from spx.daemon.contract.checkpoint_layout import CheckpointRef
+from spx.daemon.contract.worker_env import Heartbeat
+from spx.daemon.service.config import DaemonConfig
+from spx.daemon.service.log import get_logger
+from spx.daemon.state import jobviews
+from spx.daemon.state.store import JobRow
+from spx.daemon.userfs import as_user, fsafe
+from spx.daemon.userfs import heartbeat as heartbeat_reader
+from spx.daemon.userfs.fsafe import UserPathError
+
+log = get_logger()
+
+__all__ = ["AttemptFiles", "UserPathError", "latest_checkpoint", "note", "open_log_dir", "paths", "prepare",
+           "read_heartbeat", "read_log_tail", "staging_log"]
+
+MARKER = ".job-id"
+MARKER_MAX_BYTES = 64
+LOG_DIR_MODE = 0o755
+LOG_FILE_MODE = 0o640
+_DIGITS = re.compile(rb"\s*(\d{1,19})\s*")
+
+
+@dataclass(frozen=True)
+class AttemptFiles:
+    log_dir: Path          # cfg.log_dir / job.name — created and owned by ROOT (0755), never the user's
+    log_name: str          # f"attempt-{number}.log"
+    rank_log_dir: Path     # log_dir / f"attempt-{number}.ranks" — the owner's (torchrun --log-dir)
+    heartbeat_file: Path   # jobviews.heartbeat_path(cfg.run_dir, job); its parent dir is the owner's
+    checkpoint_dir: Path   # job.spec.checkpoint_dir(cfg.checkpoints_root); created as the owner if missing
+    owner_uid: int = -1    # who the log files are handed to (-1: leave as created)
+    owner_gid: int = -1
+
+    @property
+    def log_file(self) -> Path:
+        return self.log_dir / self.log_name
+
+
+def paths(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
+    """Where attempt `number`'s files are; creates nothing (an adopted attempt's files exist)."""
+    log_dir = cfg.log_dir / job.name
+    return AttemptFiles(
+        log_dir=log_dir,
+        log_name=f"attempt-{number}.log",
+        rank_log_dir=log_dir / f"attempt-{number}.ranks",
+        heartbeat_file=jobviews.heartbeat_path(cfg.run_dir, job),
+        checkpoint_dir=job.spec.checkpoint_dir(cfg.checkpoints_root),
+        owner_uid=job.owner_uid,
+        owner_gid=_gid_or_unchanged(job.owner_uid),
+    )
+
+
+def _gid_or_unchanged(uid: int) -> int:
+    try:
+        return as_user.owner(uid).gid
+    except UserPathError:
+        return -1
+
+
+def prepare(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
+    """Create or verify everything attempt `number` needs (see the module doc). Raises
+    UserPathError with the reason — also when the owner has no account any more."""
+    user = as_user.owner(job.owner_uid)
+    files = paths(cfg, job, number)
+    log_fd = _job_log_dir_fd(cfg, job)
+    try:
+        os.close(fsafe.ensure_owned_dir_at(log_fd, files.rank_log_dir.name, 0o750, user.uid, user.gid))
+    finally:
+        os.close(log_fd)
+    jobs_fd = fsafe.open_root_dir(files.heartbeat_file.parent.parent, 0o755)
+    try:
+        os.close(fsafe.ensure_owned_dir_at(jobs_fd, files.heartbeat_file.parent.name, 0o755, user.uid, user.gid))
+    finally:
+        os.close(jobs_fd)
+    _prepare_checkpoint_dir(cfg, user, files.checkpoint_dir)
+    return files
+
+
+def staging_log(cfg: DaemonConfig, job: JobRow) -> Path:
+    """`log/NAME/staging.log`, its root-owned directory made ready (as for an attempt)."""
+    os.close(_job_log_dir_fd(cfg, job))
+    return cfg.log_dir / job.name / "staging.log"
+
+
+def _job_log_dir_fd(cfg: DaemonConfig, job: JobRow) -> int:
+    """fd of the root-owned `log/NAME` of this job, the earlier job of a reused name moved aside."""
+    base = fsafe.open_root_dir(cfg.log_dir, 0o755)
+    try:
+        _retire_other_job(base, job)
+        fd = fsafe.ensure_root_dir_at(base, job.name, LOG_DIR_MODE)
+    finally:
+        os.close(base)
+    try:
+        if _marker(fd) != job.id:
+            try:
+                mfd = fsafe.create_excl(fd, MARKER, 0o644)
+            except FileExistsError:  # an odd marker in our own directory: replace it
+                os.unlink(MARKER, dir_fd=fd)
+                mfd = fsafe.create_excl(fd, MARKER, 0o644)
+            try:
+                fsafe.write_all(mfd, f"{job.id}\n".encode())
+            finally:
+                os.close(mfd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _marker(dir_fd: int) -> int | None:
+    """The job id in `.job-id`, or None if absent, odd, too large, a link or not a file."""
+    try:
+        m = _DIGITS.fullmatch(fsafe.read_at(dir_fd, MARKER, MARKER_MAX_BYTES))
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def _retire_other_job(base_fd: int, job: JobRow) -> None:
+    """A `log/NAME` that holds another job's logs (a reused name) moves to `NAME.job-<id>`
+    (`NAME.job-unknown-<ns>` when its marker is odd). One without a marker is this job's (made
+    just before a crash). Untrusted entries are left to `ensure_root_dir_at` to move aside."""
+    try:
+        fd = fsafe.open_dir_at(base_fd, job.name)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            return
+        try:
+            os.stat(MARKER, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        old = _marker(fd)
+    finally:
+        os.close(fd)
+    if old == job.id:
+        return
+    stem = f"{job.name}.job-{old}" if old is not None else f"{job.name}.job-unknown-{time.time_ns()}"
+    target, n = stem, 1
+    while _exists(base_fd, target):
+        target, n = f"{stem}.{n}", n + 1
+    os.rename(job.name, target, src_dir_fd=base_fd, dst_dir_fd=base_fd)
+    log.info("log_dir_retired", job=job.name, attempt=None, moved_to=target, earlier_job_id=old)
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _prepare_checkpoint_dir(cfg: DaemonConfig, user: as_user.Owner, ckpt_dir: Path) -> None:
+    """The checkpoint dir exists and the owner can write it — decided as the owner."""
+    if ckpt_dir.parent == cfg.checkpoints_root:
+        root_fd = fsafe.open_trusted_dir(cfg.checkpoints_root)
+        try:
+            _default_checkpoint_dir_at(root_fd, ckpt_dir.name, user)
+        finally:
+            os.close(root_fd)
+        problems = as_user.check_access(user, [(str(ckpt_dir), "write-or-create")])
+        if problems:
+            raise UserPathError(errno.EACCES, f"checkpoint dir: {problems[0]} (as {user.name})")
+        return
+    as_user.mkdirs(user, [str(ckpt_dir)], 0o750)
+
+
+def _default_checkpoint_dir_at(root_fd: int, name: str, user: as_user.Owner) -> None:
+    """`checkpoints_root/NAME`: made by root in its own directory and given to the owner; an existing
+    one must be a real directory of the owner's (never someone else's checkpoints)."""
+    try:
+        os.mkdir(name, 0o750, dir_fd=root_fd)
+        created = True
+    except FileExistsError:
+        created = False
+    fd = fsafe.open_dir_at(root_fd, name)
+    try:
+        st = os.fstat(fd)
+        if created and st.st_uid == os.geteuid():
+            os.fchown(fd, user.uid, user.gid)
+        elif st.st_uid != user.uid and user.uid != 0:
+            raise UserPathError(errno.EPERM, f"checkpoint dir {name} belongs to uid {st.st_uid}, not {user.name}")
+    finally:
+        os.close(fd)
+
+
+def open_log_dir(files: AttemptFiles) -> int:
+    """O_DIRECTORY|O_NOFOLLOW fd of `files.log_dir`, verified root-owned; the caller closes it."""
+    base = fsafe.open_trusted_dir(files.log_dir.parent)
+    try:
+        fd = fsafe.open_dir_at(base, files.log_dir.name)
+    finally:
+        os.close(base)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise UserPathError(errno.EPERM, f"{files.log_dir} is not the daemon's own directory")
+    return fd
+
+
+def note(files: AttemptFiles, text: str) -> None:
+    """Append "spx: <text>" to the attempt log (created 0640 for the owner if missing); a failure is
+    a warning in the daemon's log, never an exception."""
+    try:
+        fd = open_log_dir(files)
+        try:
+            lfd = fsafe.open_append(fd, files.log_name, LOG_FILE_MODE, files.owner_uid, files.owner_gid)
+        finally:
+            os.close(fd)
+        try:
+            fsafe.write_all(lfd, "".join(f"spx: {line}\n" for line in text.splitlines() or [""]).encode())
+        finally:
+            os.close(lfd)
+    except OSError as e:
+        log.warning("attempt_log_note_failed", job=files.log_dir.name, attempt=files.log_name, error=str(e))
+
+
+def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float) -> CheckpointRef | None:
+    """The latest complete checkpoint, found by a process running as the job's owner (root never
+    walks the user's tree). UserPathError on timeout or failure. Slow: call it off the main loop."""
+    user = as_user.owner(job.owner_uid)
+    found = as_user.find_latest(user, str(files.checkpoint_dir), job.spec.checkpoints.pattern, timeout)
+    if found is None:
+        return None
+    path, step = found.get("path"), found.get("step")
+    if not isinstance(path, str) or not (step is None or (isinstance(step, int) and not isinstance(step, bool))):
+        raise UserPathError(errno.EIO, f"checkpoint discovery in {files.checkpoint_dir} gave an odd answer")
+    return CheckpointRef(Path(path), step)
+
+
+def read_heartbeat(path: Path) -> Heartbeat | None:
+    """The job's heartbeat, read safely (no link, no FIFO, 64 KiB cap); None if none. Never raises."""
+    return heartbeat_reader.read_heartbeat(path)
+
+
+def read_log_tail(files: AttemptFiles, max_bytes: int) -> bytes:
+    """The last `max_bytes` of the attempt log, for root cause; b"" if unreadable. Never raises."""
+    try:
+        return fsafe.read_tail(files.log_file, files.log_dir.parent, max_bytes)
+    except OSError:
+        return b""

@@ -1,0 +1,120 @@
+"""Run a small action as the job's owner: decisions about the user's tree are made by the kernel,
+for that user, with that user's groups — never by root guessing from mode bits, and never by root
+walking a tree the user can rearrange under it.
+
+`run(user, action, args, timeout)` starts `python -I -m spx.daemon.userfs.user_actions` (the daemon's
+own interpreter, in its own session, in `/`, with a fixed environment); the child imports all it
+needs while still root — the interpreter may live where the user cannot read (a pyenv under /root) —
+then `become`s the owner: supplementary groups (`os.getgrouplist`), gid, uid, all three ids, before
+it touches a single user path. The request goes in on stdin, one JSON document comes back on stdout. A child
+that outlives `timeout` is killed with its session and the call raises UserPathError, so a hung NFS
+mount or a FIFO maze in the user's tree costs one timeout, not the daemon. Slow: a process start
+(~50 ms) per call — call it off the main loop where it can wait on storage.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from spx.daemon.userfs.fsafe import UserPathError
+
+SAFE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1"}
+MAX_REPLY_BYTES = 1 << 20
+DEFAULT_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A job's owner as the host knows them now: what a process needs to become them."""
+
+    uid: int
+    gid: int
+    name: str
+    home: str
+    groups: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any] | None:
+        """What a child needs to `become` this user; None when it already is (a non-root daemon
+        cannot switch and runs everything as itself)."""
+        if os.geteuid() != 0 or self.uid == os.geteuid():
+            return None
+        return {"uid": self.uid, "gid": self.gid, "groups": list(self.groups)}
+
+
+def become(ids: dict[str, Any] | None) -> None:
+    """Turn this process into the user `Owner.to_json` described (irreversibly): groups first, then
+    gid, then uid, real, effective and saved alike. Call after every import the process needs."""
+    if ids is None:
+        return
+    os.setgroups([int(g) for g in ids["groups"]])
+    os.setresgid(int(ids["gid"]), int(ids["gid"]), int(ids["gid"]))
+    os.setresuid(int(ids["uid"]), int(ids["uid"]), int(ids["uid"]))
+
+
+def owner(uid: int) -> Owner:
+    """The account of `uid`; UserPathError if it has none any more (deleted while its job lived)."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        raise UserPathError(errno.ENOENT, f"the job's owner (uid {uid}) has no account on this host any more") from None
+    return Owner(pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)))
+
+
+def run(user: Owner, action: str, args: dict[str, Any], timeout: float = DEFAULT_TIMEOUT_SECONDS) -> Any:
+    """The result of `action` (see user_actions.ACTIONS) run as `user`; UserPathError on timeout, on
+    a failed start, or when the action itself failed."""
+    request = json.dumps({"action": action, "args": args, "as": user.to_json()}).encode()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-m", "spx.daemon.userfs.user_actions"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env=SAFE_ENV,
+            close_fds=True, start_new_session=True, umask=0o022,
+        )
+    except OSError as e:
+        raise UserPathError(e.errno, f"cannot run as {user.name}: {e.strerror}") from e
+    try:
+        out, err = proc.communicate(request, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise UserPathError(errno.ETIMEDOUT, f"{action} as {user.name} took longer than {timeout:g} s") from None
+    try:
+        reply = json.loads(out[:MAX_REPLY_BYTES])
+    except ValueError:
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        raise UserPathError(errno.EIO, f"{action} as {user.name} failed: {tail[0]}") from None
+    if not reply.get("ok"):
+        raise UserPathError(errno.EIO, f"{action} as {user.name} failed: {reply.get('error')}")
+    return reply["result"]
+
+
+def mkdirs(user: Owner, paths: list[str], mode: int = 0o750, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+    """mkdir -p each of `paths` as `user`; UserPathError naming the first that fails."""
+    problems = run(user, "mkdirs", {"paths": paths, "mode": mode}, timeout)
+    if problems:
+        raise UserPathError(errno.EACCES, f"{problems[0]} (as {user.name})")
+
+
+def check_access(user: Owner, checks: list[tuple[str, str]], timeout: float = DEFAULT_TIMEOUT_SECONDS) -> list[str]:
+    """Problems (empty: none) with each (path, what) as `user`; `what` is one of enter-dir,
+    read-tree, write-or-create, owned (see user_actions)."""
+    result = run(user, "access", {"checks": [{"path": p, "what": w} for p, w in checks]}, timeout)
+    return [str(p) for p in result]
+
+
+def find_latest(user: Owner, ckpt_dir: str, pattern: str | None, timeout: float) -> dict[str, Any] | None:
+    """`checkpoint_layout.find_latest` run as `user`: {"path", "step"} or None."""
+    result = run(user, "find_latest", {"dir": ckpt_dir, "pattern": pattern}, timeout)
+    return result if result is None else dict(result)

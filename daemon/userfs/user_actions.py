@@ -1,0 +1,100 @@
+"""The child side of `as_user`: one small action, run as the job's owner, answered as JSON.
+
+    python -I -m spx.daemon.userfs.user_actions   < {"action": ..., "args": {...}}   (as_user.run runs it)
+
+It starts as root (the interpreter may be unreadable to the user), imports everything, then becomes
+the owner — uid, gid and supplementary groups — before reading the request's paths, so `os.access`,
+`mkdir` and every open here are the kernel's answer for that user: a decision root could only guess
+from mode bits.
+stdlib and the torch-free checkpoint layout only; it prints exactly one JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from spx.daemon.contract import checkpoint_layout
+from spx.daemon.userfs.as_user import become
+
+
+def _mkdirs(args: dict[str, Any]) -> list[str]:
+    """mkdir -p each path; a problem per path that is not a directory this user can write into."""
+    problems = []
+    for path in args["paths"]:
+        try:
+            os.makedirs(path, mode=int(args.get("mode", 0o750)), exist_ok=True)
+        except OSError as e:
+            problems.append(f"cannot create {path}: {e.strerror}")
+            continue
+        if not os.access(path, os.W_OK | os.X_OK):
+            problems.append(f"{path} is not writable")
+    return problems
+
+
+def _nearest_existing(path: str) -> str:
+    probe = Path(path)
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    return str(probe)
+
+
+def _check(path: str, what: str) -> str | None:
+    """None if this user can do `what` with `path`, else why not."""
+    if what == "enter-dir":
+        if not os.path.isdir(path):
+            return f"{path} is not a directory this user can see"
+        return None if os.access(path, os.X_OK) else f"{path} cannot be entered (no search permission)"
+    if what == "read-tree":
+        if not os.path.isdir(path):
+            return f"{path} is not a directory this user can see"
+        return None if os.access(path, os.R_OK | os.X_OK) else f"{path} is not readable"
+    if what == "write-or-create":
+        if os.path.isdir(path):
+            return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable"
+        if os.path.lexists(path):
+            return f"{path} exists and is not a directory"
+        parent = _nearest_existing(path)
+        if not os.path.isdir(parent):
+            return f"{path} cannot be created: {parent} is not a directory"
+        return None if os.access(parent, os.W_OK | os.X_OK) else f"{path} cannot be created ({parent} is not writable)"
+    if what == "owned":
+        try:
+            uid = os.stat(path).st_uid
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return f"{path}: {e.strerror}"
+        return None if uid == os.getuid() or os.getuid() == 0 else f"{path} exists and belongs to uid {uid}"
+    raise ValueError(f"unknown check {what!r}")
+
+
+def _access(args: dict[str, Any]) -> list[str]:
+    return [p for p in (_check(c["path"], c["what"]) for c in args["checks"]) if p]
+
+
+def _find_latest(args: dict[str, Any]) -> dict[str, Any] | None:
+    ref = checkpoint_layout.find_latest(Path(args["dir"]), args.get("pattern"))
+    return None if ref is None else {"path": str(ref.path), "step": ref.step}
+
+
+ACTIONS = {"mkdirs": _mkdirs, "access": _access, "find_latest": _find_latest}
+
+
+def main() -> int:
+    try:
+        req = json.loads(sys.stdin.read(1 << 20))
+        become(req.get("as"))
+        result = ACTIONS[req["action"]](req["args"])
+    except Exception as e:  # the parent turns this into UserPathError with the text
+        sys.stdout.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}))
+        return 1
+    sys.stdout.write(json.dumps({"ok": True, "result": result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
