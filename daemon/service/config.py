@@ -70,6 +70,10 @@ class DaemonConfig(BaseModel):
         return self.state_dir / "spx.sqlite"
 
     @property
+    def backup_dir(self) -> Path:
+        return self.state_dir / "backup"
+
+    @property
     def socket_path(self) -> Path:
         return self.run_dir / "spx.sock"
 

@@ -30,7 +30,8 @@ from spx.daemon.service.control import Command, ControlServer, is_admin
 from spx.daemon.service.log import configure, get_logger
 from spx.daemon.service.sd_notify import Notifier
 from spx.daemon.service.status_line import format_status
-from spx.daemon.state import jobviews
+from spx.daemon.state import integrity, jobviews
+from spx.daemon.state.backup import Backups
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import Store
 
@@ -58,6 +59,7 @@ class Daemon:
         self.stopping = False
         self._prepare_dirs()
         self.store = Store(cfg.store_path)
+        self.backups = Backups(cfg.store_path, cfg.backup_dir, cfg.backup_every_seconds, cfg.backup_keep)
         self.supervisor = Supervisor(cfg, self.store, self._gpus_free, cgroup_tree=cgroup_tree)
         self.intake = Intake(cfg, self.store, self.wake)
         self.control = ControlServer(cfg.socket_path, self._answer, self.commands, self.wake)
@@ -124,6 +126,7 @@ class Daemon:
             if now >= next_watchdog:
                 self.notifier.watchdog()
                 next_watchdog = now + watchdog_every
+            self.backups.tick(now)
             self.intake.claim_due(now)
             self._run_commands()
             self.supervisor.tick()
@@ -260,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RuntimeError, cgroups.CgroupError) as e:
         log.error("cannot_start", error=str(e))
         return 2
+    try:
+        # Before anything opens the store: one daemon per state dir, and a damaged store is refused.
+        integrity.lock_state_dir(cfg.state_dir)  # the fd stays open (and locked) until the process exits
+        integrity.check_store(cfg.store_path, cfg.backup_dir)
+    except integrity.StoreRefused as e:
+        log.error("state_store_refused", error=str(e))
+        return e.exit_code
     log.info("cgroups", managed=cgroup_tree is not None, cgroup=str(cgroup_tree.root) if cgroup_tree else None,
              reason=why)
     if backend.kind == "none":

@@ -60,6 +60,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     root_cause TEXT,
     UNIQUE (job_id, number)
 );
+-- Written once, when the store is created: a store without it was not made whole (see integrity.py).
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id INTEGER REFERENCES jobs(id),
@@ -75,6 +77,16 @@ _TERMINAL_SQL = ",".join(f"'{s.value}'" for s in sorted(TERMINAL, key=lambda s: 
 
 class DuplicateJob(Exception):
     """A live job with this name exists already."""
+
+
+class StoreUnavailable(Exception):
+    """A write could not be made durable now: the disk is full, failing, or the store stayed locked
+    past its timeout. Nothing of the transaction was written; the caller contains it (the job waits
+    or fails with this as its reason) rather than letting the daemon crash-loop on it."""
+
+
+# sqlite3 raises these as OperationalError with only the message to tell them apart.
+_UNAVAILABLE = ("database or disk is full", "disk I/O error", "database is locked", "unable to open database file")
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,8 @@ class Store:
         if not readonly:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db.executescript(SCHEMA)  # DDL; executescript commits on its own
+            with self._tx() as db:
+                db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('created', datetime('now'))")
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -173,14 +187,27 @@ class Store:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction. A full or failing disk, or a lock held past the timeout, raises
+        `StoreUnavailable` with nothing written."""
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
         try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.OperationalError as e:
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            if any(m in str(e) for m in _UNAVAILABLE):
+                raise StoreUnavailable(f"state store {self.path}: {e}") from e
             raise
-        db.execute("COMMIT")
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)

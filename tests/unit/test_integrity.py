@@ -1,0 +1,233 @@
+"""The state store at start: damage, loss and a second user are refused with one line that says what,
+where and how to restore; backups are whole SQLite files that restore; a full disk is StoreUnavailable."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spx.daemon.intake.spec import JobSpec
+from spx.daemon.state import integrity
+from spx.daemon.state.backup import Backups
+from spx.daemon.state.store import Store, StoreUnavailable
+
+
+def spec(name: str = "a", **extra: object) -> JobSpec:
+    return JobSpec.model_validate({"name": name, "launcher": "python", "script": "t.py", **extra})
+
+
+@pytest.fixture
+def state(tmp_path) -> Path:
+    d = tmp_path / "state"
+    d.mkdir()
+    return d
+
+
+def make_store(state: Path, jobs: int = 3) -> Path:
+    store = Store(state / "spx.sqlite")
+    for i in range(jobs):
+        store.add_job(spec(f"j{i}"), 0, "root", f"/x/j{i}.yaml", 1.0)
+    store.close()
+    return state / "spx.sqlite"
+
+
+def refusal(state: Path) -> integrity.StoreRefused:
+    with pytest.raises(integrity.StoreRefused) as err:
+        integrity.check_store(state / "spx.sqlite", state / "backup")
+    assert "\n" not in str(err.value), "one line"
+    return err.value
+
+
+def test_a_new_host_starts_with_an_empty_store_that_records_its_creation(state):
+    integrity.check_store(state / "spx.sqlite", state / "backup")
+    make_store(state, jobs=0)
+    with sqlite3.connect(state / "spx.sqlite") as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'created'").fetchone()
+    integrity.check_store(state / "spx.sqlite", state / "backup")
+
+
+def test_a_whole_store_passes(state):
+    make_store(state)
+    integrity.check_store(state / "spx.sqlite", state / "backup")
+
+
+def test_a_store_truncated_to_zero_on_a_host_with_backups_is_refused_and_names_the_backup(state):
+    path = make_store(state)
+    newest = Backups(path, state / "backup", 900, 3).backup_now()
+    os.truncate(path, 0)
+    for side in ("-wal", "-shm"):
+        Path(f"{path}{side}").unlink(missing_ok=True)
+    err = refusal(state)
+    assert err.exit_code == 2
+    assert f"state store {path} is empty (0 bytes)" in str(err)
+    assert f"cp {newest} {path}" in str(err)
+    assert f"rm -f {path}-wal {path}-shm" in str(err)
+    assert path.stat().st_size == 0, "the check writes nothing"
+
+
+def test_a_missing_store_where_accepted_job_files_exist_is_refused(state):
+    (state / "jobs").mkdir()
+    (state / "jobs" / "a.0.1.yaml").write_text("name: a\n")
+    err = refusal(state)
+    assert "is missing but this host had state (accepted job file" in str(err)
+    assert "no backup in" in str(err) and "accepted jobs would run again" in str(err)
+
+
+def test_a_store_truncated_mid_file_is_refused(state):
+    path = make_store(state, jobs=200)
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    os.truncate(path, path.stat().st_size // 2)
+    err = refusal(state)
+    assert "is damaged (truncated" in str(err)
+
+
+def test_garbage_is_refused_not_treated_as_a_store(state):
+    (state / "spx.sqlite").write_bytes(os.urandom(8192))
+    err = refusal(state)
+    assert "is damaged (not an SQLite database" in str(err) and err.exit_code == 2
+
+
+def test_corrupted_pages_are_found_by_quick_check(state):
+    path = make_store(state, jobs=300)
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page = 4096
+    with path.open("r+b") as f:  # scribble over a b-tree page of the jobs table, keep the header
+        f.seek(3 * page)
+        f.write(b"\xff" * page)
+    err = refusal(state)
+    assert "is damaged (" in str(err)
+
+
+def test_a_store_without_its_creation_record_is_refused(state):
+    path = make_store(state)
+    with sqlite3.connect(path) as db:
+        db.execute("DELETE FROM meta")
+    assert "creation record" in str(refusal(state))
+
+
+def test_a_store_from_before_the_creation_record_is_accepted_and_gets_one(state):
+    path = make_store(state)
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE meta")
+    integrity.check_store(path, state / "backup")
+    Store(path).close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM meta WHERE key = 'created'").fetchone() == (1,)
+
+
+def test_a_store_locked_by_the_sqlite3_shell_is_refused_and_names_it(state):
+    path = make_store(state)
+    shell = subprocess.Popen(["sqlite3", str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert shell.stdin is not None and shell.stdout is not None
+        shell.stdin.write("BEGIN EXCLUSIVE;\nSELECT 'held';\n")
+        shell.stdin.flush()
+        assert shell.stdout.readline().strip() == "held"
+        err = refusal(state)
+        assert err.exit_code == 3
+        assert f"state store {path} is locked by sqlite3 (pid {shell.pid})" in str(err)
+    finally:
+        shell.kill()
+        shell.wait()
+    integrity.check_store(path, state / "backup")
+
+
+def test_a_second_daemon_on_the_same_state_dir_is_refused(state):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from spx.daemon.state import integrity\n"
+         "integrity.lock_state_dir(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)", str(state)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(integrity.StoreRefused) as err:
+            integrity.lock_state_dir(state)
+        assert f"another spx-trainer (pid {holder.pid}) is running on {state}" in str(err.value)
+        assert err.value.exit_code == 3
+    finally:
+        holder.kill()
+        holder.wait()
+    os.close(integrity.lock_state_dir(state))  # the kernel let go of the dead holder's lock
+
+
+def test_backups_are_whole_single_file_stores_and_the_oldest_are_pruned(state):
+    path = make_store(state)
+    clock = iter(range(1_800_000_000, 1_800_000_100, 10))
+    backups = Backups(path, state / "backup", every_seconds=900, keep=2, wall=lambda: float(next(clock)))
+    made = [backups.backup_now() for _ in range(3)]
+    assert integrity.backups(state / "backup") == made[1:]
+    assert sorted(p.name for p in (state / "backup").iterdir()) == [p.name for p in made[1:]], "no temp files left"
+    restored = state / "restored" / "spx.sqlite"
+    restored.parent.mkdir()
+    restored.write_bytes(made[-1].read_bytes())
+    integrity.check_store(restored, state / "backup")
+    assert [j.name for j in Store(restored, readonly=True).all_jobs()] == ["j0", "j1", "j2"]
+
+
+def test_backups_run_at_start_and_then_every_period(state):
+    path = make_store(state)
+    clock = iter(range(1_800_000_000, 1_800_000_100, 10))
+    backups = Backups(path, state / "backup", every_seconds=900, keep=5, wall=lambda: float(next(clock)))
+    for now in (100.0, 101.0, 999.0):
+        backups.tick(now)
+    assert len(integrity.backups(state / "backup")) == 1
+    backups.tick(1000.0)
+    assert len(integrity.backups(state / "backup")) == 2
+
+
+@pytest.fixture
+def small_fs(tmp_path) -> Path:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_is_store_unavailable_with_nothing_written(small_fs):
+    store = Store(small_fs / "spx.sqlite")
+    store.add_job(spec("first"), 0, "root", "/x/first.yaml", 1.0)
+    filler = small_fs / "filler"
+    with filler.open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    big = {"env": {f"V{i}": "x" * 1000 for i in range(200)}}
+    with pytest.raises(StoreUnavailable, match="database or disk is full"):
+        for i in range(50):
+            store.add_job(spec(f"big{i}", **big), 0, "root", f"/x/big{i}.yaml", 2.0)
+    filler.unlink()
+    names = [j.name for j in store.all_jobs()]
+    assert names[0] == "first" and names == ["first"] + [f"big{i}" for i in range(len(names) - 1)]
+    store.add_job(spec("after"), 0, "root", "/x/after.yaml", 3.0)  # space is back: writes work again
+    assert store.job_by_name("after") is not None
+    store.close()
+
+
+def test_a_store_truncated_to_zero_beside_its_write_ahead_log_is_refused_without_touching_the_log(state):
+    # A daemon killed before any checkpoint: the jobs are only in the WAL. SQLite would open the empty
+    # main file as a new database and discard the log.
+    code = ("import os, sys\nfrom pathlib import Path\nfrom spx.daemon.state.store import Store\n"
+            "from spx.daemon.intake.spec import JobSpec\ns = Store(Path(sys.argv[1]))\n"
+            "s._db.execute('PRAGMA wal_autocheckpoint=0')\n"
+            "s.add_job(JobSpec.model_validate({'name': 'a', 'script': 'a.py'}), 0, 'r', 'f', 1.0)\nos._exit(9)\n")
+    path = state / "spx.sqlite"
+    subprocess.run([sys.executable, "-c", code, str(path)], check=False)
+    wal = Path(f"{path}-wal")
+    wal_bytes = wal.read_bytes()
+    assert wal_bytes
+    os.truncate(path, 0)
+    err = refusal(state)
+    assert f"is empty (0 bytes) beside a {len(wal_bytes)}-byte write-ahead log" in str(err)
+    assert wal.read_bytes() == wal_bytes
