@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pwd
 import queue
-import stat
 import time
 from pathlib import Path
 
@@ -22,26 +21,14 @@ from spx.daemon.intake.spool import Accepted, Rejected, SpoolClaimer, SpoolWatch
 from spx.daemon.service.config import DaemonConfig
 from spx.daemon.service.log import get_logger
 from spx.daemon.state.store import DuplicateJob, Store
+from spx.daemon.userfs import as_user
+from spx.daemon.userfs.fsafe import UserPathError
 
 log = get_logger()
 
-
-def owner_can_write(path: Path, uid: int) -> bool:
-    """Whether `uid` could create or write `path`: judged on the first existing ancestor's mode
-    bits (the daemon is root, so os.access would always say yes)."""
-    if uid == 0:
-        return True
-    user = pwd.getpwuid(uid)
-    groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    st = probe.stat()
-    if st.st_uid == uid:
-        return bool(st.st_mode & stat.S_IWUSR)
-    if st.st_gid in groups:
-        return bool(st.st_mode & stat.S_IWGRP)
-    return bool(st.st_mode & stat.S_IWOTH)
+# Intake runs on the main loop: an access check that outlives this (a hung mount in the user's
+# tree) rejects the job instead of stalling the daemon.
+ACCESS_CHECK_TIMEOUT_SECONDS = 5.0
 
 
 class Intake:
@@ -67,7 +54,10 @@ class Intake:
                 self.take(name)
             except Exception as e:  # a bad file must never take the daemon down
                 log.exception("claim_failed", spool_file=name, error=repr(e))
-                self.claimer.reject(Rejected(name, f"internal error while claiming: {e!r}", None))
+                try:
+                    self.claimer.reject(Rejected(name, f"internal error while claiming: {e!r}", None))
+                except Exception as again:
+                    log.exception("reject_failed", spool_file=name, error=repr(again))
 
     def take(self, name: str) -> None:
         result = self.claimer.claim(name)
@@ -81,7 +71,7 @@ class Intake:
 
     def _accept(self, acc: Accepted) -> Rejected | None:
         spec = acc.spec
-        problem = self._checkpoint_dir_problem(spec, acc.owner_uid, acc.owner)
+        problem = self._access_problem(spec, acc.owner_uid)
         if problem:
             return Rejected(acc.name, problem, acc.owner_uid)
         live = self.store.job_by_name(spec.name)
@@ -103,23 +93,35 @@ class Intake:
         self._record(spec, acc.owner_uid, acc.owner, copy, acc.name)
         return None
 
-    def _checkpoint_dir_problem(self, spec: JobSpec, uid: int, owner: str) -> str | None:
-        """The checkpoint dir must be the owner's: an existing one must belong to them (else a
-        reused job name would resume from another user's checkpoints), a new one must be
-        creatable by them (the daemon creates the default one, under checkpoints_root, for them)."""
+    def _access_problem(self, spec: JobSpec, uid: int) -> str | None:
+        """What the owner cannot do that the job needs, decided by the kernel for the owner — a
+        process with their uid, gid and supplementary groups (`as_user`) — never guessed by root:
+        enter the workdir, read the staging source, write (or create) the staging target and the
+        checkpoint dir. An existing checkpoint dir must be theirs (else a reused job name would
+        resume from another user's checkpoints); the default one, under checkpoints_root, the
+        daemon creates for them."""
+        try:
+            user = as_user.owner(uid)
+        except UserPathError as e:
+            return e.strerror
         ckpt_dir = spec.checkpoint_dir(self.cfg.checkpoints_root)
-        if ckpt_dir.exists():
-            st = ckpt_dir.stat()
-            if uid != 0 and st.st_uid != uid:
-                return (f"checkpoints.dir: {ckpt_dir} exists and belongs to uid {st.st_uid}, not {owner}; "
-                        "choose another job name or set checkpoints.dir")
-            if not owner_can_write(ckpt_dir, uid):
-                return f"checkpoints.dir: {ckpt_dir} is not writable by {owner}"
-            return None
-        if ckpt_dir.parent == self.cfg.checkpoints_root:
-            return None
-        if not owner_can_write(ckpt_dir, uid):
-            return f"checkpoints.dir: {ckpt_dir} cannot be created by {owner} (parent not writable)"
+        checks: list[tuple[str, str, str]] = [
+            ("checkpoints.dir", str(ckpt_dir), "owned"),
+            ("workdir", str(spec.workdir or user.home), "enter-dir"),
+        ]
+        if ckpt_dir.parent != self.cfg.checkpoints_root:
+            checks.append(("checkpoints.dir", str(ckpt_dir), "write-or-create"))
+        if spec.data.stage is not None:
+            checks.append(("data.stage.from", str(spec.data.stage.source), "read-tree"))
+            checks.append(("data.stage.to", str(spec.data.stage.to), "write-or-create"))
+        try:
+            problems = as_user.check_access(user, [(path, what) for _f, path, what in checks],
+                                            ACCESS_CHECK_TIMEOUT_SECONDS)
+        except UserPathError as e:
+            return f"cannot check access as {user.name}: {e.strerror}"
+        for (field, _path, _what), problem in zip(checks, problems, strict=True):
+            if problem:
+                return f"{field}: {problem} (checked as {user.name})"
         return None
 
     def _record(self, spec: JobSpec, uid: int, owner: str, copy: Path, spool_name: str) -> None:

@@ -10,12 +10,20 @@ O_NOFOLLOW|O_NONBLOCK (no symlink games, no blocking on a FIFO), and `fstat` on 
 regular file, one hard link, at most 64 KiB, an allowed owner. The owner's uid from `fstat` is the
 job's identity. Accepted content is copied into the root-only state dir; rejected files move to
 `rejected/` with a `NAME.error` saying what is wrong.
+
+`rejected/` lives in a directory every submitter can write, so it is trusted only as `fsafe` trusts
+a directory: root-owned, 0711, made by the daemon (whatever a user put at that name first is moved
+aside). Error files are created in it by fd with O_EXCL|O_NOFOLLOW and handed to the submitter
+(0600, fchown on the fd); a rejected spec is made 0600 on its fd before it moves (it may hold
+secrets in `env`), and a rejected hard link is dropped, never published. Names are kept within
+NAME_MAX (a long one is cut and given a hash).
 """
 
 from __future__ import annotations
 
 import errno
 import grp
+import hashlib
 import os
 import pwd
 import queue
@@ -28,16 +36,40 @@ from watchdog.events import FileClosedEvent, FileMovedEvent, FileSystemEvent, Fi
 from watchdog.observers import Observer
 
 from spx.daemon.intake.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec
+from spx.daemon.service.log import get_logger
+from spx.daemon.userfs import fsafe
+
+log = get_logger()
 
 IGNORED_SUFFIXES = ("~", ".tmp", ".swp", ".part")
 REJECTED = "rejected"
 # A file found only by the rescan (no close event seen) must be this old, so a writer that is still
 # writing is not claimed half-way.
 RESCAN_MIN_AGE_SECONDS = 2.0
+REJECTED_MODE = 0o711  # submitters open their own NAME.error by name; nobody lists the directory
+NAME_MAX = 255
+ERROR_SUFFIX = ".error"
 
 
 def ignored(name: str) -> bool:
     return not name or name.startswith(".") or name.endswith(IGNORED_SUFFIXES) or name == REJECTED
+
+
+def fit_name(name: str, suffix: str = "") -> str:
+    """`name + suffix`, cut to NAME_MAX bytes with a hash of the full name kept, so two long names
+    never collide and no rename or create fails with ENAMETOOLONG."""
+    full = name + suffix
+    if len(os.fsencode(full)) <= NAME_MAX:
+        return full
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+    keep = NAME_MAX - len(os.fsencode(suffix)) - len(digest) - 1
+    head = os.fsencode(name)[:keep].decode("utf-8", "ignore")
+    return f"{head}-{digest}{suffix}"
+
+
+def error_file_name(rejected_name: str) -> str:
+    """The name of the `.error` file written next to `rejected_name` in rejected/."""
+    return fit_name(rejected_name, ERROR_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -128,7 +160,8 @@ class SpoolClaimer:
         self.spool_dir = spool_dir
         self.rejected_dir = spool_dir / REJECTED
         self.submit_group = submit_group
-        self._dir_fd = os.open(spool_dir, os.O_RDONLY | os.O_DIRECTORY)
+        self._dir_fd = os.open(spool_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        os.close(self._rejected_fd())
 
     def close(self) -> None:
         os.close(self._dir_fd)
@@ -210,27 +243,81 @@ class SpoolClaimer:
         except FileNotFoundError:
             pass
 
-    def reject(self, rejected: Rejected) -> Path:
-        """Move the entry to rejected/ (never following a link) and write NAME.error next to it,
-        readable by the submitter."""
-        self.rejected_dir.mkdir(mode=0o711, exist_ok=True)
-        target = self._free_name(rejected.name)
-        try:
-            os.rename(rejected.name, target, src_dir_fd=self._dir_fd)
-        except FileNotFoundError:
-            pass
-        error_file = target.with_name(target.name + ".error")
-        error_file.write_text(
-            f"{rejected.name}: rejected {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n{rejected.reason}\n"
-        )
-        if rejected.owner_uid is not None:
-            os.chown(error_file, rejected.owner_uid, -1)
-        return error_file
+    def _rejected_fd(self) -> int:
+        """fd of rejected/, verified (or re-made) root-owned on every use."""
+        return fsafe.ensure_root_dir_at(self._dir_fd, REJECTED, REJECTED_MODE)
 
-    def _free_name(self, name: str) -> Path:
-        target = self.rejected_dir / name
-        n = 1
-        while target.exists() or target.is_symlink() or target.with_name(target.name + ".error").exists():
-            target = self.rejected_dir / f"{name}.{n}"
-            n += 1
-        return target
+    def reject(self, rejected: Rejected) -> Path | None:
+        """Move the entry to rejected/ (never following a link) and write NAME.error next to it,
+        readable by the submitter only. Returns the error file; None if it could not be written
+        (logged: a reject never raises, it is the daemon's last word on a bad file)."""
+        try:
+            self._protect(rejected.name)
+            rfd = self._rejected_fd()
+        except OSError as e:
+            log.error("reject_failed", spool_file=rejected.name, error=str(e))
+            return None
+        try:
+            target, efd = self._claim_slot(rfd, rejected.name)
+            try:
+                try:
+                    os.rename(rejected.name, target, src_dir_fd=self._dir_fd, dst_dir_fd=rfd)
+                except FileNotFoundError:
+                    pass
+                self._drop_hard_link(rfd, target)
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                fsafe.write_all(efd, f"{rejected.name}: rejected {stamp}\n{rejected.reason}\n".encode("utf-8", "replace"))
+                if rejected.owner_uid is not None:
+                    os.fchown(efd, rejected.owner_uid, -1)
+            finally:
+                os.close(efd)
+            return self.rejected_dir / error_file_name(target)
+        except OSError as e:
+            log.error("reject_failed", spool_file=rejected.name, error=str(e))
+            return None
+        finally:
+            os.close(rfd)
+
+    def _protect(self, name: str) -> None:
+        """Before the move: a rejected regular file of one link becomes 0600 on its fd (rejected/ is
+        traversable by all, and the spec may hold secrets). Links, FIFOs and the like are left as
+        they are (they are not opened beyond this check)."""
+        try:
+            fd = fsafe.open_regular(self._dir_fd, name)
+        except OSError:
+            return
+        try:
+            if os.fstat(fd).st_nlink == 1:
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+
+    def _drop_hard_link(self, rfd: int, target: str) -> None:
+        """A regular file with more than one link names content that may not be the submitter's to
+        publish: the moved link is removed (the other names are untouched)."""
+        try:
+            st = os.stat(target, dir_fd=rfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            os.unlink(target, dir_fd=rfd)
+
+    def _claim_slot(self, rfd: int, name: str) -> tuple[str, int]:
+        """A free name in rejected/ for the entry and its freshly created (O_EXCL) error file."""
+        for n in range(10_000):
+            target = fit_name(name) if n == 0 else fit_name(name, f".{n}")
+            if self._lexists(rfd, target):
+                continue
+            try:
+                return target, fsafe.create_excl(rfd, error_file_name(target), 0o600)
+            except FileExistsError:
+                continue
+        raise fsafe.UserPathError(errno.EEXIST, f"no free name in {self.rejected_dir} for {name}")
+
+    @staticmethod
+    def _lexists(dir_fd: int, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False

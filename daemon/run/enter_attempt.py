@@ -5,9 +5,11 @@
 Why a shim: the launcher must be in its attempt's cgroup before it can fork a single worker, or a
 fast child could be born outside it. subprocess has no cgroup argument, and its `preexec_fn` runs
 after the uid switch (a job user cannot write `cgroup.procs`) and is unsafe in the threaded daemon.
-So this runs as root in the new session subprocess made, does the steps in order — cgroup, working
-directory (as root, like subprocess's `cwd=`), umask, groups, gid, uid, signal dispositions — and
-execs the attempt's argv (no shell). Every attempt takes this path, cgroup or not, so there is one
+So this runs as root in the new session subprocess made, does the steps in order — cgroup, umask,
+groups, gid, uid, working directory, signal dispositions — and execs the attempt's argv (no shell).
+The working directory is entered only *after* the switch to the job's user (not as root, as
+subprocess's `cwd=` would): a workdir in another user's private tree fails the launch ("workdir:
+Permission denied") instead of being entered with root's rights and read from there. Every attempt takes this path, cgroup or not, so there is one
 way of becoming the job's user.
 
 It runs as root, so nothing of the job may steer it: `-I -S` (no PYTHON* variables, no site
@@ -59,14 +61,14 @@ def main(argv: list[str]) -> int:
         if req["cgroup"]:
             with open(os.path.join(req["cgroup"], "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
-        step = "cwd"
-        os.chdir(req["cwd"])
         os.umask(req["umask"])
         step = "user"
         if req["uid"] is not None:
             os.setgroups(req["groups"])
             os.setresgid(req["gid"], req["gid"], req["gid"])
             os.setresuid(req["uid"], req["uid"], req["uid"])
+        step = "workdir"
+        os.chdir(req["cwd"])
         # Python ignores SIGPIPE and SIGXFSZ at start-up, and ignored signals stay ignored across exec.
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)

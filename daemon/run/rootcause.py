@@ -13,6 +13,8 @@ import re
 import signal
 from pathlib import Path
 
+from spx.daemon.userfs import fsafe
+
 TAIL_BYTES = 512 * 1024
 _RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*\d+\]:\s?")
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|torch\.OutOfMemoryError)\b.*")
@@ -29,13 +31,18 @@ def _signal_text(code: int) -> str:
 
 
 def find_root_cause(log_file: Path) -> str | None:
+    """The root cause in the last TAIL_BYTES of `log_file` (`log/NAME/attempt-N.log`), read through
+    `fsafe` from the root-owned log dir: no link followed, no FIFO waited on. None if unreadable."""
     try:
-        with log_file.open("rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - TAIL_BYTES))
-            lines = f.read().decode("utf-8", "replace").splitlines()
+        tail = fsafe.read_tail(log_file, log_file.parent.parent, TAIL_BYTES)
     except OSError:
         return None
+    return root_cause_of(tail)
+
+
+def root_cause_of(tail: bytes) -> str | None:
+    """The root cause in a log's last bytes (read safely by the caller), or None."""
+    lines = tail.decode("utf-8", "replace").splitlines()
     exception = None
     rank = None
     first = root = None  # (rank, exit code, pid): the first summary entry, and the root-cause one

@@ -2,8 +2,10 @@
 
     python -m spx.daemon.staging.copier /mnt/volume/data /nvme/data [--bwlimit 200M]
 
-The supervisor runs exactly that, before a job's first attempt, as a subprocess with the job owner's
-uid/gid (so every read and write is checked against the user's permissions, never root's), and reads
+The supervisor runs exactly that, before a job's first attempt, as a subprocess that becomes the job's
+owner — uid, gid and supplementary groups (`--become UID:GID:G1,G2`, applied right after start-up,
+before any path is touched, so the interpreter may live where the user cannot read it) — so every read
+and write is checked against the user's permissions, with their groups, never root's; and reads
 its stdout: one JSON line `{"event": "progress", ...}` about every 0.5 s, then one final line,
 `{"event": "done", ...}` (exit 0) or `{"event": "error", "error": "..."}` (exit 1). `parse_event()`
 turns a line back into a `StageProgress`, `StageResult` or `StageFailure`.
@@ -36,7 +38,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from spx.daemon.staging.copy_engine import (
     PART_SUFFIX,
@@ -52,6 +53,7 @@ from spx.daemon.staging.copy_engine import (
     resumable_length,
     scan_tree,
 )
+from spx.daemon.userfs.identity import become
 
 PROGRESS_INTERVAL_SECONDS = 0.5
 
@@ -241,10 +243,18 @@ class _Run:
 # --- subprocess protocol ----------------------------------------------------------------------
 
 
-def command(src: Path, dst: Path, python: str = sys.executable, bwlimit: int | None = None) -> list[str]:
-    """The argv the supervisor runs (as the job's user) to stage SRC into DST."""
+def command(src: Path, dst: Path, python: str = sys.executable, bwlimit: int | None = None,
+            become_ids: str | None = None) -> list[str]:
+    """The argv the supervisor runs to stage SRC into DST (as the user `become_ids` names, UID:GID:G1,G2)."""
     argv = [python, "-m", "spx.daemon.staging.copier", str(src), str(dst)]
+    if become_ids:
+        argv += ["--become", become_ids]
     return [*argv, "--bwlimit", str(bwlimit)] if bwlimit else argv
+
+
+def _parse_ids(text: str) -> dict[str, object]:
+    uid, gid, groups = text.split(":")
+    return {"uid": int(uid), "gid": int(gid), "groups": [int(g) for g in groups.split(",") if g]}
 
 
 def spawn(
@@ -253,25 +263,26 @@ def spawn(
     *,
     uid: int,
     gid: int,
+    groups: list[int] | None = None,
     python: str = sys.executable,
     bwlimit: int | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    """Start the copier as the job's user, the way the supervisor does before attempt 1.
+    """Start the copier as the job's user (uid, gid and `groups`, the owner's supplementary groups:
+    staging from a volume the user reads as a group member must work), the way the supervisor does
+    before attempt 1.
 
     stdout carries the JSON lines (stderr is merged into it: a traceback shows up as lines that
-    `parse_event` rejects, to be logged as text). Own session, so cancel can kill its group. The
-    interpreter and the installed package must be readable by that user. As a non-root daemon
-    (`--root`) the copier simply runs as the daemon's own user.
+    `parse_event` rejects, to be logged as text). Own session, so cancel can kill its group. As a
+    non-root daemon (`--root`) the copier simply runs as the daemon's own user.
     """
-    ids: dict[str, Any] = {}
-    if os.geteuid() == 0:
-        ids = {"user": uid, "group": gid, "extra_groups": []}
+    ids = None
+    if os.geteuid() == 0 and uid != 0:
+        ids = f"{uid}:{gid}:{','.join(str(g) for g in (groups if groups is not None else [gid]))}"
     return subprocess.Popen(
-        command(src, dst, python, bwlimit), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        text=True, cwd="/", start_new_session=True,
+        command(src, dst, python, bwlimit, ids), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, text=True, cwd="/", start_new_session=True,
         env=env if env is not None else {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
-        **ids,
     )
 
 
@@ -308,7 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("src", type=Path)
     parser.add_argument("dst", type=Path)
     parser.add_argument("--bwlimit", type=parse_bytes, default=None, help="max copy rate, e.g. 200M (per second)")
+    parser.add_argument("--become", type=_parse_ids, default=None, metavar="UID:GID:G1,G2",
+                        help="run as this user (root only; done before any path is touched)")
     args = parser.parse_args(argv)
+    try:
+        become(args.become)
+    except OSError as e:
+        _emit("error", {"error": f"cannot become uid {args.become['uid']}: {e.strerror}"})
+        return 1
 
     def report(p: StageProgress) -> None:
         _emit("progress", {**asdict(p), "bytes_per_second": round(p.bytes_per_second)})

@@ -1,19 +1,24 @@
 """Run data staging for a job before its first attempt, as the job's user, without blocking.
 
-The copier is `python -m spx.daemon.staging.copier SRC DST` in its own process (running as the owner, so
-the user's permissions apply, and killable like any attempt); this module reads its JSON progress
-lines without blocking the main loop and turns them into the job's `staging` text.
+The copier is `python -m spx.daemon.staging.copier SRC DST` in its own process (running as the owner,
+with the owner's groups, so the user's permissions apply, and killable like any attempt); this module
+reads its JSON progress lines without blocking the main loop and turns them into the job's `staging`
+text, noted in `log/NAME/staging.log` (root's directory; the file is the owner's to read, written
+through `fsafe`).
 """
 
 from __future__ import annotations
 
 import os
-import pwd
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spx.daemon.service.log import get_logger
 from spx.daemon.staging import copier
+from spx.daemon.userfs import as_user, fsafe
+
+log = get_logger()
 
 STAGED_PREFIX = "staged "
 
@@ -23,6 +28,8 @@ class StagingRun:
     job_id: int
     proc: subprocess.Popen
     log_file: Path
+    owner_uid: int = -1
+    owner_gid: int = -1
     buffer: bytes = b""
     last: copier.StageProgress | copier.StageResult | copier.StageFailure | None = None
     lines: list[str] = field(default_factory=list)
@@ -46,9 +53,14 @@ class StagingRun:
                 self.last = copier.parse_event(line)
             except (ValueError, TypeError):
                 continue
-            with self.log_file.open("a") as f:
-                f.write(f"spx: {self.text()}\n")
+            self._note(f"spx: {self.text()}\n")
         return self.proc.poll() is not None
+
+    def _note(self, line: str) -> None:
+        try:
+            fsafe.append_text(self.log_file, self.log_file.parent.parent, line, 0o640, self.owner_uid, self.owner_gid)
+        except OSError as e:
+            log.warning("staging_log_failed", job=self.log_file.parent.name, attempt=None, error=str(e))
 
     def text(self) -> str:
         if isinstance(self.last, copier.StageFailure):
@@ -63,11 +75,12 @@ class StagingRun:
 
 
 def start_staging(job_id: int, src: Path, dst: Path, uid: int, log_file: Path) -> StagingRun:
-    user = pwd.getpwuid(uid)
-    proc = copier.spawn(src, dst, uid=uid, gid=user.pw_gid)
+    """Start the copier as `uid` with its groups; UserPathError (an OSError) if the account is gone."""
+    user = as_user.owner(uid)
+    proc = copier.spawn(src, dst, uid=uid, gid=user.gid, groups=list(user.groups))
     assert proc.stdout is not None
     os.set_blocking(proc.stdout.fileno(), False)
-    return StagingRun(job_id, proc, log_file)
+    return StagingRun(job_id, proc, log_file, user.uid, user.gid)
 
 
 def staging_done(staging_text: str | None) -> bool:

@@ -7,12 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from spx.daemon.contract import worker_env
 from spx.daemon.state.store import JobRow, Store
 from spx.daemon.state.views import AttemptView, JobView
+from spx.daemon.userfs.heartbeat import read_heartbeat
 
 
 def heartbeat_path(run_dir: Path, job: JobRow) -> Path:
+    """`run/jobs/ID-NAME/heartbeat.json`: `run/jobs` is root's, `ID-NAME/` is the job owner's."""
     return run_dir / "jobs" / f"{job.id}-{job.name}" / "heartbeat.json"
 
 
@@ -20,7 +21,9 @@ def job_view(
     store: Store, job: JobRow, run_dir: Path, pids: dict[str, list[int]] | None = None, with_history: bool = False
 ) -> JobView:
     attempts = store.attempts(job.id)
-    beat = worker_env.read_heartbeat(heartbeat_path(run_dir, job))
+    # Through userfs: the file is the user's, and this runs for every `spx ls` and scrape — a FIFO,
+    # a link to a root-only file or a huge file there is "no heartbeat", never a wait or a leak.
+    beat = read_heartbeat(heartbeat_path(run_dir, job), run_dir / "jobs")
     # A beat older than the current attempt is the previous attempt's: its step was lost with it
     # (the job went back to the checkpoint it resumed from), and its rate is not this attempt's.
     stale = beat is not None and bool(attempts) and beat.time < attempts[-1].start

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from spx.daemon.userfs.fsafe import UserPathError
+from spx.daemon.userfs.identity import become
+
+__all__ = ["Owner", "become", "check_access", "find_latest", "mkdirs", "owner", "run"]
 
 SAFE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1"}
@@ -43,21 +46,11 @@ class Owner:
     groups: tuple[int, ...]
 
     def to_json(self) -> dict[str, Any] | None:
-        """What a child needs to `become` this user; None when it already is (a non-root daemon
+        """What a child needs to `identity.become` this user; None when it already is (a non-root daemon
         cannot switch and runs everything as itself)."""
         if os.geteuid() != 0 or self.uid == os.geteuid():
             return None
         return {"uid": self.uid, "gid": self.gid, "groups": list(self.groups)}
-
-
-def become(ids: dict[str, Any] | None) -> None:
-    """Turn this process into the user `Owner.to_json` described (irreversibly): groups first, then
-    gid, then uid, real, effective and saved alike. Call after every import the process needs."""
-    if ids is None:
-        return
-    os.setgroups([int(g) for g in ids["groups"]])
-    os.setresgid(int(ids["gid"]), int(ids["gid"]), int(ids["gid"]))
-    os.setresuid(int(ids["uid"]), int(ids["uid"]), int(ids["uid"]))
 
 
 def owner(uid: int) -> Owner:
@@ -88,7 +81,12 @@ def run(user: Owner, action: str, args: dict[str, Any], timeout: float = DEFAULT
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        proc.communicate()
+        try:
+            proc.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:  # stuck in the kernel (a dead mount): the reaper gets it later
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
         raise UserPathError(errno.ETIMEDOUT, f"{action} as {user.name} took longer than {timeout:g} s") from None
     try:
         reply = json.loads(out[:MAX_REPLY_BYTES])
@@ -107,11 +105,14 @@ def mkdirs(user: Owner, paths: list[str], mode: int = 0o750, timeout: float = DE
         raise UserPathError(errno.EACCES, f"{problems[0]} (as {user.name})")
 
 
-def check_access(user: Owner, checks: list[tuple[str, str]], timeout: float = DEFAULT_TIMEOUT_SECONDS) -> list[str]:
-    """Problems (empty: none) with each (path, what) as `user`; `what` is one of enter-dir,
-    read-tree, write-or-create, owned (see user_actions)."""
+def check_access(user: Owner, checks: list[tuple[str, str]],
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS) -> list[str | None]:
+    """For each (path, what), in order: None if `user` may, else why not. `what` is one of
+    enter-dir, read-tree, write-or-create, owned (see user_actions)."""
     result = run(user, "access", {"checks": [{"path": p, "what": w} for p, w in checks]}, timeout)
-    return [str(p) for p in result]
+    if not isinstance(result, list) or len(result) != len(checks):
+        raise UserPathError(errno.EIO, f"access check as {user.name} gave an odd answer")
+    return [None if p is None else str(p) for p in result]
 
 
 def find_latest(user: Owner, ckpt_dir: str, pattern: str | None, timeout: float) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from spx.daemon.contract import checkpoint_layout
-from spx.daemon.userfs.as_user import become
+from spx.daemon.userfs.identity import become
 
 
 def _mkdirs(args: dict[str, Any]) -> list[str]:
@@ -72,8 +72,8 @@ def _check(path: str, what: str) -> str | None:
     raise ValueError(f"unknown check {what!r}")
 
 
-def _access(args: dict[str, Any]) -> list[str]:
-    return [p for p in (_check(c["path"], c["what"]) for c in args["checks"]) if p]
+def _access(args: dict[str, Any]) -> list[str | None]:
+    return [_check(c["path"], c["what"]) for c in args["checks"]]
 
 
 def _find_latest(args: dict[str, Any]) -> dict[str, Any] | None:
