@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spx.daemon.intake.spec import JobSpec
+from spx.daemon.state import fault_points
 from spx.daemon.state.states import LIVE, TERMINAL, JobState, check_edge
 
 SCHEMA = """
@@ -190,6 +192,8 @@ class Store:
         """One write transaction. A full or failing disk, or a lock held past the timeout, raises
         `StoreUnavailable` with nothing written."""
         db = self._db
+        if fault_points.ACTIVE:  # tests/faults only: name the write, maybe die around its commit
+            number, op = fault_points.begin(), sys._getframe(2).f_code.co_name
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -198,7 +202,11 @@ class Store:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+            if fault_points.ACTIVE:
+                fault_points.reached("before-commit", number, op)
             db.execute("COMMIT")
+            if fault_points.ACTIVE:
+                fault_points.reached("after-commit", number, op)
         except sqlite3.OperationalError as e:
             if db.in_transaction:
                 try:

@@ -1,0 +1,40 @@
+"""Test hook: kill the daemon at a chosen store write, so tests/faults can prove that a daemon dying
+between any two writes of a job's life restarts into a state that runs each job as often as it should.
+
+    SPX_TEST_FAULT_POINT=after-commit:7     # os._exit(137) right after the 7th write transaction commits
+    SPX_TEST_FAULT_POINT=before-commit:7    # ... inside it, before COMMIT (SQLite rolls it back)
+    SPX_TEST_FAULT_TRACE=1                  # log every write transaction (number, store method)
+
+Counted per daemon process, in the order `Store._tx` runs them (the main loop is the only writer).
+Unset — always, outside tests — every call is one dictionary lookup that finds nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from spx.daemon.service.log import get_logger
+
+log = get_logger()
+_POINT = os.environ.get("SPX_TEST_FAULT_POINT")
+_TRACE = os.environ.get("SPX_TEST_FAULT_TRACE") == "1"
+ACTIVE = bool(_POINT) or _TRACE
+_count = 0
+
+
+def begin() -> int:
+    """A write transaction begins; returns its number (1-based, per process)."""
+    global _count
+    _count += 1
+    return _count
+
+
+def reached(phase: str, number: int, op: str) -> None:
+    """Die here if this is the configured point; `op` names the store method (for the log)."""
+    if _TRACE:
+        log.info("test_store_write", phase=phase, number=number, op=op)
+    if f"{phase}:{number}" == _POINT:
+        log.warning("test_fault_point", point=_POINT, op=op)
+        sys.stdout.flush()
+        os._exit(137)
