@@ -2,8 +2,14 @@
 
 A Unix stream socket, one JSON request and one JSON reply per connection. The caller's uid comes
 from the kernel (SO_PEERCRED), never from the request: a user sees and cancels only their own jobs;
-root and members of `admin_group` see all. Reads are answered on this thread from a read-only view
-of the store; changes (cancel) are handed to the main loop, the store's only writer.
+root and members of `admin_group` see all. Reads are answered from a read-only view of the store (each
+thread has its own connection); changes (cancel) are handed to the main loop, the store's only writer.
+
+Any local user can connect, so no client may hold the socket for the others: each connection is served
+on its own thread (at most MAX_CLIENTS at once, MAX_PER_UID of them for one uid; more get a "busy"
+reply at once), the whole request must arrive within REQUEST_SECONDS (a client sending a byte every few
+seconds is cut off, not waited for per recv), a request over MAX_REQUEST bytes is refused, and every
+request gets a JSON reply -- an error one when it is malformed, late, too large or the answer failed.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import queue
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +31,11 @@ from spx.daemon.service.log import get_logger
 
 log = get_logger()
 MAX_REQUEST = 64 * 1024
+MAX_CLIENTS = 32
+MAX_PER_UID = 8
+REQUEST_SECONDS = 5.0  # to receive the whole request line
+REPLY_SECONDS = 5.0  # to hand the reply to a client that does not read it
+CANCEL_SECONDS = 30.0  # for the main loop to act on a cancel
 
 
 @dataclass
@@ -57,7 +69,8 @@ def is_admin(uid: int, admin_group: str | None) -> bool:
 
 
 class ControlServer:
-    """Serves requests until `stop()`. `views(uid, name)` returns the job docs a caller may see."""
+    """Serves requests until `stop()`, which also ends and joins every connection's thread.
+    `answer(op, name, uid)` returns the reply to a read request (ls, history, status)."""
 
     def __init__(
         self,
@@ -76,10 +89,13 @@ class ControlServer:
         self._sock.bind(str(path))
         # Anyone may connect; what they may see and do is decided per request from SO_PEERCRED.
         os.chmod(path, 0o666)
-        self._sock.listen(16)
+        self._sock.listen(64)
         self._sock.settimeout(0.5)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="spx-control", daemon=True)
+        self._lock = threading.Lock()
+        self._clients: dict[threading.Thread, tuple[socket.socket, int]] = {}
+        self._busy_logged = -1e9
 
     def start(self) -> None:
         self._thread.start()
@@ -88,6 +104,15 @@ class ControlServer:
         self._stopping.set()
         self._thread.join(timeout=5)
         self._sock.close()
+        with self._lock:
+            clients = list(self._clients.items())
+        for _thread, (conn, _uid) in clients:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv/send
+            except OSError:
+                pass
+        for thread, _ in clients:
+            thread.join(timeout=5)
         self.path.unlink(missing_ok=True)
 
     def _serve(self) -> None:
@@ -98,44 +123,108 @@ class ControlServer:
                 continue
             except OSError:
                 return
-            with conn:
-                try:
-                    conn.settimeout(10)
-                    self._handle(conn)
-                except Exception as e:  # one bad client must never take the socket down
-                    log.warning("control_request_failed", error=repr(e))
+            try:
+                self._dispatch(conn)
+            except Exception as e:  # one bad client must never take the socket down
+                log.warning("control_accept_failed", error=repr(e))
+                conn.close()
 
-    def _handle(self, conn: socket.socket) -> None:
+    def _dispatch(self, conn: socket.socket) -> None:
+        """Hand `conn` to a thread of its own, or answer "busy" at once when the caps are reached."""
         uid = peer_uid(conn)
-        data = b""
-        while not data.endswith(b"\n") and len(data) <= MAX_REQUEST:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            data += chunk
+        with self._lock:
+            busy = len(self._clients) >= MAX_CLIENTS or (
+                uid != 0 and sum(1 for _c, u in self._clients.values() if u == uid) >= MAX_PER_UID
+            )
+            if not busy:
+                thread = threading.Thread(target=self._client, args=(conn, uid), name="spx-control-client", daemon=True)
+                self._clients[thread] = (conn, uid)
+                thread.start()
+        if busy:
+            now = time.monotonic()
+            if now - self._busy_logged > 10:  # a client reconnecting in a loop must not flood the log
+                self._busy_logged = now
+                log.warning("control_busy", uid=uid, max_clients=MAX_CLIENTS, max_per_uid=MAX_PER_UID)
+            conn.setblocking(False)  # the reply fits a fresh socket's buffer; never wait for this client
+            try:
+                conn.send(_encode({"ok": False, "error": "daemon busy: too many open requests; try again", "code": 1}))
+            except OSError:
+                pass
+            conn.close()
+
+    def _client(self, conn: socket.socket, uid: int) -> None:
+        try:
+            with conn:
+                reply = self._reply(conn, uid)
+                conn.settimeout(REPLY_SECONDS)
+                conn.sendall(_encode(reply))
+        except Exception as e:  # the client went away, or stop() shut the socket
+            log.warning("control_request_failed", uid=uid, error=repr(e))
+        finally:
+            with self._lock:
+                self._clients.pop(threading.current_thread(), None)
+
+    def _reply(self, conn: socket.socket, uid: int) -> dict:
+        data, problem = _receive(conn, self._stopping)
+        if problem:
+            return {"ok": False, "error": problem, "code": 2}
         try:
             request = json.loads(data)
             op, name = str(request["op"]), request.get("name")
-        except (ValueError, KeyError, TypeError):
-            reply = {"ok": False, "error": "malformed request", "code": 2}
-        else:
-            if op in ("ls", "history", "status"):
-                reply = self._answer(op, name, uid)
-            elif op == "cancel" and isinstance(name, str):
-                cmd = Command(op, name, uid)
-                self._commands.put(cmd)
-                self._wake.put("command")
-                if cmd.done.wait(timeout=30):
-                    reply = cmd.reply
-                else:
-                    reply = {"ok": False, "error": "daemon busy; try again", "code": 1}
-            else:
-                reply = {"ok": False, "error": f"unknown request {op!r}", "code": 2}
-        conn.sendall(json.dumps(reply).encode() + b"\n")
+            if name is not None and not isinstance(name, str):
+                raise TypeError("name")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return {"ok": False, "error": "malformed request: expected {\"op\": ..., \"name\": ...}", "code": 2}
+        if op in ("ls", "history", "status"):
+            try:
+                return self._answer(op, name, uid)
+            except Exception as e:
+                log.exception("control_answer_failed", op=op, uid=uid)
+                return {"ok": False, "error": f"the daemon could not answer {op}: {e}", "code": 1}
+        if op == "cancel" and name is not None:
+            return self._cancel(Command(op, name, uid))
+        return {"ok": False, "error": f"unknown request {op[:40]!r}", "code": 2}
+
+    def _cancel(self, cmd: Command) -> dict:
+        self._commands.put(cmd)
+        self._wake.put("command")
+        deadline = time.monotonic() + CANCEL_SECONDS
+        while not cmd.done.wait(timeout=0.2):
+            if self._stopping.is_set():
+                return {"ok": False, "error": "daemon is stopping; the cancel may not have been recorded", "code": 1}
+            if time.monotonic() > deadline:
+                return {"ok": False, "error": "daemon busy; try again", "code": 1}
+        return cmd.reply
+
+
+def _receive(conn: socket.socket, stopping: threading.Event) -> tuple[bytes, str | None]:
+    """One request line, or (partial data, why not): late, too large, or cut short."""
+    deadline = time.monotonic() + REQUEST_SECONDS
+    data = b""
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or stopping.is_set():
+            return data, f"request not received within {REQUEST_SECONDS:g} s"
+        conn.settimeout(min(left, 0.5))
+        try:
+            chunk = conn.recv(4096)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_REQUEST:
+            return data, f"request larger than {MAX_REQUEST // 1024} KiB"
+    return data, None
+
+
+def _encode(reply: dict) -> bytes:
+    return json.dumps(reply).encode() + b"\n"
 
 
 def request(path: Path, op: str, name: str | None = None, timeout: float = 35.0) -> dict:
-    """Client side (used by `spx`). Raises OSError if the daemon is not listening."""
+    """Client side (used by `spx`). Raises OSError if the daemon is not listening; a connection closed
+    without a reply is an error reply, not an exception."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(str(path))
@@ -146,4 +235,10 @@ def request(path: Path, op: str, name: str | None = None, timeout: float = 35.0)
             if not chunk:
                 break
             data += chunk
-    return json.loads(data)
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        return {"ok": False, "error": "the daemon closed the connection without a reply; see its log", "code": 1}
+    return reply
