@@ -33,7 +33,6 @@ class AttemptOutcome:
     hang_seconds: float | None = None
     progressed: bool = False
     ran_seconds: float = 0.0
-    launch_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,13 @@ def classify(outcome: AttemptOutcome) -> tuple[str, str]:
 def decide(
     outcome: AttemptOutcome,
     policy: Restart,
-    attempts_started: int,
+    restarts_done: int,
     backoff_level: int,
     no_progress_streak: int,
     healthy_seconds: float,
 ) -> Decision:
-    if outcome.launch_error:
-        return Decision(JobState.FAILED, f"launch failed: {outcome.launch_error}", "launch")
+    """`restarts_done`: earlier attempts of this job that ended by its own fault. Attempts a daemon
+    stop or restart ended are not counted (here or in the crash-loop streak): they are not the job's."""
     if outcome.stop_cause == "cancel":
         return Decision(JobState.CANCELLED, "cancelled", "cancelled")
     if outcome.stop_cause in ("daemon-stop", "daemon-restart"):
@@ -100,7 +99,6 @@ def decide(
             f"crash loop: {streak} attempts in a row made no step progress (last: {why})",
             cls, no_progress_streak=streak,
         )
-    restarts_done = attempts_started - 1
     if restarts_done >= policy.max_restarts:
         return Decision(
             JobState.FAILED, f"gave up after {restarts_done} restarts (restart.max_restarts; last: {why})",

@@ -87,6 +87,33 @@ def signal_attempt(attempt_id: str, pgid: int | None, sig: int, also: Iterable[i
     return singles
 
 
+def boot_id() -> str | None:
+    """This boot's id: a pid stored before a reboot names nothing of ours after it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the boot
+    id, what tells a process from a later one that got the same pid. None if it is gone."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return int(fields[19]) if len(fields) > 19 else None  # fields[0] is field 3 (state)
+
+
+def same_process(pid: int, boot: str | None, ticks: int | None) -> bool:
+    """Is `pid` still the process recorded as (boot id, start ticks)? Unknown records are not the
+    same: a stored pgid is never signalled unless its leader is provably the one we started."""
+    if boot is None or ticks is None or boot != boot_id():
+        return False
+    return start_ticks(pid) == ticks
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

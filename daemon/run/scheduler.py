@@ -1,6 +1,9 @@
-"""Which queued job gets which GPUs now. Pure: the daemon passes in what it knows.
+"""The one place that decides which job starts now, on which GPUs. Pure: the daemon passes in what
+it knows (the queue, the jobs waiting to relaunch, which GPUs are held and which are idle).
 
-Whole GPUs only; never two jobs on one GPU; a GPU with compute processes on it (from anything) is
+A restarting job may relaunch once its backoff is over (the step function counts it down in
+monotonic time and reports the job ready) and its own GPUs, which it keeps through the backoff,
+show no compute processes any more (a dying worker may still hold GPU memory). Queued jobs: whole GPUs only; never two jobs on one GPU; a GPU with compute processes on it (from anything) is
 not free. Order is priority, then FIFO, with no backfill among GPU jobs: a big job at the head of
 the queue is not starved by a stream of small ones behind it. CPU jobs (`gpus: 0`) need nothing and
 are never held back.
@@ -8,7 +11,7 @@ are never held back.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from spx.daemon.state.store import JobRow
@@ -61,3 +64,46 @@ def place(queued: Iterable[JobRow], free: set[int]) -> list[Placement]:
         # Head-of-line: later GPU jobs wait behind this one; CPU jobs may still pass.
         free = set()
     return placements
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A tracked job that may start as soon as its GPUs are free (its backoff is over)."""
+
+    job_id: int
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start `job_id` now on `gpus`: a queued job placed (`job` set) or a waiting one relaunched."""
+
+    job_id: int
+    gpus: tuple[int, ...]
+    job: JobRow | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    starts: list[Start]
+    impossible: list[Impossible]
+
+
+def plan(queued: list[JobRow], waiting: list[Waiting], devices: list[int], held: set[int],
+         idle: Callable[[int], bool], backend_desc: str) -> Plan:
+    """This turn's starts. `devices`: the host's GPU indices; `held`: GPUs of live jobs (a restarting
+    job holds its own through the backoff); `idle(g)`: no compute processes on GPU g and healthy
+    (asked of NVML lazily: only when some job could start). Relaunches come first: their GPUs are
+    theirs already."""
+    starts = [Start(w.job_id, w.gpus) for w in waiting if all(idle(g) for g in w.gpus)]
+    impossible, placeable = [], []
+    for job in queued:
+        why = impossible_reason(job, devices, backend_desc)
+        if why:
+            impossible.append(Impossible(job, why))
+        else:
+            placeable.append(job)
+    if placeable:
+        free = {g for g in devices if g not in held and idle(g)}
+        starts += [Start(p.job.id, tuple(p.gpus), p.job) for p in place(placeable, free)]
+    return Plan(starts, impossible)

@@ -12,18 +12,20 @@ torch (a test enforces it): the daemon must start fast and survive a broken CUDA
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import queue
 import signal
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from spx.daemon.gpu.backend import GpuBackend, open_backend
 from spx.daemon.intake.accept import Intake
-from spx.daemon.run import cgroups, proctree
-from spx.daemon.run.scheduler import impossible_reason, place
+from spx.daemon.run import cgroups, proctree, scheduler
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.service.control import Command, ControlServer, is_admin
@@ -33,7 +35,7 @@ from spx.daemon.service.status_line import format_status
 from spx.daemon.state import integrity, jobviews
 from spx.daemon.state.backup import Backups
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import Store
+from spx.daemon.state.store import Store, StoreUnavailable
 
 log = get_logger()
 TICK_SECONDS = 0.25
@@ -60,7 +62,9 @@ class Daemon:
         self._prepare_dirs()
         self.store = Store(cfg.store_path)
         self.backups = Backups(cfg.store_path, cfg.backup_dir, cfg.backup_every_seconds, cfg.backup_keep)
-        self.supervisor = Supervisor(cfg, self.store, self._gpus_free, cgroup_tree=cgroup_tree)
+        self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"))
+        self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
+        self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake)
         self.control = ControlServer(cfg.socket_path, self._answer, self.commands, self.wake)
         self.metrics = None
@@ -76,16 +80,10 @@ class Daemon:
 
     # --- GPUs -----------------------------------------------------------------------------------
 
-    def _gpus_free(self, gpus: list[int]) -> bool:
-        for g in gpus:
-            pids = self.backend.compute_pids(g)
-            if pids is None or pids or not self.backend.healthy(g):
-                return False
-        return True
-
-    def _free_gpus(self, live_jobs) -> set[int]:
-        held = {g for j in live_jobs if j.state.holds_gpus for g in j.gpus}
-        return {d.index for d in self.backend.devices() if d.index not in held and self._gpus_free([d.index])}
+    def _gpu_idle(self, g: int) -> bool:
+        """No compute process on GPU g (from anything) and healthy."""
+        pids = self.backend.compute_pids(g)
+        return pids is not None and not pids and self.backend.healthy(g)
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -93,9 +91,7 @@ class Daemon:
         from spx.daemon.exporter.server import build_registry, serve
 
         proctree.become_subreaper()
-        for job in self.store.live_jobs():
-            if job.state in (JobState.STARTING, JobState.RUNNING, JobState.RESTARTING):
-                self.supervisor.adopt_after_restart(job)
+        self.supervisor.recover()
         self.supervisor.sweep_cgroups()
         self.intake.start()
         self.control.start()
@@ -112,7 +108,8 @@ class Daemon:
 
     def status_text(self) -> str:
         live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
-        return format_status(live, len(self.backend.devices()), self.supervisor.last_restart, time.time())
+        return format_status(live, len(self.backend.devices()), self.supervisor.last_restart, time.time(),
+                             self.store_problem())
 
     def run(self) -> int:
         self.start()
@@ -123,41 +120,70 @@ class Daemon:
         while True:
             now = time.monotonic()
             self._test_wedge_hook()
-            if now >= next_watchdog:
-                self.notifier.watchdog()
-                next_watchdog = now + watchdog_every
-            self.backups.tick(now)
-            self.intake.claim_due(now)
-            self._run_commands()
-            self.supervisor.tick()
+            self._stage("backup", functools.partial(self.backups.tick, now))
+            self._stage("intake", functools.partial(self.intake.claim_due, now))
+            self._stage("commands", self._run_commands)
+            self._stage("supervise", self.supervisor.tick)
             if not self.stopping:
-                self._schedule()
+                self._stage("schedule", self._schedule)
             if now >= next_reap:
-                proctree.reap_orphans(self.supervisor.launcher_pids())
-                self.supervisor.sweep_cgroups()
+                self._stage("reap", lambda: proctree.reap_orphans(self.supervisor.child_pids()))
+                self._stage("sweep", self.supervisor.sweep_cgroups)
                 next_reap = now + REAP_EVERY_SECONDS
             if now >= next_status:
-                text = self.status_text()
-                if self.stopping:
-                    text = f"stopping: {len(self.supervisor.live)} jobs checkpointing; " + text
-                    self.notifier.extend_timeout(15.0)
-                self.notifier.status(text)
+                self._stage("status", self._send_status)
                 next_status = now + STATUS_EVERY_SECONDS
             if self.stopping:
                 if stop_deadline is None:
                     stop_deadline = now + self.supervisor.stop_all() + 30.0
                     # STOPPING=1 as the stop begins, not once the jobs are down; the extension (renewed
                     # with each STATUS) keeps TimeoutStopSec from cutting their checkpoints off.
-                    self.notifier.stopping(f"stopping: {len(self.supervisor.live)} jobs checkpointing")
+                    self.notifier.stopping(f"stopping: {self.supervisor.busy} jobs checkpointing")
                     self.notifier.extend_timeout(15.0)
-                if not self.supervisor.live or now > stop_deadline:
+                if not self.supervisor.busy or now > stop_deadline:
                     break
+            # Only after a full turn: the watchdog's ping proves the loop turns, not just that it started.
+            if now >= next_watchdog:
+                self.notifier.watchdog()
+                next_watchdog = now + watchdog_every
             try:
                 self.wake.get(timeout=TICK_SECONDS)
             except queue.Empty:
                 pass
         self.shutdown()
         return 0
+
+    def _stage(self, name: str, fn: Callable[[], object]) -> None:
+        """One part of the loop's turn, contained: a store that cannot take writes now (disk full,
+        locked) is shown in STATUS and retried next turn; any other error is logged (once per
+        distinct error) and the loop goes on. Per-job faults are contained inside the supervisor."""
+        try:
+            fn()
+        except StoreUnavailable as e:
+            if name not in self.store_problems:
+                log.error("state_store_unavailable", stage=name, error=str(e))
+            self.store_problems[name] = str(e)
+            return
+        except Exception as e:  # noqa: BLE001 — the daemon outlives any one bug
+            key = f"{name}:{type(e).__name__}:{e}"
+            if key not in self._faults_logged:
+                self._faults_logged.add(key)
+                log.error("loop_stage_failed", stage=name, error=f"{type(e).__name__}: {e}",
+                          traceback=traceback.format_exc(limit=8))
+            return
+        if self.store_problems.pop(name, None) is not None:
+            log.info("state_store_available_again", stage=name)
+
+    def store_problem(self) -> str | None:
+        """Why the store takes no writes now, if it does not (shown in STATUS)."""
+        return self.supervisor.store_problem() or next(iter(self.store_problems.values()), None)
+
+    def _send_status(self) -> None:
+        text = self.status_text()
+        if self.stopping:
+            text = f"stopping: {self.supervisor.busy} jobs checkpointing; " + text
+            self.notifier.extend_timeout(15.0)
+        self.notifier.status(text)
 
     def _test_wedge_hook(self) -> None:
         """Test hook (SPX_TEST_HOOKS=1): a file `run_dir/wedge-main-loop` blocks the loop, so tests
@@ -168,26 +194,22 @@ class Daemon:
                 time.sleep(3600)
 
     def _schedule(self) -> None:
+        """Ask the scheduler (the one place that decides) what starts now, and start it."""
         live = self.store.live_jobs()
-        now = time.time()
-        all_gpus = [d.index for d in self.backend.devices()]
-        queued = []
-        for job in live:
-            if job.state is JobState.QUEUED:
-                why = impossible_reason(job, all_gpus, self.backend.description)
-                if why:
-                    self.store.transition(job.id, JobState.FAILED, why, now)
-                    log.error("job_cannot_run", job=job.name, reason=why)
-                else:
-                    queued.append(job)
-            elif job.state in (JobState.STARTING, JobState.RESTARTING):
-                self.supervisor.start_due(job)
-        if not queued:  # asking NVML which GPUs are free costs calls on every GPU: only when it matters
+        tracked = self.supervisor.tracked()
+        queued = [j for j in live if j.state is JobState.QUEUED and j.id not in tracked]
+        waiting = self.supervisor.waiting()
+        if not queued and not waiting:  # asking NVML which GPUs are idle costs calls on every GPU
             return
-        for placement in place(queued, self._free_gpus(live)):
-            self.store.transition(placement.job.id, JobState.STARTING, "GPUs allocated" if placement.gpus else "starting",
-                                  now, gpus=placement.gpus)
-            self.supervisor.start_due(self.store.job(placement.job.id))
+        held = {g for j in live if j.state.holds_gpus for g in j.gpus} | self.supervisor.held_gpus()
+        idle = functools.cache(self._gpu_idle)
+        plan = scheduler.plan(queued, waiting, [d.index for d in self.backend.devices()], held, idle,
+                              self.backend.description)
+        for imp in plan.impossible:
+            self.store.transition(imp.job.id, JobState.FAILED, imp.reason, time.time())
+            log.error("job_cannot_run", job=imp.job.name, attempt=None, reason=imp.reason)
+        for start in plan.starts:
+            self.supervisor.start(start)
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -218,7 +240,10 @@ class Daemon:
                 cmd.reply = {"ok": False, "error": f"{cmd.name} already {job.state.value}", "code": 1}
             else:
                 by = "root" if cmd.uid == 0 else f"uid {cmd.uid}"
-                cmd.reply = {"ok": True, "result": self.supervisor.cancel(job, by)}
+                try:
+                    cmd.reply = {"ok": True, "result": self.supervisor.cancel(job, by)}
+                except StoreUnavailable as e:
+                    cmd.reply = {"ok": False, "error": f"cannot record the cancel now: {e}", "code": 1}
             cmd.done.set()
 
     # --- stop -----------------------------------------------------------------------------------
@@ -230,7 +255,8 @@ class Daemon:
 
     def shutdown(self) -> None:
         self.notifier.stopping("stopping: jobs stopped, shutting down")
-        log.info("daemon_stopping", live_attempts=len(self.supervisor.live))
+        log.info("daemon_stopping", live_attempts=self.supervisor.busy)
+        self.supervisor.close()
         self.intake.stop()
         self.control.stop()
         if self.metrics is not None:

@@ -16,9 +16,11 @@ def _ago(seconds: float) -> str:
 
 
 def format_status(
-    jobs: list[JobView], gpus_total: int, last_restart: tuple[str, float, str] | None, now: float
+    jobs: list[JobView], gpus_total: int, last_restart: tuple[str, float, str] | None, now: float,
+    store_problem: str | None = None,
 ) -> str:
-    """E.g. "2 running, 1 queued, 6/8 GPUs busy; llama-ft restarted 3 min ago (crash)"."""
+    """E.g. "2 running, 1 queued, 6/8 GPUs busy; llama-ft restarted 3 min ago (crash)" — and, while
+    the state store refuses writes, "; STATE STORE NOT WRITABLE: <why>" (jobs go on; writes are retried)."""
     states = Counter(j.state for j in jobs)
     parts = [f"{states.get('running', 0)} running"]
     for state in ("starting", "restarting", "queued"):
@@ -29,4 +31,6 @@ def format_status(
     if last_restart is not None:
         name, when, why = last_restart
         text += f"; {name} restarted {_ago(max(0.0, now - when))} ({why})"
+    if store_problem:
+        text += f"; STATE STORE NOT WRITABLE: {store_problem}"
     return text

@@ -34,7 +34,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted REAL NOT NULL,
     priority INTEGER NOT NULL DEFAULT 0,
     gpus TEXT NOT NULL DEFAULT '[]',
-    next_start_at REAL,
+    backoff_remaining REAL NOT NULL DEFAULT 0,
     no_progress_streak INTEGER NOT NULL DEFAULT 0,
     backoff_level INTEGER NOT NULL DEFAULT 0,
     staging TEXT,
@@ -58,6 +58,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     resumed_from_step INTEGER,
     max_step INTEGER,
     pgid INTEGER,
+    boot_id TEXT,
+    start_ticks INTEGER,
     port INTEGER,
     root_cause TEXT,
     UNIQUE (job_id, number)
@@ -72,6 +74,12 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT
 );
 """
+# Columns added since the first release: (table, column, declaration), added to an older store at open.
+_ADDED_COLUMNS = (
+    ("jobs", "backoff_remaining", "REAL NOT NULL DEFAULT 0"),
+    ("attempts", "boot_id", "TEXT"),
+    ("attempts", "start_ticks", "INTEGER"),
+)
 
 
 _TERMINAL_SQL = ",".join(f"'{s.value}'" for s in sorted(TERMINAL, key=lambda s: s.value))
@@ -87,6 +95,7 @@ class StoreUnavailable(Exception):
     or fails with this as its reason) rather than letting the daemon crash-loop on it."""
 
 
+_CREATED = "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', datetime('now'))"
 # sqlite3 raises these as OperationalError with only the message to tell them apart.
 _UNAVAILABLE = ("database or disk is full", "disk I/O error", "database is locked", "unable to open database file")
 
@@ -104,7 +113,7 @@ class JobRow:
     submitted: float
     priority: int
     gpus: list[int]
-    next_start_at: float | None
+    backoff_remaining: float  # seconds of backoff left (monotonic), resumed after a daemon restart
     no_progress_streak: int
     backoff_level: int
     staging: str | None
@@ -128,10 +137,15 @@ class AttemptRow:
     pgid: int | None
     port: int | None
     root_cause: str | None
+    boot_id: str | None = None     # the boot and /proc start time of the pgid leader, to tell it
+    start_ticks: int | None = None  # from a later process that reuses the pid
 
 
-_JOB_FIELDS = {"gpus", "next_start_at", "no_progress_streak", "backoff_level", "staging", "reason"}
+_JOB_FIELDS = {"gpus", "backoff_remaining", "no_progress_streak", "backoff_level", "staging", "reason"}
 _ATTEMPT_END_FIELDS = {"end", "exit_code", "signal", "reason", "reason_class", "max_step", "root_cause"}
+
+
+_ATTEMPT_COLUMNS = frozenset(AttemptRow.__dataclass_fields__)
 
 
 def _job(row: sqlite3.Row) -> JobRow:
@@ -147,7 +161,7 @@ def _job(row: sqlite3.Row) -> JobRow:
         submitted=row["submitted"],
         priority=row["priority"],
         gpus=json.loads(row["gpus"]),
-        next_start_at=row["next_start_at"],
+        backoff_remaining=row["backoff_remaining"],
         no_progress_streak=row["no_progress_streak"],
         backoff_level=row["backoff_level"],
         staging=row["staging"],
@@ -155,7 +169,7 @@ def _job(row: sqlite3.Row) -> JobRow:
 
 
 def _attempt(row: sqlite3.Row) -> AttemptRow:
-    return AttemptRow(**{k: row[k] for k in row.keys()})  # noqa: SIM118 (sqlite3.Row iterates values)
+    return AttemptRow(**{k: row[k] for k in row.keys() if k in _ATTEMPT_COLUMNS})  # noqa: SIM118 (sqlite3.Row iterates values)
 
 
 class Store:
@@ -168,9 +182,16 @@ class Store:
         self._local = threading.local()
         if not readonly:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db.executescript(SCHEMA)  # DDL; executescript commits on its own
-            with self._tx() as db:
-                db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('created', datetime('now'))")
+            # Schema and creation record in one transaction: a store is either not there or whole.
+            self._db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\n{_CREATED};\nCOMMIT;")
+            self._add_columns()
+
+    def _add_columns(self) -> None:
+        """A store written by an older daemon gets the columns added since (each ALTER is atomic)."""
+        for table, column, decl in _ADDED_COLUMNS:
+            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})").fetchall()}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -249,13 +270,17 @@ class Store:
         if unknown:
             raise ValueError(f"not job fields: {sorted(unknown)}")
         with self._tx() as db:
-            row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            check_edge(JobState(row["state"]), new)
-            self._set(db, job_id, {"state": new.value, "reason": reason, **fields}, now)
-            db.execute(
-                "INSERT INTO events (job_id, time, kind, detail) VALUES (?, ?, ?, ?)",
-                (job_id, now, new.value, reason),
-            )
+            self._transition(db, job_id, new, reason, now, fields)
+
+    def _transition(self, db: sqlite3.Connection, job_id: int, new: JobState, reason: str | None, now: float,
+                    fields: dict[str, object]) -> None:
+        row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        check_edge(JobState(row["state"]), new)
+        self._set(db, job_id, {"state": new.value, "reason": reason, **fields}, now)
+        db.execute(
+            "INSERT INTO events (job_id, time, kind, detail) VALUES (?, ?, ?, ?)",
+            (job_id, now, new.value, reason),
+        )
 
     def update_job(self, job_id: int, now: float, **fields: object) -> None:
         unknown = set(fields) - _JOB_FIELDS
@@ -290,9 +315,37 @@ class Store:
             )
             return int(cur.lastrowid or 0)
 
-    def set_attempt_pgid(self, attempt_row: int, pgid: int) -> None:
+    def attempt_running(self, job_id: int, attempt_row: int, *, pgid: int, boot_id: str | None,
+                        start_ticks: int | None, reason: str | None, now: float) -> None:
+        """The attempt's launcher exec'd: its process group (with what identifies its leader across a
+        daemon restart) and the job → running, in one transaction."""
         with self._tx() as db:
-            db.execute("UPDATE attempts SET pgid = ? WHERE id = ?", (pgid, attempt_row))
+            db.execute("UPDATE attempts SET pgid = ?, boot_id = ?, start_ticks = ? WHERE id = ?",
+                       (pgid, boot_id, start_ticks, attempt_row))
+            self._transition(db, job_id, JobState.RUNNING, reason, now, {})
+
+    def finish_attempt(self, job_id: int, attempt_row: int | None, new_state: JobState, reason: str | None,
+                       now: float, attempt_fields: dict[str, object], job_fields: dict[str, object]) -> None:
+        """End the attempt row (if any) AND move the job, in ONE transaction: a daemon killed at any
+        instant leaves either both written or neither."""
+        unknown = (set(attempt_fields) - _ATTEMPT_END_FIELDS) | (set(job_fields) - _JOB_FIELDS)
+        if unknown:
+            raise ValueError(f"not attempt/job fields: {sorted(unknown)}")
+        with self._tx() as db:
+            if attempt_row is not None and attempt_fields:
+                cols = ", ".join(f"{k} = ?" for k in attempt_fields)
+                db.execute(f"UPDATE attempts SET {cols} WHERE id = ?", (*attempt_fields.values(), attempt_row))
+            self._transition(db, job_id, new_state, reason, now, job_fields)
+
+    def fault_attempts(self, job_id: int) -> int:
+        """Closed attempts that ended by the job's own fault — what `restart.max_restarts` counts. A
+        daemon stop or restart, a cancel and a daemon error are not the job's."""
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM attempts WHERE job_id = ? AND end IS NOT NULL AND reason_class IS NOT NULL"
+            " AND reason_class NOT IN ('daemon-restart', 'cancelled', 'daemon-error', 'launch')",
+            (job_id,),
+        ).fetchone()
+        return int(row[0])
 
     def end_attempt(self, attempt_row: int, **fields: object) -> None:
         unknown = set(fields) - _ATTEMPT_END_FIELDS

@@ -9,8 +9,8 @@ from spx.daemon.state.states import JobState
 POLICY = Restart(max_restarts=5, backoff_seconds=(10, 300))
 
 
-def run(outcome, attempts=1, level=0, streak=0, policy=POLICY):
-    return decide(outcome, policy, attempts, level, streak, healthy_seconds=600)
+def run(outcome, restarts=0, level=0, streak=0, policy=POLICY):
+    return decide(outcome, policy, restarts, level, streak, healthy_seconds=600)
 
 
 def test_running_to_succeeded_on_exit_0():
@@ -49,18 +49,23 @@ def test_running_to_restarting_on_preemption():
 
 
 def test_running_to_failed_on_crash_loop():
-    d = run(AttemptOutcome(exit_code=1, signal=None), attempts=3, streak=2)
+    d = run(AttemptOutcome(exit_code=1, signal=None), restarts=2, streak=2)
     assert d.state is JobState.FAILED and d.reason.startswith("crash loop")
 
 
 def test_progress_resets_the_crash_loop_streak():
-    d = run(AttemptOutcome(exit_code=1, signal=None, progressed=True), attempts=3, streak=2)
+    d = run(AttemptOutcome(exit_code=1, signal=None, progressed=True), restarts=2, streak=2)
     assert d.state is JobState.RESTARTING and d.no_progress_streak == 0
 
 
 def test_running_to_failed_after_max_restarts():
-    d = run(AttemptOutcome(exit_code=1, signal=None, progressed=True), attempts=6)
+    d = run(AttemptOutcome(exit_code=1, signal=None, progressed=True), restarts=5)
     assert d.state is JobState.FAILED and "gave up after 5 restarts" in d.reason
+
+
+def test_the_last_allowed_restart_still_restarts():
+    d = run(AttemptOutcome(exit_code=1, signal=None, progressed=True), restarts=4)
+    assert d.state is JobState.RESTARTING
 
 
 def test_running_to_failed_on_non_restartable_exit_code():
@@ -76,8 +81,3 @@ def test_running_to_cancelled_on_cancel():
 def test_daemon_stop_restarts_without_counting_a_failure():
     d = run(AttemptOutcome(exit_code=75, signal=None, stop_cause="daemon-stop"), level=2, streak=1)
     assert (d.state, d.delay_seconds, d.backoff_level, d.no_progress_streak) == (JobState.RESTARTING, 0, 2, 1)
-
-
-def test_starting_to_failed_on_launch_error():
-    d = run(AttemptOutcome(exit_code=None, signal=None, launch_error="no such file: /x/python"))
-    assert d.state is JobState.FAILED and "launch failed" in d.reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import uuid
 from contextlib import nullcontext
@@ -39,7 +40,12 @@ def test_sigterm_reaches_each_process_once_and_sigkill_leaves_none(tmp_path, con
     plan = LaunchPlan(argv=[sys.executable, "-c", TREE, str(out)], cwd="/",
                       env={"PATH": "/usr/bin:/bin", "SPX_ATTEMPT_ID": attempt_id})
     with scratch_cgroup() if contained else nullcontext(None) as cgroup:
-        proc = launcher.spawn(plan, os.getuid(), tmp_path / "attempt.log", cgroup=cgroup)
+        fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            spawned = launcher.spawn(plan, os.getuid(), fd, "attempt.log", cgroup, 1 << 20)
+        finally:
+            os.close(fd)
+        proc = spawned.proc
         procs = proctree.AttemptProcesses(attempt_id, proc.pid, cgroup)
         try:
             wait_for(lambda: len(list(out.iterdir())) == 3, 10, "three processes up")
@@ -59,3 +65,21 @@ def test_sigterm_reaches_each_process_once_and_sigkill_leaves_none(tmp_path, con
         finally:
             proc.kill()
             proc.wait()
+            spawned.relay.wait(timeout=10)
+
+
+def test_a_stored_pid_is_the_same_process_only_with_the_same_boot_and_start_time():
+    """Before signalling a stored pgid after a daemon restart: its leader must be the process that
+    was started then, not a later one that reused the pid (or anything from an earlier boot)."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        boot, ticks = proctree.boot_id(), proctree.start_ticks(child.pid)
+        assert boot and ticks is not None
+        assert proctree.same_process(child.pid, boot, ticks)
+        assert not proctree.same_process(child.pid, boot, ticks + 1), "another start time: a reused pid"
+        assert not proctree.same_process(child.pid, "an-earlier-boot", ticks)
+        assert not proctree.same_process(child.pid, None, None), "nothing recorded: never signalled"
+    finally:
+        child.kill()
+        child.wait()
+    assert not proctree.same_process(child.pid, boot, ticks), "gone"

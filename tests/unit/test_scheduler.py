@@ -6,7 +6,7 @@ from spx.daemon.state.store import JobRow
 
 def job(name, gpus, n=0):
     spec = parse_spec(f"name: {name}\nscript: a.py\ngpus: {gpus}\n")
-    return JobRow(n, name, JobState.QUEUED, None, 0, "root", spec, "", float(n), 0, [], None, 0, 0, None)
+    return JobRow(n, name, JobState.QUEUED, None, 0, "root", spec, "", float(n), 0, [], 0.0, 0, 0, None)
 
 
 def test_two_small_jobs_share_the_host_on_disjoint_gpus_and_the_big_one_waits():

@@ -1,0 +1,483 @@
+"""Performs the step function's actions and turns what happens into observations.
+
+The executor holds what a pure state cannot: per attempt, the launcher's Popen, the log relay, the
+process group, the cgroup, the attempt's files and its store row (`Handles`). It runs on the main
+loop's thread (it writes the store), and never blocks it on slow work: checkpoint discovery (as the
+user, perhaps over a network volume), py-spy stack dumps and root-cause / OOM diagnosis run on a
+small thread pool with their own deadlines, and their results come back through `results()` as
+observations. Every action is one call to `perform`, which returns the observations it produced at
+once (a spawn's result) and never raises: an error becomes `ActionFailed` — retryable when the
+store could not take a write now — for the step function to decide on.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spx.daemon.contract.checkpoint_layout import CheckpointRef
+from spx.daemon.run import attempt_files, cgroups, launcher, proctree, step
+from spx.daemon.run.attempt_files import AttemptFiles
+from spx.daemon.run.oom import oom_killed
+from spx.daemon.run.rootcause import TAIL_BYTES, root_cause_of
+from spx.daemon.service.config import DaemonConfig
+from spx.daemon.service.log import get_logger
+from spx.daemon.staging.runner import StagingRun, start_staging
+from spx.daemon.state.states import JobState
+from spx.daemon.state.store import JobRow, Store, StoreUnavailable
+
+log = get_logger()
+
+SLOW_WORKERS = 4
+CHECKPOINT_TIMEOUT_SECONDS = 90.0   # below step.CHECKPOINT_DEADLINE_SECONDS
+PYSPY_TIMEOUT_SECONDS = 15.0        # per process; all of them stay below step.DUMP_DEADLINE_SECONDS
+DUMP_BUDGET_SECONDS = 45.0
+PIDS_EVERY_SECONDS = 2.0
+
+
+@dataclass
+class Handles:
+    """The live side of one attempt (or of a job's staging)."""
+
+    number: int
+    files: AttemptFiles | None = None
+    row_id: int | None = None
+    attempt_id: str | None = None
+    proc: subprocess.Popen | None = None     # None: adopted after a daemon restart (not our child)
+    relay: subprocess.Popen | None = None
+    pgid: int | None = None
+    cgroup: Path | None = None
+    port: int = 0
+    pids: list[int] = field(default_factory=list)
+    seen_pids: set[int] = field(default_factory=set)  # every pid ever seen, for the OOM check
+    pids_checked: float = 0.0
+    exit_reported: bool = False
+    staging: StagingRun | None = None
+    staging_text: str | None = None
+    deferred: list[Callable[[], None]] = field(default_factory=list)  # store writes the store refused
+
+    @property
+    def procs(self) -> proctree.AttemptProcesses:
+        return proctree.AttemptProcesses(self.attempt_id or "-", self.pgid, self.cgroup)
+
+
+class Executor:
+    def __init__(self, cfg: DaemonConfig, store: Store, cgroup_tree: cgroups.CgroupTree | None,
+                 wake: Callable[[], None] = lambda: None, wall: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.monotonic):
+        self.cfg = cfg
+        self.store = store
+        self.cgroups = cgroup_tree
+        self.wall = wall
+        self.clock = clock
+        self._wake = wake
+        self._pool = ThreadPoolExecutor(max_workers=SLOW_WORKERS, thread_name_prefix="spx-slow")
+        self._done: queue.SimpleQueue[tuple[int, Callable[[], step.Observation]]] = queue.SimpleQueue()
+        self.handles: dict[int, Handles] = {}
+        self.last_restart: tuple[str, float, str] | None = None  # (job, wall time, reason) for STATUS
+        self.store_error: str | None = None  # the store's last refusal of a write
+
+    def close(self) -> None:
+        """Slow work still running finishes on its own deadline; nothing new starts."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- slow work ---------------------------------------------------------------------------------
+
+    def _off_loop(self, job_id: int, work: Callable[[], Callable[[], step.Observation]],
+                  failed: Callable[[BaseException], step.Observation]) -> None:
+        """Run `work` on the pool. It returns a completion that runs back on the loop's thread (so
+        it may touch `handles`) and gives the observation; an exception gives `failed(e)`."""
+        def run() -> None:
+            try:
+                done = work()
+            except Exception as e:  # noqa: BLE001 — every failure is an observation, never lost
+                err = e
+                done = lambda: failed(err)  # noqa: E731
+            self._done.put((job_id, done))
+            self._wake()
+        self._pool.submit(run)
+
+    def results(self) -> list[tuple[int, step.Observation]]:
+        """Observations from finished slow work (on the loop's thread)."""
+        out: list[tuple[int, step.Observation]] = []
+        while True:
+            try:
+                job_id, done = self._done.get_nowait()
+            except queue.Empty:
+                return out
+            try:
+                out.append((job_id, done()))
+            except Exception as e:  # noqa: BLE001
+                log.error("slow_work_result_failed", job=job_id, attempt=None, error=f"{type(e).__name__}: {e}")
+
+    # --- observing -----------------------------------------------------------------------------------
+
+    def observe(self, job: JobRow, s: step.JobStep) -> list[step.Observation]:
+        """What changed for this job since the last turn, ending with a Tick."""
+        h = self.handles.get(job.id)
+        obs: list[step.Observation] = []
+        if h is not None:
+            self._flush_deferred(h)
+            if s.phase is step.Phase.STAGING and h.staging is not None:
+                obs += self._observe_staging(job, h)
+            if s.phase.has_processes and h.number == s.number:
+                obs += self._observe_attempt(s, h)
+            if h.relay is not None and h.relay.poll() is not None:
+                h.relay = None
+        obs.append(step.Tick())
+        return obs
+
+    def _observe_attempt(self, s: step.JobStep, h: Handles) -> list[step.Observation]:
+        obs: list[step.Observation] = []
+        if h.files is not None:
+            beat = attempt_files.read_heartbeat(h.files.heartbeat_file)
+            if beat is not None:
+                obs.append(step.HeartbeatSeen(beat.step, beat.time, beat.status))
+        now = self.clock()
+        if now - h.pids_checked >= PIDS_EVERY_SECONDS or s.phase is step.Phase.EXITED:
+            h.pids_checked = now
+            h.pids = h.procs.pids()
+            h.seen_pids.update(h.pids)
+        if not h.exit_reported:
+            code, sig, exited = self._launcher_status(h)
+            if exited:
+                h.exit_reported = True
+                obs.append(step.LauncherExited(code, sig))
+        if h.exit_reported:
+            pids = h.procs.pids()
+            h.pids = pids
+            if h.procs.gone(pids):
+                obs.append(step.AllGone())
+        return obs
+
+    @staticmethod
+    def _launcher_status(h: Handles) -> tuple[int | None, int | None, bool]:
+        """(exit code, signal, exited) of the launcher; negative Popen codes are signals."""
+        if h.proc is None:
+            return None, None, not h.procs.pids()
+        rc = h.proc.poll()
+        if rc is None:
+            return None, None, False
+        return (None, -rc, True) if rc < 0 else (rc, None, True)
+
+    def _observe_staging(self, job: JobRow, h: Handles) -> list[step.Observation]:
+        run = h.staging
+        assert run is not None
+        exited = run.poll()
+        if run.text() != h.staging_text:
+            try:
+                self.store.update_job(job.id, self.wall(), staging=run.text())
+                h.staging_text = run.text()
+            except StoreUnavailable:
+                pass  # progress text only; the next poll writes it
+        if not exited:
+            return []
+        h.staging = None
+        if run.proc.stdout is not None:
+            run.proc.stdout.close()
+        if run.succeeded:
+            return [step.StagingEnded(True, run.text())]
+        why = run.text() if run.text().startswith("staging failed") else f"staging failed: copier exited {run.proc.returncode}"
+        return [step.StagingEnded(False, why)]
+
+    def _flush_deferred(self, h: Handles) -> None:
+        while h.deferred:
+            h.deferred[0]()
+            h.deferred.pop(0)
+
+    # --- performing ----------------------------------------------------------------------------------
+
+    def perform(self, job: JobRow, s: step.JobStep, action: step.Action) -> list[step.Observation]:
+        """Do one action; never raises (errors come back as ActionFailed)."""
+        try:
+            return _PERFORM[type(action)](self, job, s, action)
+        except StoreUnavailable as e:
+            self.store_error = str(e)
+            return [step.ActionFailed(action, str(e), retry=True)]
+        except Exception as e:  # noqa: BLE001 — contained: the step function decides what it means
+            return [step.ActionFailed(action, f"{type(e).__name__}: {e}")]
+
+    def _mark_starting(self, job: JobRow, s: step.JobStep, a: step.MarkStarting) -> list[step.Observation]:
+        self.store.transition(job.id, JobState.STARTING, a.reason, self.wall(), gpus=list(a.gpus))
+        return []
+
+    def _start_staging(self, job: JobRow, s: step.JobStep, a: step.StartStaging) -> list[step.Observation]:
+        stage = job.spec.data.stage
+        assert stage is not None
+        h = self.handles[job.id] = Handles(number=s.number, staging_text=job.staging)
+        h.staging = start_staging(job.id, stage.source, stage.to, job.owner_uid, attempt_files.staging_log(self.cfg, job))
+        self._log(job, s, step.Log("staging_started", "info", (("source", str(stage.source)), ("to", str(stage.to)))))
+        return []
+
+    def _stop_staging(self, job: JobRow, s: step.JobStep, a: step.StopStaging) -> list[step.Observation]:
+        """Staging is resumable, so stopping it is just a kill; the next start continues it."""
+        h = self.handles.get(job.id)
+        run = h.staging if h is not None else None
+        if run is None:
+            return []
+        assert h is not None
+        h.staging = None
+        try:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        run.proc.wait()
+        if run.proc.stdout is not None:
+            run.proc.stdout.close()
+        return []
+
+    def _find_checkpoint(self, job: JobRow, s: step.JobStep, a: step.FindCheckpoint) -> list[step.Observation]:
+        cfg = self.cfg
+
+        def work() -> Callable[[], step.Observation]:
+            files = attempt_files.prepare(cfg, job, a.number)
+            ref = attempt_files.latest_checkpoint(job, files, CHECKPOINT_TIMEOUT_SECONDS)
+            return lambda: self._checkpoint_found(job, a.number, files, ref)
+
+        self._off_loop(job.id, work, lambda e: step.ActionFailed(a, str(e)))
+        return []
+
+    def _checkpoint_found(self, job: JobRow, number: int, files: AttemptFiles,
+                          ref: CheckpointRef | None) -> step.Observation:
+        current = self.handles.get(job.id)
+        if current is None or current.number != number or current.row_id is None:
+            self.handles[job.id] = Handles(number=number, files=files)
+        return step.CheckpointFound(str(ref.path) if ref else None, ref.step if ref else None, number)
+
+    def _spawn(self, job: JobRow, s: step.JobStep, a: step.Spawn) -> list[step.Observation]:
+        h = self.handles[job.id]
+        files = h.files
+        assert files is not None and h.number == a.number
+        now = self.wall()
+        if h.row_id is None:  # a retried Spawn (the store refused the row) must not add a second one
+            h.attempt_id = uuid.uuid4().hex
+            h.port = launcher.free_port()
+            h.row_id = self.store.start_attempt(job.id, number=a.number, attempt_id=h.attempt_id, now=now,
+                                                resumed_from=a.resume_from, resumed_from_step=a.resume_step,
+                                                port=h.port)
+        port = h.port
+        try:
+            user = pwd.getpwuid(job.owner_uid)
+        except KeyError:
+            raise OSError(f"the job's owner (uid {job.owner_uid}) has no account any more") from None
+        ctx = launcher.LaunchContext(
+            attempt=a.number, attempt_id=h.attempt_id or "", gpus=list(s.gpus), port=port,
+            checkpoint_dir=files.checkpoint_dir, resume_from=Path(a.resume_from) if a.resume_from else None,
+            heartbeat_file=files.heartbeat_file, rank_log_dir=files.rank_log_dir, home=user.pw_dir, user=user.pw_name,
+        )
+        plan = launcher.plan_launch(job.spec, ctx)
+        resumed = (f"resuming from {a.resume_from} (step {a.resume_step})" if a.resume_from
+                   else f"no complete checkpoint in {files.checkpoint_dir}; starting fresh")
+        attempt_files.note(files, f"attempt {a.number} of job {job.name} at "
+                                  f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}; {resumed}\n"
+                                  f"gpus {list(s.gpus) or 'none'}, port {port}, argv {plan.argv}")
+        h.cgroup = self._make_attempt_cgroup(job, a.number, h.attempt_id or "")
+        try:
+            fd = attempt_files.open_log_dir(files)
+            try:
+                spawned = launcher.spawn(plan, job.owner_uid, fd, files.log_name, h.cgroup, self.cfg.log_max_bytes)
+            finally:
+                os.close(fd)
+        except BaseException:
+            if h.cgroup is not None:
+                cgroups.remove(h.cgroup)
+                h.cgroup = None
+            raise
+        h.proc, h.relay, h.pgid = spawned.proc, spawned.relay, spawned.proc.pid
+        boot, ticks = proctree.boot_id(), proctree.start_ticks(spawned.proc.pid)
+        row_id = h.row_id
+
+        def running() -> None:
+            self.store.attempt_running(job.id, row_id, pgid=spawned.proc.pid, boot_id=boot, start_ticks=ticks,
+                                       reason=resumed, now=now)
+        try:
+            running()
+        except StoreUnavailable as e:  # the attempt runs: the row catches up once the store takes writes
+            self.store_error = str(e)
+            h.deferred.append(running)
+            self._log(job, s, step.Log("store_write_deferred", "warning", (("error", str(e)),)))
+        self._log(job, s, step.Log("attempt_started", "info", (
+            ("pid", spawned.proc.pid), ("gpus", list(s.gpus)), ("port", port),
+            ("cgroup", str(h.cgroup) if h.cgroup else None), ("resumed_from", a.resume_from),
+            ("resumed_from_step", a.resume_step))), number=a.number)
+        return [step.Spawned(spawned.proc.pid, now)]
+
+    def _make_attempt_cgroup(self, job: JobRow, number: int, attempt_id: str) -> Path | None:
+        """The attempt's own cgroup, where cgroups are managed. If it cannot be made, the attempt
+        still runs, found by tag and process group only, as where cgroups are not managed."""
+        if self.cgroups is None:
+            return None
+        cgroup = self.cgroups.attempt(job.name, number, attempt_id)
+        try:
+            cgroup.mkdir()
+            return cgroup
+        except OSError as e:
+            log.warning("attempt_cgroup_failed", job=job.name, attempt=number, cgroup=str(cgroup), error=str(e))
+            return None
+
+    def _signal(self, job: JobRow, s: step.JobStep, a: step.SignalTerm | step.SignalKill) -> list[step.Observation]:
+        h = self.handles.get(job.id)
+        if h is not None and h.attempt_id is not None:
+            h.procs.signal(signal.SIGTERM if isinstance(a, step.SignalTerm) else signal.SIGKILL)
+        return []
+
+    def _dump_stacks(self, job: JobRow, s: step.JobStep, a: step.DumpStacks) -> list[step.Observation]:
+        h = self.handles[job.id]
+        files, procs = h.files, h.procs
+        assert files is not None
+
+        def work() -> Callable[[], step.Observation]:
+            dump_stacks(files, procs.pids())
+            return lambda: step.StacksDumped(a.number)
+
+        self._off_loop(job.id, work, lambda e: step.ActionFailed(a, str(e)))
+        return []
+
+    def _diagnose(self, job: JobRow, s: step.JobStep, a: step.Diagnose) -> list[step.Observation]:
+        h = self.handles[job.id]
+        files, seen = h.files, set(h.seen_pids)
+
+        def work() -> Callable[[], step.Observation]:
+            root = root_cause_of(attempt_files.read_log_tail(files, TAIL_BYTES)) if a.root_cause and files else None
+            oom = oom_killed(seen) if a.oom else False
+            return lambda: step.Diagnosed(a.number, root, oom)
+
+        self._off_loop(job.id, work, lambda e: step.ActionFailed(a, str(e)))
+        return []
+
+    def _remove_cgroup(self, job: JobRow, s: step.JobStep, a: step.RemoveCgroup) -> list[step.Observation]:
+        h = self.handles.get(job.id)
+        if h is not None and h.cgroup is not None:
+            if not cgroups.remove(h.cgroup):  # the sweep retries it
+                log.warning("attempt_cgroup_not_removed", job=job.name, attempt=h.number, cgroup=str(h.cgroup))
+            h.cgroup = None
+        return []
+
+    def _note(self, job: JobRow, s: step.JobStep, a: step.Note) -> list[step.Observation]:
+        h = self.handles.get(job.id)
+        if h is not None and h.files is not None:
+            attempt_files.note(h.files, a.text)
+        return []
+
+    def _log(self, job: JobRow, s: step.JobStep, a: step.Log, number: int | None = None) -> list[step.Observation]:
+        fields = dict(a.fields)
+        if a.event == "leftover_processes":
+            h = self.handles.get(job.id)
+            fields["pids"] = list(h.pids) if h else []
+        getattr(log, a.level)(a.event, job=job.name, attempt=number or s.number or None, **fields)
+        return []
+
+    def _finish(self, job: JobRow, s: step.JobStep, a: step.FinishAttempt) -> list[step.Observation]:
+        now = self.wall()
+        h = self.handles.get(job.id)
+        if h is not None:
+            self._flush_deferred(h)
+        row = h.row_id if (h is not None and a.number and h.number == a.number) else None
+        attempt_fields: dict[str, object] = {}
+        if row is not None:
+            attempt_fields = {"end": now, "exit_code": a.exit_code, "signal": a.signal, "reason": a.reason,
+                              "reason_class": a.reason_class, "max_step": a.max_step, "root_cause": a.root_cause}
+        job_fields: dict[str, object] = {"backoff_level": a.backoff_level, "no_progress_streak": a.no_progress_streak,
+                                         "backoff_remaining": a.backoff_remaining}
+        if a.release_gpus:
+            job_fields["gpus"] = []
+        self.store.finish_attempt(job.id, row, a.state, a.reason, now, attempt_fields, job_fields)
+        if a.state is JobState.RESTARTING and a.reason_class not in ("daemon-restart", None):
+            self.last_restart = (job.name, now, a.reason_class or "")
+        if h is not None and h.relay is None and h.staging is None:
+            del self.handles[job.id]
+        elif h is not None:
+            h.row_id, h.proc = None, None  # its relay is reaped by the next observe
+        return []
+
+    def _save_backoff(self, job: JobRow, s: step.JobStep, a: step.SaveBackoff) -> list[step.Observation]:
+        self.store.update_job(job.id, self.wall(), backoff_remaining=a.remaining)
+        return []
+
+    # --- adoption ------------------------------------------------------------------------------------
+
+    def adopt(self, job: JobRow, number: int, row_id: int, attempt_id: str, pgid: int | None,
+              boot_id: str | None, start_ticks: int | None) -> None:
+        """The open attempt of a previous daemon: its group is signalled only if the stored pgid's
+        leader is provably the process that daemon started (same boot, same start time); the tag
+        and the cgroup find the rest either way."""
+        same = pgid is not None and proctree.same_process(pgid, boot_id, start_ticks)
+        if pgid is not None and not same:
+            log.warning("stored_pgid_not_ours", job=job.name, attempt=number, pgid=pgid,
+                        detail="its leader is gone or another process now; only the tag and cgroup are used")
+        cgroup = None
+        if self.cgroups is not None:
+            old = self.cgroups.attempt(job.name, number, attempt_id)
+            cgroup = old if old.is_dir() else None
+        h = self.handles[job.id] = Handles(number=number, files=attempt_files.paths(self.cfg, job, number),
+                                           row_id=row_id, attempt_id=attempt_id, pgid=pgid if same else None,
+                                           cgroup=cgroup)
+        h.pids = h.procs.pids()
+        h.seen_pids.update(h.pids)
+
+    # --- views ---------------------------------------------------------------------------------------
+
+    def live_pids(self, names: dict[int, str]) -> dict[str, list[int]]:
+        return {names[j]: list(h.pids) for j, h in list(self.handles.items()) if j in names and h.attempt_id}
+
+    def child_pids(self) -> set[int]:
+        """Our own children whose status Popen reads (launchers, relays, copiers): not for the reaper."""
+        out = set()
+        for h in list(self.handles.values()):
+            for p in (h.proc, h.relay, h.staging.proc if h.staging else None):
+                if p is not None:
+                    out.add(p.pid)
+        return out
+
+    def attempt_cgroups(self) -> set[Path]:
+        return {h.cgroup for h in list(self.handles.values()) if h.cgroup is not None}
+
+
+def dump_stacks(files: AttemptFiles, pids: list[int]) -> None:
+    """Worker stacks into the attempt log (py-spy, where installed), before the kill. Off the loop."""
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(pyspy).exists():
+        attempt_files.note(files, "hang detected; py-spy is not installed, no stack dump")
+        return
+    deadline = time.monotonic() + DUMP_BUDGET_SECONDS
+    for pid in pids:
+        left = deadline - time.monotonic()
+        if left <= 1:
+            attempt_files.note(files, f"stack dump budget spent; pid {pid} not dumped")
+            continue
+        try:
+            out = subprocess.run([pyspy, "dump", "--pid", str(pid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 timeout=min(PYSPY_TIMEOUT_SECONDS, left), check=False).stdout
+            text = out.decode("utf-8", "replace")
+        except subprocess.TimeoutExpired:
+            text = "py-spy timed out"
+        attempt_files.note(files, f"hang detected; stack of pid {pid}:\n{text}")
+
+
+_PERFORM: dict[type, Callable[[Executor, JobRow, step.JobStep, object], list[step.Observation]]] = {
+    step.MarkStarting: Executor._mark_starting,
+    step.StartStaging: Executor._start_staging,
+    step.StopStaging: Executor._stop_staging,
+    step.FindCheckpoint: Executor._find_checkpoint,
+    step.Spawn: Executor._spawn,
+    step.SignalTerm: Executor._signal,
+    step.SignalKill: Executor._signal,
+    step.DumpStacks: Executor._dump_stacks,
+    step.Diagnose: Executor._diagnose,
+    step.RemoveCgroup: Executor._remove_cgroup,
+    step.Note: Executor._note,
+    step.Log: Executor._log,
+    step.FinishAttempt: Executor._finish,
+    step.SaveBackoff: Executor._save_backoff,
+}

@@ -1,0 +1,686 @@
+"""The supervisor's state machine: one job between "GPUs allocated" and its next resting state.
+
+PURE. Every live job the supervisor tracks (a starting, running or restarting one) is a `JobStep`
+value, and advances only by
+
+    step(state, observation, now) -> (new state, actions)
+
+`now` is `time.monotonic()`: every delay (grace, hang, backoff, deadlines of slow work) is measured
+on it, and a backoff is persisted as the seconds that remain, never as a wall-clock deadline, so a
+clock jump neither fires nor freezes a restart. Observations say what the executor saw (a tick, a
+heartbeat, the launcher's exit, a checkpoint found, a spawn's result, a cancel …); actions say what
+it must do (find a checkpoint, spawn, signal, dump stacks, record the attempt's end …) and it feeds
+each result back as another observation. So every edge is tested by scripting observations, with
+no processes (tests/unit/test_step.py) — supervisord's per-tick `transition()` and torch elastic's
+"the monitor returns a result, one loop decides" are the models.
+
+Phases of the tracked job (the stored `JobState` in brackets):
+
+    BACKOFF [restarting] --remaining reaches 0--> READY [restarting]
+    READY [queued|starting|restarting] --Go--> STAGING | PREPARING [starting]
+    STAGING --copier done--> PREPARING;  PREPARING --checkpoint found--> RUNNING [running]
+    RUNNING --hang--> DUMPING --stacks dumped--> STOPPING;  RUNNING --cancel/daemon stop--> STOPPING
+    STOPPING --grace over--> SIGKILL (still STOPPING);  RUNNING|DUMPING|STOPPING --launcher exited--> EXITED
+    EXITED --all processes gone--> DIAGNOSING --diagnosis (or its deadline)--> record the end:
+        BACKOFF (a restart) | DONE (succeeded / failed / cancelled, or the daemon stops)
+
+Store writes are actions too, and each step writes at most one transaction (`FinishAttempt` ends
+the attempt row and moves the job together). A write the store cannot take now (disk full, locked)
+comes back as a retryable `ActionFailed`, and is re-emitted on the next tick; a job with a write
+pending is never relaunched.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from spx.daemon.contract.worker_env import EXIT_PREEMPTED
+from spx.daemon.intake.spec import Restart
+from spx.daemon.run.policy import AttemptOutcome, decide
+from spx.daemon.state.states import JobState
+
+# After the launcher exits on its own, leftovers (escaped grandchildren) get SIGKILL every second;
+# past this long a warning says so, and the attempt is never declared over while any remain.
+LEFTOVER_WARN_SECONDS = 10.0
+KILL_REPEAT_SECONDS = 1.0
+# Slow work off the loop comes back by these deadlines, or is given up on.
+DUMP_DEADLINE_SECONDS = 60.0
+DIAGNOSE_DEADLINE_SECONDS = 30.0
+CHECKPOINT_DEADLINE_SECONDS = 120.0
+# Stop causes that are not the job's fault: its attempt does not count as a restart.
+DAEMON_CAUSES = ("daemon-stop", "daemon-restart")
+
+
+class Phase(str, enum.Enum):
+    BACKOFF = "backoff"          # between attempts: waiting out `backoff_remaining`
+    READY = "ready"              # may start once the scheduler says Go (its GPUs are free)
+    STAGING = "staging"          # copying the working set before the first attempt
+    PREPARING = "preparing"      # the attempt's files made, its checkpoint being found (off the loop)
+    RUNNING = "running"          # an attempt is alive
+    DUMPING = "dumping"          # hung: its stacks being dumped (off the loop) before the stop
+    STOPPING = "stopping"        # SIGTERM sent; SIGKILL once the grace is over
+    EXITED = "exited"            # the launcher exited; leftovers get SIGKILL until none remain
+    DIAGNOSING = "diagnosing"    # all gone; root cause / OOM being read (off the loop)
+    DONE = "done"                # nothing left to supervise: the supervisor forgets the job
+
+    @property
+    def has_processes(self) -> bool:
+        return self in (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING, Phase.EXITED)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the job's spec and the daemon's config fix for the whole job."""
+
+    grace_seconds: float
+    hang_timeout_seconds: float
+    healthy_seconds: float
+    restart: Restart
+    stages: bool = False
+
+
+@dataclass(frozen=True)
+class JobStep:
+    """One tracked job. Attempt fields describe the current (or last) attempt."""
+
+    job_id: int
+    name: str
+    limits: Limits
+    phase: Phase
+    job_state: JobState                  # as stored (or being stored by this step's actions)
+    gpus: tuple[int, ...] = ()
+    number: int = 0                      # the current / last attempt's number
+    restarts: int = 0                    # earlier attempts that ended by the job's own fault
+    backoff_level: int = 0
+    no_progress_streak: int = 0
+    backoff_remaining: float = 0.0
+    clock: float = 0.0                   # monotonic time of the last observation
+    phase_since: float = 0.0
+    staged: bool = False
+    checkpoint_found: bool = False       # PREPARING: discovery answered (a Spawn may wait on the store)
+    daemon_stopping: bool = False
+    retry: tuple[Action, ...] = ()       # store writes to re-emit on the next tick
+    # --- the attempt ---
+    started: float | None = None         # monotonic
+    started_wall: float = 0.0            # heartbeats older than this are a previous attempt's
+    resumed_from_step: int | None = None
+    last_step: int | None = None
+    last_progress: float | None = None
+    last_beat_time: float = 0.0
+    beat_status: str | None = None
+    stop_cause: str | None = None
+    hang_idle: float | None = None
+    term_at: float | None = None
+    kill_at: float | None = None
+    exited_at: float | None = None
+    warned_at: float | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    root_cause: str | None = None
+    oom: bool = False
+
+    @property
+    def ready(self) -> bool:
+        """May the scheduler start it now? (Backoff over, no write pending.)"""
+        return self.phase is Phase.READY and not self.retry
+
+    @property
+    def progressed(self) -> bool:
+        if self.last_step is None:
+            return False
+        return self.resumed_from_step is None or self.last_step > self.resumed_from_step
+
+
+# --- observations: what the executor saw ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed (every loop turn)."""
+
+
+@dataclass(frozen=True)
+class Go:
+    """The scheduler: start now on `gpus` (the job's own, for a relaunch)."""
+
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StagingEnded:
+    ok: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointFound:
+    """Checkpoint discovery (as the user, off the loop) is done; `path` None: start fresh."""
+
+    path: str | None
+    step: int | None
+    number: int
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """The launcher exec'd; `wall` is the attempt's start in Unix time."""
+
+    pid: int
+    wall: float
+
+
+@dataclass(frozen=True)
+class HeartbeatSeen:
+    step: int
+    time: float
+    status: str
+
+
+@dataclass(frozen=True)
+class LauncherExited:
+    """The launcher (process-group leader) exited; (None, None) when its status is unknown
+    (an attempt adopted after a daemon restart is not our child)."""
+
+    code: int | None
+    signal: int | None
+
+
+@dataclass(frozen=True)
+class AllGone:
+    """No process of the attempt is left (cgroup, tag and group all empty)."""
+
+
+@dataclass(frozen=True)
+class StacksDumped:
+    number: int
+
+
+@dataclass(frozen=True)
+class Diagnosed:
+    number: int
+    root_cause: str | None
+    oom: bool
+
+
+@dataclass(frozen=True)
+class CancelRequested:
+    by: str
+
+
+@dataclass(frozen=True)
+class DaemonStopping:
+    """The daemon shuts down: attempts get SIGTERM and their grace; nothing new starts."""
+
+
+@dataclass(frozen=True)
+class ActionFailed:
+    """An action raised. `retry`: the store could not take a write now (re-emit it next tick)."""
+
+    action: Action
+    error: str
+    retry: bool = False
+
+
+Observation = (Tick | Go | StagingEnded | CheckpointFound | Spawned | HeartbeatSeen | LauncherExited | AllGone
+               | StacksDumped | Diagnosed | CancelRequested | DaemonStopping | ActionFailed)
+
+
+# --- actions: what the executor must do ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkStarting:
+    """Store: the job → starting on `gpus` (one transaction)."""
+
+    gpus: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class StartStaging:
+    pass
+
+
+@dataclass(frozen=True)
+class StopStaging:
+    pass
+
+
+@dataclass(frozen=True)
+class FindCheckpoint:
+    """Make attempt `number`'s files (as the user), then find the checkpoint to resume from (off the
+    loop, as the user). Answers CheckpointFound."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Store the attempt row, make its cgroup, spawn it, store its pid (boot id, start time) and the
+    job → running. Answers Spawned, or ActionFailed."""
+
+    number: int
+    resume_from: str | None
+    resume_step: int | None
+
+
+@dataclass(frozen=True)
+class SignalTerm:
+    pass
+
+
+@dataclass(frozen=True)
+class SignalKill:
+    pass
+
+
+@dataclass(frozen=True)
+class DumpStacks:
+    """py-spy on every process of the attempt, into its log (off the loop). Answers StacksDumped."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class Diagnose:
+    """Root cause from the log tail and/or the kernel's OOM record (off the loop). Answers Diagnosed."""
+
+    number: int
+    root_cause: bool
+    oom: bool
+
+
+@dataclass(frozen=True)
+class RemoveCgroup:
+    pass
+
+
+@dataclass(frozen=True)
+class Note:
+    """A line in the attempt's log, for the user."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Log:
+    """A structured log line (the executor adds job and attempt)."""
+
+    event: str
+    level: str = "info"
+    fields: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class FinishAttempt:
+    """Store, ONE transaction: the attempt row ended (its fields) and the job moved to `state` with
+    its backoff bookkeeping. `number` 0: no attempt row to end (e.g. a cancel during the backoff)."""
+
+    number: int
+    state: JobState
+    reason: str
+    reason_class: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    max_step: int | None = None
+    root_cause: str | None = None
+    backoff_remaining: float = 0.0
+    backoff_level: int = 0
+    no_progress_streak: int = 0
+    release_gpus: bool = False
+
+
+@dataclass(frozen=True)
+class SaveBackoff:
+    """Store the backoff's remaining seconds (the daemon stops mid-backoff; the next one resumes it)."""
+
+    remaining: float
+
+
+Action = (MarkStarting | StartStaging | StopStaging | FindCheckpoint | Spawn | SignalTerm | SignalKill | DumpStacks
+          | Diagnose | RemoveCgroup | Note | Log | FinishAttempt | SaveBackoff)
+STORE_ACTIONS = (MarkStarting, Spawn, FinishAttempt, SaveBackoff)
+
+
+# --- constructors: where a tracked job begins --------------------------------------------------------
+
+
+def placed(job_id: int, name: str, limits: Limits, job_state: JobState, gpus: tuple[int, ...], *, number: int = 0,
+           restarts: int = 0, backoff_level: int = 0, no_progress_streak: int = 0, backoff_remaining: float = 0.0,
+           staged: bool = False, now: float = 0.0) -> JobStep:
+    """A job without a live attempt: READY, or in BACKOFF while `backoff_remaining` > 0 — a job just
+    placed by the scheduler, or one found starting/restarting when the daemon starts (its stored
+    remaining delay resumes)."""
+    phase = Phase.BACKOFF if backoff_remaining > 0 else Phase.READY
+    return JobStep(job_id=job_id, name=name, limits=limits, phase=phase, job_state=job_state, gpus=gpus,
+                   number=number, restarts=restarts, backoff_level=backoff_level,
+                   no_progress_streak=no_progress_streak, backoff_remaining=max(0.0, backoff_remaining),
+                   clock=now, phase_since=now, staged=staged)
+
+
+def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: int | None,
+            now: float) -> tuple[JobStep, list[Action]]:
+    """A job whose attempt was open when the previous daemon died: its processes (if any are still
+    the same ones) get SIGTERM, the grace, SIGKILL — as for any stop — and it is relaunched from its
+    checkpoint without counting as a restart."""
+    state = replace(base, phase=Phase.STOPPING, job_state=JobState.RUNNING, number=number, started=now,
+                    started_wall=started_wall, resumed_from_step=resumed_from_step,
+                    stop_cause="daemon-restart", term_at=now, clock=now, phase_since=now)
+    return state, [SignalTerm(), Log("adopted_after_restart")]
+
+
+# --- the step ---------------------------------------------------------------------------------------
+
+
+def step(s: JobStep, obs: Observation, now: float) -> tuple[JobStep, list[Action]]:
+    """The only place a tracked job changes. Returns the new state and what to do."""
+    elapsed = max(0.0, now - s.clock)
+    s = replace(s, clock=now)
+    match obs:
+        case ActionFailed():
+            return _action_failed(s, obs, now)
+        case CancelRequested():
+            return _cancel(s, obs, now)
+        case DaemonStopping():
+            return _daemon_stopping(s, now)
+        case Tick():
+            retry = list(s.retry)
+            s = replace(s, retry=())
+            s, actions = _tick(s, elapsed, now)
+            return s, retry + actions
+    handler = _HANDLERS.get((s.phase, type(obs)))
+    if handler is None:
+        # A result for something no longer asked (a checkpoint found for a job cancelled meanwhile,
+        # stacks dumped after the attempt ended): nothing to do.
+        return s, []
+    return handler(s, obs, now)
+
+
+def _to(s: JobStep, phase: Phase, now: float, **changes: object) -> JobStep:
+    return replace(s, phase=phase, phase_since=now, **changes)  # type: ignore[arg-type]
+
+
+def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]]:
+    since = now - s.phase_since
+    if s.phase is Phase.BACKOFF:
+        # backoff → ready: the remaining delay counts down in monotonic time.
+        remaining = max(0.0, s.backoff_remaining - elapsed)
+        if remaining <= 0:
+            return _to(s, Phase.READY, now, backoff_remaining=0.0), []
+        return replace(s, backoff_remaining=remaining), []
+    if s.phase is Phase.PREPARING and not s.checkpoint_found and since > CHECKPOINT_DEADLINE_SECONDS:
+        # preparing → done (failed): checkpoint discovery never answered (a hung network volume).
+        return _fail_before_attempt(s, f"checkpoint discovery did not finish in {CHECKPOINT_DEADLINE_SECONDS:.0f} s", now)
+    if s.phase is Phase.RUNNING and s.last_progress is not None and s.stop_cause is None:
+        idle = now - s.last_progress
+        if idle > s.limits.hang_timeout_seconds:
+            # running → dumping: no step progress for the hang timeout; stacks first, then the stop.
+            return _to(s, Phase.DUMPING, now, hang_idle=idle, stop_cause="hang"), [
+                Log("hang_detected", "warning", (("idle_seconds", round(idle, 1)), ("step", s.last_step))),
+                DumpStacks(s.number),
+            ]
+    if s.phase is Phase.DUMPING and since > DUMP_DEADLINE_SECONDS:
+        # dumping → stopping: the dump did not come back in time; the stop does not wait for it.
+        return _term(s, now), [Log("stack_dump_timed_out", "warning"), SignalTerm()]
+    grace_over = s.term_at is not None and now - s.term_at >= s.limits.grace_seconds
+    if s.phase is Phase.STOPPING and grace_over and (s.kill_at is None or now - s.kill_at >= KILL_REPEAT_SECONDS):
+        # stopping: the grace is over → SIGKILL (repeated each second while anything remains).
+        return replace(s, kill_at=now), [SignalKill()]
+    if s.phase is Phase.EXITED:
+        actions: list[Action] = []
+        if s.kill_at is None or now - s.kill_at >= KILL_REPEAT_SECONDS:
+            s = replace(s, kill_at=now)
+            actions.append(SignalKill())
+        if now - (s.warned_at or s.phase_since) > LEFTOVER_WARN_SECONDS:
+            s = replace(s, warned_at=now)
+            actions.append(Log("leftover_processes", "warning"))
+        return s, actions
+    if s.phase is Phase.DIAGNOSING and since > DIAGNOSE_DEADLINE_SECONDS:
+        # diagnosing → recorded: the diagnosis did not come back; the attempt ends without it.
+        return _record_end(s, now)
+    return s, []
+
+
+def _term(s: JobStep, now: float, **changes: object) -> JobStep:
+    return _to(s, Phase.STOPPING, now, term_at=now, **changes)
+
+
+# --- READY → the attempt ------------------------------------------------------------------------------
+
+
+def _go(s: JobStep, obs: Go, now: float) -> tuple[JobStep, list[Action]]:
+    actions: list[Action] = []
+    if s.job_state is not JobState.STARTING:
+        # ready → starting: queued (GPUs allocated) or restarting (backoff over, GPUs free).
+        reason = "relaunching" if s.job_state is JobState.RESTARTING else ("GPUs allocated" if obs.gpus else "starting")
+        actions.append(MarkStarting(obs.gpus, reason))
+    s = replace(s, job_state=JobState.STARTING, gpus=obs.gpus)
+    if s.limits.stages and not s.staged:
+        # ready → staging: the working set is copied before the first attempt.
+        return _to(s, Phase.STAGING, now), [*actions, StartStaging()]
+    # ready → preparing: files made and the checkpoint found off the loop.
+    return _to(s, Phase.PREPARING, now, number=s.number + 1, checkpoint_found=False), [*actions, FindCheckpoint(s.number + 1)]
+
+
+def _staging_ended(s: JobStep, obs: StagingEnded, now: float) -> tuple[JobStep, list[Action]]:
+    if obs.ok:
+        # staging → preparing.
+        s = replace(s, staged=True)
+        return _to(s, Phase.PREPARING, now, number=s.number + 1, checkpoint_found=False), [Log("staging_done", "info", (("detail", obs.reason),)),
+                                                                   FindCheckpoint(s.number + 1)]
+    # staging → done (failed): the copier failed; no attempt ran.
+    return _finish_without_attempt(s, JobState.FAILED, obs.reason, now, Log("staging_failed", "error", (("reason", obs.reason),)))
+
+
+def _checkpoint_found(s: JobStep, obs: CheckpointFound, now: float) -> tuple[JobStep, list[Action]]:
+    if obs.number != s.number:
+        return s, []
+    # preparing → running (once Spawned comes back): spawn from the checkpoint found.
+    return replace(s, resumed_from_step=obs.step, checkpoint_found=True), [Spawn(s.number, obs.path, obs.step)]
+
+
+def _spawned(s: JobStep, obs: Spawned, now: float) -> tuple[JobStep, list[Action]]:
+    # preparing → running: the launcher exec'd; a fresh attempt's clocks start.
+    return _to(s, Phase.RUNNING, now, job_state=JobState.RUNNING, started=now, started_wall=obs.wall,
+               last_step=None, last_progress=None, last_beat_time=0.0, beat_status=None, stop_cause=None,
+               hang_idle=None, term_at=None, kill_at=None, exited_at=None, warned_at=None, exit_code=None,
+               exit_signal=None, root_cause=None, oom=False), []
+
+
+# --- the running attempt ------------------------------------------------------------------------------
+
+
+def _heartbeat(s: JobStep, obs: HeartbeatSeen, now: float) -> tuple[JobStep, list[Action]]:
+    # A beat counts only if written during this attempt, and once.
+    if obs.time < s.started_wall or obs.time == s.last_beat_time:
+        return s, []
+    s = replace(s, last_beat_time=obs.time, beat_status=obs.status)
+    if s.last_step is None or obs.step != s.last_step:
+        # running: progress — the hang clock restarts (it starts at the first heartbeat: scripts
+        # that write none are supervised on exit status alone).
+        s = replace(s, last_step=obs.step, last_progress=now)
+    return s, []
+
+
+def _stacks_dumped(s: JobStep, obs: StacksDumped, now: float) -> tuple[JobStep, list[Action]]:
+    if obs.number != s.number:
+        return s, []
+    # dumping → stopping: stacks are in the log; SIGTERM, the grace, then SIGKILL.
+    return _term(s, now), [SignalTerm()]
+
+
+def _launcher_exited(s: JobStep, obs: LauncherExited, now: float) -> tuple[JobStep, list[Action]]:
+    # running|dumping|stopping → exited: the launcher is gone; anything left of the attempt is a
+    # leftover and gets SIGKILL at once (and every second until none remain).
+    s = _to(s, Phase.EXITED, now, exit_code=obs.code, exit_signal=obs.signal, exited_at=now, kill_at=now)
+    return s, [SignalKill()]
+
+
+def _all_gone(s: JobStep, obs: AllGone, now: float) -> tuple[JobStep, list[Action]]:
+    # exited → diagnosing: nothing of the attempt runs; its cgroup goes, and a failure is diagnosed
+    # off the loop (root cause from the log tail, the kernel's OOM record).
+    failed = s.exit_code != 0 and s.stop_cause is None
+    want_root = s.exit_code != 0 and s.stop_cause not in ("cancel", *DAEMON_CAUSES)
+    s = _to(s, Phase.DIAGNOSING, now)
+    if not (failed or want_root):
+        # exited → recorded: nothing to diagnose (success, or a stop the daemon made).
+        s2, actions = _record_end(s, now)
+        return s2, [RemoveCgroup(), *actions]
+    return s, [RemoveCgroup(), Diagnose(s.number, root_cause=want_root, oom=failed)]
+
+
+def _diagnosed(s: JobStep, obs: Diagnosed, now: float) -> tuple[JobStep, list[Action]]:
+    if obs.number != s.number:
+        return s, []
+    # diagnosing → recorded.
+    return _record_end(replace(s, root_cause=obs.root_cause, oom=obs.oom), now)
+
+
+def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
+    """The attempt is over: decide (policy.decide) and write the end and the job's next state in one
+    transaction. A restart goes to BACKOFF (or DONE if the daemon is stopping: the stored remaining
+    delay resumes at the next start); anything else is terminal."""
+    ran = now - (s.started if s.started is not None else now)
+    code = s.exit_code
+    outcome = AttemptOutcome(
+        exit_code=code, signal=s.exit_signal,
+        preempted=s.beat_status == "preempted" or code == EXIT_PREEMPTED,
+        oom=s.oom, stop_cause=s.stop_cause, hang_seconds=s.hang_idle,
+        progressed=s.progressed or (s.last_step is None and ran >= s.limits.healthy_seconds),
+        ran_seconds=ran,
+    )
+    d = decide(outcome, s.limits.restart, s.restarts, s.backoff_level, s.no_progress_streak, s.limits.healthy_seconds)
+    terminal = d.state.terminal
+    finish = FinishAttempt(
+        number=s.number, state=d.state, reason=d.reason, reason_class=d.reason_class, exit_code=code,
+        signal=s.exit_signal, max_step=s.last_step, root_cause=s.root_cause,
+        backoff_remaining=d.delay_seconds, backoff_level=d.backoff_level, no_progress_streak=d.no_progress_streak,
+        release_gpus=terminal,
+    )
+    counted = d.state is JobState.RESTARTING and s.stop_cause not in DAEMON_CAUSES
+    log = Log("attempt_ended", "info", (
+        ("exit_code", code), ("signal", s.exit_signal), ("reason", d.reason), ("next_state", d.state.value),
+        ("delay_seconds", d.delay_seconds), ("last_step", s.last_step), ("root_cause", s.root_cause)))
+    s = replace(s, job_state=d.state, backoff_level=d.backoff_level, no_progress_streak=d.no_progress_streak,
+                restarts=s.restarts + (1 if counted else 0), backoff_remaining=d.delay_seconds)
+    if terminal or s.daemon_stopping:
+        # recorded → done: terminal, or a restart the next daemon resumes.
+        return _to(s, Phase.DONE, now), [finish, log]
+    # recorded → backoff (→ ready at once when the delay is 0).
+    return _to(s, Phase.BACKOFF if d.delay_seconds > 0 else Phase.READY, now), [finish, log]
+
+
+# --- stops ---------------------------------------------------------------------------------------------
+
+
+def _cancel(s: JobStep, obs: CancelRequested, now: float) -> tuple[JobStep, list[Action]]:
+    note = Log("cancel_requested", "info", (("by", obs.by),))
+    if s.phase in (Phase.BACKOFF, Phase.READY, Phase.PREPARING, Phase.STAGING):
+        # backoff|ready|preparing|staging → done (cancelled): no process to stop.
+        extra = [StopStaging()] if s.phase is Phase.STAGING else []
+        return _finish_without_attempt(s, JobState.CANCELLED, f"cancelled by {obs.by}", now, note, *extra)
+    if s.phase in (Phase.RUNNING, Phase.DUMPING):
+        # running|dumping → stopping: SIGTERM; the workers get the grace to checkpoint.
+        return _term(s, now, stop_cause="cancel"), [note, SignalTerm()]
+    if s.phase in (Phase.STOPPING, Phase.EXITED, Phase.DIAGNOSING):
+        # stopping|exited|diagnosing: already on the way down; a cancel wins over any other cause
+        # (the user's intent is that it ends for good). No second SIGTERM: torchrun's agent would
+        # stop waiting for its workers' checkpoint.
+        return replace(s, stop_cause="cancel"), [note]
+    return s, []
+
+
+def _daemon_stopping(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
+    s = replace(s, daemon_stopping=True)
+    if s.phase is Phase.BACKOFF:
+        # backoff → done: the remaining delay is stored; the next daemon resumes it.
+        return _to(s, Phase.DONE, now), [SaveBackoff(s.backoff_remaining)]
+    if s.phase in (Phase.READY, Phase.PREPARING):
+        # ready|preparing → done: nothing runs; the job stays starting/restarting for the next daemon.
+        return _to(s, Phase.DONE, now), []
+    if s.phase is Phase.STAGING:
+        # staging → done: staging resumes where it stopped at the next start.
+        return _to(s, Phase.DONE, now), [StopStaging()]
+    if s.phase in (Phase.RUNNING, Phase.DUMPING):
+        # running|dumping → stopping: SIGTERM and the grace, as for a cancel; resumed on next start.
+        return _term(s, now, stop_cause="daemon-stop"), [SignalTerm()]
+    return s, []
+
+
+def _finish_without_attempt(s: JobStep, state: JobState, reason: str, now: float, *before: Action) -> tuple[JobStep, list[Action]]:
+    finish = FinishAttempt(number=0, state=state, reason=reason, backoff_level=s.backoff_level,
+                           no_progress_streak=s.no_progress_streak, release_gpus=True)
+    return _to(replace(s, job_state=state), Phase.DONE, now), [*before, finish]
+
+
+def _fail_before_attempt(s: JobStep, reason: str, now: float) -> tuple[JobStep, list[Action]]:
+    return _finish_without_attempt(s, JobState.FAILED, reason, now, Log("launch_failed", "error", (("error", reason),)))
+
+
+def _action_failed(s: JobStep, obs: ActionFailed, now: float) -> tuple[JobStep, list[Action]]:
+    a = obs.action
+    if obs.retry and isinstance(a, STORE_ACTIONS):
+        # any phase: the store cannot take the write now; it is re-emitted on the next tick, and
+        # the job is not relaunched until it is in.
+        return replace(s, retry=(*s.retry, a)), [Log("store_write_deferred", "warning", (("error", obs.error),))]
+    if isinstance(a, FindCheckpoint) and s.phase is Phase.PREPARING and a.number == s.number:
+        # preparing → done (failed): the attempt's files cannot be made or read (the owner is gone,
+        # a path is not theirs, discovery failed): no attempt can run.
+        return _fail_before_attempt(s, f"cannot prepare the attempt: {obs.error}", now)
+    if isinstance(a, Spawn) and s.phase is Phase.PREPARING and a.number == s.number:
+        # preparing → done (failed): the launch itself failed; the attempt row ends with it.
+        finish = FinishAttempt(number=s.number, state=JobState.FAILED, reason=f"launch failed: {obs.error}",
+                               reason_class="launch", backoff_level=s.backoff_level,
+                               no_progress_streak=s.no_progress_streak, release_gpus=True)
+        return _to(replace(s, job_state=JobState.FAILED), Phase.DONE, now), [
+            Log("launch_failed", "error", (("error", obs.error),)), finish]
+    if isinstance(a, StartStaging) and s.phase is Phase.STAGING:
+        # staging → done (failed): the copier could not be started.
+        reason = f"staging failed: {obs.error}"
+        return _finish_without_attempt(s, JobState.FAILED, reason, now, Log("staging_failed", "error", (("reason", reason),)))
+    if isinstance(a, DumpStacks) and s.phase is Phase.DUMPING:
+        # dumping → stopping: no stacks (py-spy failed); the stop goes on.
+        return _term(s, now), [Log("stack_dump_failed", "warning", (("error", obs.error),)), SignalTerm()]
+    if isinstance(a, Diagnose) and s.phase is Phase.DIAGNOSING:
+        # diagnosing → recorded, without a diagnosis.
+        return _record_end(s, now)
+    if isinstance(a, FinishAttempt | MarkStarting | SaveBackoff):
+        # A write the store refused for good (not a full disk: a bug, a broken row) — the job's
+        # record cannot be trusted any more; it is given up on in memory, loudly.
+        return _to(s, Phase.DONE, now), [Log("store_write_failed", "error", (("error", obs.error),
+                                                                            ("action", type(a).__name__)))]
+    # Signals, notes, cgroup removal: logged; escalation goes on by the clock.
+    return s, [Log("action_failed", "warning", (("action", type(a).__name__), ("error", obs.error)))]
+
+
+def fault(s: JobStep, error: str, now: float) -> tuple[JobStep, list[Action]]:
+    """Containment: the daemon itself raised while handling this job (a bug, an unexpected error).
+    The job fails with the error as its reason; whatever of its attempt still runs is killed."""
+    reason = f"daemon error: {error}"
+    actions: list[Action] = [Log("job_fault", "error", (("error", error),))]
+    if s.phase.has_processes or s.phase is Phase.DIAGNOSING:
+        actions += [SignalKill(), RemoveCgroup()]
+    if s.phase is Phase.STAGING:
+        actions.append(StopStaging())
+    actions.append(FinishAttempt(number=s.number if (s.phase.has_processes or s.phase is Phase.DIAGNOSING) else 0,
+                                 state=JobState.FAILED, reason=reason, reason_class="daemon-error",
+                                 exit_code=s.exit_code, signal=s.exit_signal, max_step=s.last_step,
+                                 backoff_level=s.backoff_level, no_progress_streak=s.no_progress_streak,
+                                 release_gpus=True))
+    return _to(replace(s, job_state=JobState.FAILED), Phase.DONE, now), actions
+
+
+_HANDLERS: dict[tuple[Phase, type], Callable[..., tuple[JobStep, list[Action]]]] = {
+    (Phase.READY, Go): _go,
+    (Phase.STAGING, StagingEnded): _staging_ended,
+    (Phase.PREPARING, CheckpointFound): _checkpoint_found,
+    (Phase.PREPARING, Spawned): _spawned,
+    **{(p, HeartbeatSeen): _heartbeat for p in (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING, Phase.EXITED)},
+    (Phase.DUMPING, StacksDumped): _stacks_dumped,
+    **{(p, LauncherExited): _launcher_exited for p in (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING)},
+    (Phase.EXITED, AllGone): _all_gone,
+    (Phase.DIAGNOSING, Diagnosed): _diagnosed,
+}
+

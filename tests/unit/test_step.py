@@ -1,0 +1,497 @@
+"""The supervisor's step function, one test per edge, by scripting observations (no processes).
+
+Each test drives `step` with the observations the executor would report and checks the state and the
+actions it returns — the torch elastic agent's and supervisord's state tests are the models.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import replace
+
+import pytest
+
+from spx.daemon.intake.spec import Restart
+from spx.daemon.run import step as st
+from spx.daemon.run.step import (
+    ActionFailed,
+    AllGone,
+    CancelRequested,
+    CheckpointFound,
+    DaemonStopping,
+    Diagnose,
+    Diagnosed,
+    DumpStacks,
+    FindCheckpoint,
+    FinishAttempt,
+    Go,
+    HeartbeatSeen,
+    LauncherExited,
+    Log,
+    MarkStarting,
+    Phase,
+    RemoveCgroup,
+    SaveBackoff,
+    SignalKill,
+    SignalTerm,
+    Spawn,
+    Spawned,
+    StacksDumped,
+    StagingEnded,
+    StartStaging,
+    StopStaging,
+    Tick,
+)
+from spx.daemon.state.states import JobState
+
+LIMITS = st.Limits(grace_seconds=30, hang_timeout_seconds=60, healthy_seconds=600,
+                   restart=Restart(max_restarts=3, backoff_seconds=(10, 300)))
+WALL0 = 1_000_000.0
+
+
+def kinds(actions):
+    return [type(a) for a in actions if not isinstance(a, Log)]
+
+
+def logs(actions):
+    return [a.event for a in actions if isinstance(a, Log)]
+
+
+def only(actions, kind):
+    found = [a for a in actions if isinstance(a, kind)]
+    assert len(found) == 1, actions
+    return found[0]
+
+
+def ready(job_state=JobState.QUEUED, **kw):
+    return st.placed(1, "job", kw.pop("limits", LIMITS), job_state, kw.pop("gpus", ()), **kw)
+
+
+def running(now=0.0, **kw):
+    """A job whose attempt 1 (or the next one) is up, launched at `now`."""
+    s, _ = st.step(ready(**kw), Go((0, 1)), now)
+    s, _ = st.step(s, CheckpointFound(None, None, s.number), now)
+    s, _ = st.step(s, Spawned(4242, WALL0 + now), now)
+    return s
+
+
+def ended(s, now, code=1, sig=None):
+    """The launcher exits with (code, sig) and nothing is left."""
+    s, _ = st.step(s, LauncherExited(code, sig), now)
+    return st.step(s, AllGone(), now)
+
+
+# --- starting ------------------------------------------------------------------------------------------
+
+
+def test_ready_to_preparing_on_go_marks_starting_and_finds_the_checkpoint():
+    s, actions = st.step(ready(), Go((2, 3)), 5.0)
+    assert (s.phase, s.job_state, s.gpus, s.number) == (Phase.PREPARING, JobState.STARTING, (2, 3), 1)
+    assert actions == [MarkStarting((2, 3), "GPUs allocated"), FindCheckpoint(1)]
+
+
+def test_restarting_to_starting_on_go_says_relaunching():
+    s, actions = st.step(ready(JobState.RESTARTING, number=2, gpus=(0,)), Go((0,)), 0.0)
+    assert actions == [MarkStarting((0,), "relaunching"), FindCheckpoint(3)]
+
+
+def test_starting_job_found_at_daemon_start_goes_without_a_second_mark():
+    s, actions = st.step(ready(JobState.STARTING, gpus=(0,)), Go((0,)), 0.0)
+    assert actions == [FindCheckpoint(1)] and s.phase is Phase.PREPARING
+
+
+def test_ready_to_staging_on_go_when_the_job_stages_data():
+    s, actions = st.step(ready(limits=replace(LIMITS, stages=True)), Go(()), 0.0)
+    assert s.phase is Phase.STAGING and kinds(actions) == [MarkStarting, StartStaging]
+
+
+def test_staging_to_preparing_when_the_copier_succeeds():
+    s, _ = st.step(ready(limits=replace(LIMITS, stages=True)), Go(()), 0.0)
+    s, actions = st.step(s, StagingEnded(True, "staged 3 files"), 4.0)
+    assert s.phase is Phase.PREPARING and s.staged and kinds(actions) == [FindCheckpoint]
+
+
+def test_staging_to_failed_when_the_copier_fails():
+    s, _ = st.step(ready(limits=replace(LIMITS, stages=True)), Go(()), 0.0)
+    s, actions = st.step(s, StagingEnded(False, "staging failed: no space"), 4.0)
+    finish = only(actions, FinishAttempt)
+    assert s.phase is Phase.DONE and (finish.number, finish.state, finish.reason) == (0, JobState.FAILED,
+                                                                                      "staging failed: no space")
+    assert finish.release_gpus
+
+
+def test_staging_to_failed_when_the_copier_cannot_start():
+    s, _ = st.step(ready(limits=replace(LIMITS, stages=True)), Go(()), 0.0)
+    s, actions = st.step(s, ActionFailed(StartStaging(), "PermissionError: /data"), 0.0)
+    assert s.phase is Phase.DONE and only(actions, FinishAttempt).reason == "staging failed: PermissionError: /data"
+
+
+def test_preparing_spawns_from_the_checkpoint_found():
+    s, _ = st.step(ready(), Go((0,)), 0.0)
+    s, actions = st.step(s, CheckpointFound("/c/step-000000020", 20, 1), 1.0)
+    assert actions == [Spawn(1, "/c/step-000000020", 20)] and s.resumed_from_step == 20
+
+
+def test_preparing_to_running_on_spawned():
+    s = running(3.0)
+    assert (s.phase, s.job_state, s.started, s.started_wall) == (Phase.RUNNING, JobState.RUNNING, 3.0, WALL0 + 3.0)
+
+
+def test_preparing_to_failed_when_the_owner_is_deleted():
+    s, _ = st.step(ready(), Go((0,)), 0.0)
+    s, actions = st.step(s, ActionFailed(FindCheckpoint(1), "UserPathError: uid 4321 has no account"), 1.0)
+    finish = only(actions, FinishAttempt)
+    assert s.phase is Phase.DONE and finish.state is JobState.FAILED and finish.number == 0
+    assert finish.reason == "cannot prepare the attempt: UserPathError: uid 4321 has no account"
+
+
+def test_preparing_to_failed_on_spawn_failure_with_the_reason():
+    s, _ = st.step(ready(), Go((0,)), 0.0)
+    s, _ = st.step(s, CheckpointFound(None, None, 1), 0.0)
+    s, actions = st.step(s, ActionFailed(Spawn(1, None, None), "FileNotFoundError: /x/python"), 0.0)
+    finish = only(actions, FinishAttempt)
+    assert s.phase is Phase.DONE
+    assert (finish.number, finish.state, finish.reason, finish.reason_class) == (
+        1, JobState.FAILED, "launch failed: FileNotFoundError: /x/python", "launch")
+
+
+def test_preparing_to_failed_when_checkpoint_discovery_never_answers():
+    s, _ = st.step(ready(), Go((0,)), 0.0)
+    s, actions = st.step(s, Tick(), st.CHECKPOINT_DEADLINE_SECONDS - 1)
+    assert s.phase is Phase.PREPARING and actions == []
+    s, actions = st.step(s, Tick(), st.CHECKPOINT_DEADLINE_SECONDS + 1)
+    assert s.phase is Phase.DONE and "did not finish" in only(actions, FinishAttempt).reason
+
+
+# --- running -------------------------------------------------------------------------------------------
+
+
+def test_running_heartbeat_progress_restarts_the_hang_clock():
+    s = running()
+    s, _ = st.step(s, HeartbeatSeen(5, WALL0 + 10, "running"), 10.0)
+    s, _ = st.step(s, HeartbeatSeen(6, WALL0 + 50, "running"), 50.0)
+    s, actions = st.step(s, Tick(), 100.0)  # 50 s since the last progress < 60 s
+    assert (s.phase, s.last_step, s.last_progress, actions) == (Phase.RUNNING, 6, 50.0, [])
+
+
+def test_running_heartbeat_without_a_new_step_is_no_progress():
+    s = running()
+    s, _ = st.step(s, HeartbeatSeen(5, WALL0 + 10, "running"), 10.0)
+    s, _ = st.step(s, HeartbeatSeen(5, WALL0 + 40, "running"), 40.0)
+    assert s.last_progress == 10.0
+
+
+def test_running_ignores_the_heartbeat_of_an_earlier_attempt():
+    s = running(100.0)
+    s, _ = st.step(s, HeartbeatSeen(99, WALL0 + 50, "running"), 101.0)
+    assert s.last_step is None and s.last_progress is None
+
+
+def test_running_without_heartbeats_never_hangs():
+    s, actions = st.step(running(), Tick(), 10_000.0)
+    assert s.phase is Phase.RUNNING and actions == []
+
+
+def test_running_to_dumping_on_hang():
+    s = running()
+    s, _ = st.step(s, HeartbeatSeen(8, WALL0 + 5, "running"), 5.0)
+    s, actions = st.step(s, Tick(), 66.0)
+    assert s.phase is Phase.DUMPING and s.stop_cause == "hang" and s.hang_idle == 61.0
+    assert logs(actions) == ["hang_detected"] and actions[-1] == DumpStacks(1)
+
+
+def hung():
+    s = running()
+    s, _ = st.step(s, HeartbeatSeen(8, WALL0 + 5, "running"), 5.0)
+    return st.step(s, Tick(), 66.0)[0]
+
+
+def test_dumping_to_stopping_when_the_stacks_are_dumped():
+    s, actions = st.step(hung(), StacksDumped(1), 70.0)
+    assert s.phase is Phase.STOPPING and s.term_at == 70.0 and actions == [SignalTerm()]
+
+
+def test_dumping_to_stopping_when_the_dump_does_not_come_back_in_time():
+    s, actions = st.step(hung(), Tick(), 66.0 + st.DUMP_DEADLINE_SECONDS + 1)
+    assert s.phase is Phase.STOPPING and kinds(actions) == [SignalTerm] and logs(actions) == ["stack_dump_timed_out"]
+
+
+def test_dumping_to_stopping_when_the_dump_fails():
+    s, actions = st.step(hung(), ActionFailed(DumpStacks(1), "py-spy: permission denied"), 67.0)
+    assert s.phase is Phase.STOPPING and kinds(actions) == [SignalTerm]
+
+
+def test_stopping_sends_sigkill_after_the_grace_and_repeats_it_each_second():
+    s, _ = st.step(hung(), StacksDumped(1), 70.0)
+    s, actions = st.step(s, Tick(), 99.0)
+    assert actions == []
+    s, actions = st.step(s, Tick(), 100.0)
+    assert actions == [SignalKill()]
+    s, actions = st.step(s, Tick(), 100.5)
+    assert actions == []
+    s, actions = st.step(s, Tick(), 101.0)
+    assert actions == [SignalKill()]
+
+
+def test_hang_then_term_grace_kill_gone_restarts_with_backoff():
+    s, _ = st.step(hung(), StacksDumped(1), 70.0)
+    s, _ = st.step(s, Tick(), 100.0)
+    s, actions = st.step(s, LauncherExited(None, signal.SIGKILL), 100.2)
+    assert s.phase is Phase.EXITED and actions == [SignalKill()]
+    s, actions = st.step(s, AllGone(), 100.4)
+    assert s.phase is Phase.DIAGNOSING and actions == [RemoveCgroup(), Diagnose(1, root_cause=True, oom=False)]
+    s, actions = st.step(s, Diagnosed(1, None, False), 101.0)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason_class, finish.backoff_remaining) == (JobState.RESTARTING, "hang", 10)
+    assert finish.reason.startswith("hang: no step progress for 61 s") and finish.max_step == 8
+    assert s.phase is Phase.BACKOFF and s.restarts == 1
+
+
+def test_running_to_exited_on_launcher_exit_kills_leftovers_at_once():
+    s, actions = st.step(running(), LauncherExited(0, None), 20.0)
+    assert s.phase is Phase.EXITED and (s.exit_code, s.exit_signal) == (0, None) and actions == [SignalKill()]
+
+
+def test_exited_keeps_killing_leftovers_and_warns_about_them():
+    s, _ = st.step(running(), LauncherExited(1, None), 20.0)
+    s, actions = st.step(s, Tick(), 21.0)
+    assert actions == [SignalKill()]
+    s, actions = st.step(s, Tick(), 20.0 + st.LEFTOVER_WARN_SECONDS + 0.5)
+    assert SignalKill() in actions and logs(actions) == ["leftover_processes"] and s.phase is Phase.EXITED
+
+
+def test_exit_0_to_succeeded():
+    s, actions = ended(running(), 30.0, code=0)
+    finish = only(actions, FinishAttempt)
+    assert s.phase is Phase.DONE and (finish.state, finish.reason, finish.release_gpus) == (
+        JobState.SUCCEEDED, "exit code 0", True)
+    assert actions[0] == RemoveCgroup() and not any(isinstance(a, Diagnose) for a in actions)
+
+
+def test_crash_is_diagnosed_off_the_loop_then_backs_off_with_remaining_seconds():
+    s, actions = ended(running(), 30.0, code=1)
+    assert s.phase is Phase.DIAGNOSING and only(actions, Diagnose) == Diagnose(1, root_cause=True, oom=True)
+    s, actions = st.step(s, Diagnosed(1, "ValueError: lr must be positive", False), 30.5)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason, finish.root_cause) == (JobState.RESTARTING, "exit code 1",
+                                                                "ValueError: lr must be positive")
+    assert finish.backoff_remaining == 10 and not finish.release_gpus, "a restarting job keeps its GPUs"
+    assert s.phase is Phase.BACKOFF and s.backoff_remaining == 10
+
+
+def test_oom_diagnosis_classes_the_failure():
+    s, _ = ended(running(), 30.0, code=None, sig=signal.SIGKILL)
+    s, actions = st.step(s, Diagnosed(1, None, True), 31.0)
+    assert only(actions, FinishAttempt).reason_class == "oom"
+
+
+def test_diagnosing_to_recorded_when_the_diagnosis_never_comes():
+    s, _ = ended(running(), 30.0, code=1)
+    s, actions = st.step(s, Tick(), 30.0 + st.DIAGNOSE_DEADLINE_SECONDS + 1)
+    assert only(actions, FinishAttempt).root_cause is None and s.phase is Phase.BACKOFF
+
+
+def test_diagnosis_that_fails_records_the_end_without_it():
+    s, _ = ended(running(), 30.0, code=1)
+    s, actions = st.step(s, ActionFailed(Diagnose(1, True, True), "OSError: EIO"), 31.0)
+    assert only(actions, FinishAttempt).state is JobState.RESTARTING
+
+
+def test_backoff_counts_down_in_monotonic_time_to_ready():
+    s, _ = ended(running(), 30.0, code=1)
+    s, _ = st.step(s, Diagnosed(1, None, False), 30.0)
+    s, _ = st.step(s, Tick(), 34.0)
+    assert s.phase is Phase.BACKOFF and s.backoff_remaining == 6 and not s.ready
+    s, _ = st.step(s, Tick(), 40.0)
+    assert s.phase is Phase.READY and s.ready
+
+
+def test_backoff_then_go_relaunches_as_attempt_2():
+    s, _ = ended(running(), 30.0, code=1)
+    s, _ = st.step(s, Diagnosed(1, None, False), 30.0)
+    s, _ = st.step(s, Tick(), 41.0)
+    s, actions = st.step(s, Go((0, 1)), 41.0)
+    assert actions == [MarkStarting((0, 1), "relaunching"), FindCheckpoint(2)] and s.number == 2
+
+
+def test_crash_loop_to_failed():
+    s = running()
+    for n in range(1, 4):
+        s, _ = ended(s, 10.0 * n, code=1)
+        s, actions = st.step(s, Diagnosed(n, None, False), 10.0 * n)
+        if n < 3:
+            s = replace(s, phase=Phase.READY, backoff_remaining=0.0)
+            s, _ = st.step(s, Go((0, 1)), 10.0 * n)
+            s, _ = st.step(s, CheckpointFound(None, None, n + 1), 10.0 * n)
+            s, _ = st.step(s, Spawned(1000 + n, WALL0), 10.0 * n)
+    finish = only(actions, FinishAttempt)
+    assert s.phase is Phase.DONE and finish.state is JobState.FAILED and finish.reason.startswith("crash loop")
+
+
+def test_max_restarts_counts_only_the_jobs_own_faults():
+    """max_restarts 1: one real crash is restarted even after a daemon restart ended an attempt."""
+    limits = replace(LIMITS, restart=Restart(max_restarts=1, backoff_seconds=(1, 1)))
+    s = running(limits=limits)
+    s, _ = st.step(s, DaemonStopping(), 1.0)   # daemon stop: attempt 1 ends, not the job's fault
+    s, actions = ended(s, 2.0, code=None, sig=signal.SIGTERM)
+    assert only(actions, FinishAttempt).reason_class == "daemon-restart" and s.restarts == 0
+    s = replace(s, phase=Phase.READY, daemon_stopping=False)
+    s, _ = st.step(s, Go((0,)), 3.0)
+    s, _ = st.step(s, CheckpointFound(None, None, 2), 3.0)
+    s, _ = st.step(s, Spawned(77, WALL0 + 3), 3.0)
+    s, _ = st.step(s, HeartbeatSeen(1, WALL0 + 4, "running"), 4.0)
+    s, _ = ended(s, 5.0, code=1)
+    s, actions = st.step(s, Diagnosed(2, None, False), 5.0)
+    assert only(actions, FinishAttempt).state is JobState.RESTARTING, "the first real crash is restarted"
+
+
+# --- stops ---------------------------------------------------------------------------------------------
+
+
+def test_cancel_during_backoff_cancels_without_an_attempt():
+    s, actions = st.step(ready(JobState.RESTARTING, backoff_remaining=30.0), CancelRequested("uid 1000"), 1.0)
+    finish = only(actions, FinishAttempt)
+    assert s.phase is Phase.DONE and (finish.number, finish.state, finish.reason, finish.release_gpus) == (
+        0, JobState.CANCELLED, "cancelled by uid 1000", True)
+
+
+def test_cancel_while_running_sends_sigterm_and_gives_the_grace():
+    s, actions = st.step(running(), CancelRequested("root"), 10.0)
+    assert (s.phase, s.stop_cause, s.term_at) == (Phase.STOPPING, "cancel", 10.0) and kinds(actions) == [SignalTerm]
+    s, actions = st.step(s, Tick(), 39.0)
+    assert actions == []
+    s, actions = ended(s, 45.0, code=0)
+    assert only(actions, FinishAttempt).state is JobState.CANCELLED
+
+
+def test_cancel_while_stopping_wins_without_a_second_sigterm():
+    s, _ = st.step(hung(), StacksDumped(1), 70.0)
+    s, actions = st.step(s, CancelRequested("root"), 71.0)
+    assert s.stop_cause == "cancel" and kinds(actions) == []
+    s, actions = ended(s, 72.0, code=0)
+    assert only(actions, FinishAttempt).state is JobState.CANCELLED
+
+
+def test_cancel_while_preparing_cancels_and_the_late_checkpoint_is_ignored():
+    s, _ = st.step(ready(), Go((0,)), 0.0)
+    s, actions = st.step(s, CancelRequested("root"), 1.0)
+    assert s.phase is Phase.DONE and only(actions, FinishAttempt).state is JobState.CANCELLED
+    s, actions = st.step(s, CheckpointFound(None, None, 1), 2.0)
+    assert s.phase is Phase.DONE and actions == []
+
+
+def test_cancel_while_staging_stops_the_copier():
+    s, _ = st.step(ready(limits=replace(LIMITS, stages=True)), Go(()), 0.0)
+    s, actions = st.step(s, CancelRequested("root"), 1.0)
+    assert kinds(actions) == [StopStaging, FinishAttempt] and s.phase is Phase.DONE
+
+
+def test_daemon_stopping_sends_sigterm_and_the_restart_waits_for_the_next_daemon():
+    s, actions = st.step(running(), DaemonStopping(), 10.0)
+    assert s.stop_cause == "daemon-stop" and kinds(actions) == [SignalTerm]
+    s, actions = ended(s, 12.0, code=None, sig=signal.SIGTERM)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason, finish.backoff_remaining) == (
+        JobState.RESTARTING, "daemon stopped; resumes on next start", 0.0)
+    assert s.phase is Phase.DONE
+
+
+def test_daemon_stopping_in_backoff_stores_the_remaining_seconds():
+    s = ready(JobState.RESTARTING, backoff_remaining=30.0, now=0.0)
+    s, _ = st.step(s, Tick(), 12.0)
+    s, actions = st.step(s, DaemonStopping(), 12.0)
+    assert s.phase is Phase.DONE and actions == [SaveBackoff(18.0)]
+
+
+def test_daemon_stopping_while_staging_stops_the_copier_for_a_later_resume():
+    s, _ = st.step(ready(limits=replace(LIMITS, stages=True)), Go(()), 0.0)
+    s, actions = st.step(s, DaemonStopping(), 1.0)
+    assert s.phase is Phase.DONE and actions == [StopStaging()]
+
+
+def test_daemon_stopping_while_ready_leaves_the_job_for_the_next_daemon():
+    s, actions = st.step(ready(JobState.RESTARTING), DaemonStopping(), 1.0)
+    assert s.phase is Phase.DONE and actions == []
+
+
+# --- after a daemon restart ------------------------------------------------------------------------------
+
+
+def test_adopted_attempt_is_stopped_and_relaunched_without_counting_a_restart():
+    base = ready(JobState.RUNNING, gpus=(0, 1), number=3, restarts=1)
+    s, actions = st.adopted(base, 3, WALL0, 40, now=0.0)
+    assert (s.phase, s.stop_cause, s.term_at) == (Phase.STOPPING, "daemon-restart", 0.0) and kinds(actions) == [SignalTerm]
+    s, actions = ended(s, 5.0, code=None, sig=None)
+    finish = only(actions, FinishAttempt)
+    assert (finish.number, finish.state, finish.reason_class, finish.backoff_remaining) == (
+        3, JobState.RESTARTING, "daemon-restart", 0.0)
+    assert s.phase is Phase.READY and s.restarts == 1, "relaunched at once, not counted"
+
+
+def test_a_stored_backoff_resumes_with_its_remaining_seconds():
+    s = ready(JobState.RESTARTING, backoff_remaining=7.5, now=100.0)
+    assert s.phase is Phase.BACKOFF
+    s, _ = st.step(s, Tick(), 105.0)
+    assert s.backoff_remaining == 2.5
+    s, _ = st.step(s, Tick(), 108.0)
+    assert s.ready
+
+
+def test_stacks_dumped_after_the_attempt_is_gone_are_ignored():
+    s, _ = st.step(hung(), LauncherExited(1, None), 67.0)
+    s, _ = st.step(s, AllGone(), 67.5)
+    before = s
+    s, actions = st.step(s, StacksDumped(1), 68.0)
+    assert actions == [] and replace(s, clock=before.clock) == before
+
+
+# --- failures of actions -----------------------------------------------------------------------------------
+
+
+def test_a_store_write_refused_is_retried_next_tick_and_blocks_the_relaunch():
+    s, _ = ended(running(), 30.0, code=1)
+    s, actions = st.step(s, Diagnosed(1, None, False), 30.0)
+    finish = only(actions, FinishAttempt)
+    s, actions = st.step(s, ActionFailed(finish, "database or disk is full", retry=True), 30.0)
+    assert s.retry == (finish,) and logs(actions) == ["store_write_deferred"]
+    s, actions = st.step(s, Tick(), 45.0)  # backoff over, the write re-emitted …
+    assert actions == [finish]
+    s, _ = st.step(s, ActionFailed(finish, "database or disk is full", retry=True), 45.0)
+    assert s.phase is Phase.READY and not s.ready, "… refused again: no relaunch before it is in"
+    s, actions = st.step(s, Tick(), 46.0)
+    assert actions == [finish] and s.ready
+
+
+def test_a_job_with_a_pending_write_is_not_ready():
+    s = replace(ready(JobState.RESTARTING), retry=(SaveBackoff(1.0),))
+    assert not s.ready
+    s, actions = st.step(s, Tick(), 1.0)
+    assert actions == [SaveBackoff(1.0)] and s.ready
+
+
+def test_a_store_write_failing_for_good_gives_up_on_the_job():
+    s, actions = ended(running(), 30.0, code=0)
+    finish = only(actions, FinishAttempt)
+    s, actions = st.step(s, ActionFailed(finish, "IllegalTransition: failed → succeeded"), 30.0)
+    assert s.phase is Phase.DONE and logs(actions) == ["store_write_failed"]
+
+
+def test_a_failed_signal_is_logged_and_escalation_goes_on():
+    s, _ = st.step(running(), CancelRequested("root"), 0.0)
+    s, actions = st.step(s, ActionFailed(SignalTerm(), "PermissionError"), 0.0)
+    assert s.phase is Phase.STOPPING and logs(actions) == ["action_failed"]
+    s, actions = st.step(s, Tick(), 31.0)
+    assert actions == [SignalKill()]
+
+
+@pytest.mark.parametrize("phase_of", ["running", "ready"])
+def test_fault_fails_the_job_with_the_error_and_kills_what_runs(phase_of):
+    s = running() if phase_of == "running" else ready(JobState.RESTARTING)
+    s, actions = st.fault(s, "KeyError: 'getpwuid(): uid not found: 4321'", 5.0)
+    finish = only(actions, FinishAttempt)
+    assert s.phase is Phase.DONE and finish.state is JobState.FAILED and finish.release_gpus
+    assert finish.reason == "daemon error: KeyError: 'getpwuid(): uid not found: 4321'"
+    if phase_of == "running":
+        assert SignalKill() in actions and finish.number == 1
+    else:
+        assert SignalKill() not in actions and finish.number == 0
