@@ -1,0 +1,107 @@
+"""What every hostile probe shares: a daemon running as root in a root every test user can reach,
+job files dropped as the attacking user, root-only bait files whose every property is checked
+afterwards, and the three things each probe asserts (design §9):
+(a) nothing outside the user's reach was created, read, changed or chowned — `Bait.untouched`;
+(b) the daemon is alive and answering — `answering`;
+(c) the job ends in a state with a reason — `ended_with_reason`.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import Daemon, wait_for
+
+PYTHON = "/usr/bin/python3"  # a python every user can run (the venv's may sit under /root)
+
+
+def world() -> Path:
+    """A fresh directory under /var/tmp, 0755 (pytest's tmp_path is 0700, closed to test users)."""
+    base = Path(tempfile.mkdtemp(prefix="spx-hostile-", dir="/var/tmp"))
+    base.chmod(0o755)
+    return base
+
+
+def remove_world(base: Path) -> None:
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def start_daemon(base: Path) -> Daemon:
+    return Daemon(base / "root", gpu_backend="none").start()
+
+
+def drop_as(d: Daemon, user: pwd.struct_passwd, name: str, text: str) -> None:
+    """A job file owned by `user`, renamed into the spool as `spx submit` does."""
+    tmp = d.spool / f".{name[:200]}.tmp"
+    tmp.write_text(text)
+    os.chown(tmp, user.pw_uid, user.pw_gid)
+    os.rename(tmp, d.spool / name)
+
+
+def user_script(user: pwd.struct_passwd, name: str, body: str) -> Path:
+    """A script in the user's home, owned by them (what an attacker's job runs)."""
+    path = Path(user.pw_dir) / name
+    path.write_text(textwrap.dedent(body))
+    os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
+def job_yaml(name: str, script: Path, *, extra: str = "", backoff: str = "[1, 1]") -> str:
+    return (f"name: {name}\nlauncher: python\npython: {PYTHON}\nscript: {script}\ngpus: 0\n"
+            f"restart: {{max_restarts: 3, backoff_seconds: {backoff}}}\nstop: {{grace_seconds: 2}}\n{extra}")
+
+
+@dataclass
+class Bait:
+    """A root-only file (and its root-only directory) that a probe tries to make root touch."""
+
+    path: Path
+    content: bytes
+    before: tuple = ()
+
+    @classmethod
+    def plant(cls, base: Path, content: bytes = b'{"step": 987654321, "time": 1e12}') -> Bait:
+        vault = base / "vault"
+        vault.mkdir(mode=0o700)
+        path = vault / "secret.json"
+        path.write_bytes(content)
+        path.chmod(0o600)
+        bait = cls(path, content)
+        bait.before = bait._snapshot()
+        return bait
+
+    def _snapshot(self) -> tuple:
+        st, dst = os.lstat(self.path), os.lstat(self.path.parent)
+        return (st.st_uid, st.st_gid, st.st_mode, st.st_mtime_ns, st.st_size, st.st_nlink,
+                dst.st_uid, dst.st_mode, dst.st_mtime_ns, sorted(os.listdir(self.path.parent)))
+
+    def untouched(self) -> None:
+        assert self._snapshot() == self.before, "a root-only file or its directory was changed"
+        assert self.path.read_bytes() == self.content
+
+
+def answering(d: Daemon) -> list[dict]:
+    """(b): alive, and `spx ls` answers promptly."""
+    assert d.alive(), f"daemon died: {d.lines[-20:]}"
+    t0 = time.monotonic()
+    jobs = d.ls()
+    assert time.monotonic() - t0 < 10, "spx ls took more than 10 s"
+    return jobs
+
+
+def ended_with_reason(d: Daemon, name: str, states: set[str], timeout: float = 60) -> dict:
+    """(c): the job reaches one of `states`, with a reason."""
+    job = d.wait_state(name, states, timeout)
+    assert job["reason"], f"{name} is {job['state']} without a reason"
+    return job
+
+
+def wait_file(path: Path, timeout: float = 30) -> None:
+    wait_for(lambda: os.path.lexists(path), timeout, f"{path}")

@@ -1,0 +1,227 @@
+"""as_user and attempt_files with real users: access is decided by the kernel for the owner with the
+owner's groups, the user's tree is created as the user, and every odd thing at an attempt's paths
+is contained (a reason, never a crash, never a file of root's touched)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hostile.users import hostile_users, run_as
+
+from spx.daemon.intake.spec import parse_spec
+from spx.daemon.run import attempt_files
+from spx.daemon.service.config import DaemonConfig
+from spx.daemon.state.states import JobState
+from spx.daemon.state.store import JobRow
+from spx.daemon.userfs import as_user
+from spx.daemon.userfs.fsafe import UserPathError
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates users and acts as them")
+
+
+@pytest.fixture(scope="module")
+def users():
+    with hostile_users() as u:
+        yield u
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A directory every test user can reach (tmp_path's parents are 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="spx-fsafe-", dir="/var/tmp"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def job_row(owner, name="j", job_id=7, extra="") -> JobRow:
+    spec = parse_spec(f"name: {name}\nlauncher: python\nscript: x.py\ngpus: 0\n{extra}")
+    return JobRow(id=job_id, name=name, state=JobState.STARTING, reason=None, owner_uid=owner.pw_uid,
+                  owner=owner.pw_name, spec=spec, spec_file="", submitted=0.0, priority=0, gpus=[],
+                  backoff_remaining=0.0, no_progress_streak=0, backoff_level=0, staging=None)
+
+
+@pytest.fixture
+def cfg(world):
+    c = DaemonConfig.rooted(world / "root")
+    for d in (c.log_dir, c.run_dir, c.checkpoints_root):
+        d.mkdir(parents=True)
+    (world / "root").chmod(0o755)
+    return c
+
+
+# --- as_user -------------------------------------------------------------------------------------
+
+
+def test_access_is_decided_with_the_owners_supplementary_groups(users, world):
+    owner, victim, group = users
+    shared = world / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, group.gr_gid)
+    shared.chmod(0o750)
+    private = Path(victim.pw_dir) / "private"
+    private.mkdir(exist_ok=True)
+    me = as_user.owner(owner.pw_uid)
+    assert group.gr_gid in me.groups
+    problems = as_user.check_access(me, [(str(shared), "read-tree"), (str(private), "enter-dir"),
+                                         (str(world / "new" / "ckpt"), "write-or-create")])
+    assert problems[0] is None, "a group member reads a group-readable tree"
+    assert problems[1] and "not a directory this user can see" in problems[1]
+    assert problems[2] and "cannot be created" in problems[2]
+
+
+def test_mkdirs_runs_as_the_owner_and_cannot_write_where_they_cannot(users, world):
+    owner, _victim, _group = users
+    me = as_user.owner(owner.pw_uid)
+    mine = world / "mine"
+    mine.mkdir()
+    os.chown(mine, owner.pw_uid, owner.pw_gid)
+    as_user.mkdirs(me, [str(mine / "a" / "b")])
+    assert (mine / "a" / "b").stat().st_uid == owner.pw_uid
+    with pytest.raises(UserPathError, match="Permission denied"):
+        as_user.mkdirs(me, [str(world / "root-only" / "x")])
+    assert not (world / "root-only").exists()
+
+
+def test_checkpoint_discovery_on_a_fifo_maze_times_out_instead_of_hanging(users, world):
+    owner, _victim, _group = users
+    ckpt = world / "ckpt"
+    ckpt.mkdir()
+    os.mkfifo(ckpt / "checkpoint_epoch1_step9.pt")
+    os.chown(ckpt, owner.pw_uid, owner.pw_gid)
+    t0 = time.monotonic()
+    with pytest.raises(UserPathError, match="longer than"):
+        as_user.find_latest(as_user.owner(owner.pw_uid), str(ckpt), "checkpoint_epoch*_step*.pt", 2.0)
+    assert time.monotonic() - t0 < 5
+
+
+def test_an_owner_without_an_account_is_a_clear_error():
+    free = next(u for u in range(61000, 62000) if not _has_account(u))
+    with pytest.raises(UserPathError, match=f"uid {free}.*no account"):
+        as_user.owner(free)
+
+
+def _has_account(uid: int) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
+# --- attempt_files -------------------------------------------------------------------------------
+
+
+def test_prepare_makes_root_log_dir_and_owner_dirs(users, cfg):
+    owner, _v, _g = users
+    files = attempt_files.prepare(cfg, job_row(owner), 1)
+    st = os.lstat(files.log_dir)
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o755
+    for d in (files.rank_log_dir, files.heartbeat_file.parent, files.checkpoint_dir):
+        assert os.lstat(d).st_uid == owner.pw_uid, d
+    attempt_files.note(files, "attempt 1 starts")
+    log_st = os.lstat(files.log_file)
+    assert (log_st.st_uid, stat.S_IMODE(log_st.st_mode)) == (owner.pw_uid, 0o640)
+    assert files.log_file.read_text() == "spx: attempt 1 starts\n"
+    assert attempt_files.read_log_tail(files, 7) == b"starts\n"
+    assert run_as(owner, ["ln", "-s", "/etc/shadow", str(files.log_dir / "attempt-2.log")]).returncode != 0
+
+
+def test_prepare_retires_a_reused_names_logs_and_survives_odd_markers(users, cfg):
+    owner, _v, _g = users
+    attempt_files.prepare(cfg, job_row(owner, job_id=3), 1)
+    attempt_files.prepare(cfg, job_row(owner, job_id=4), 1)
+    assert (cfg.log_dir / "j.job-3" / ".job-id").read_text() == "3\n"
+    for odd in (b"../../etc\n", b"9" * 5000, b"\xff\xfe", b""):
+        (cfg.log_dir / "j" / ".job-id").unlink()
+        (cfg.log_dir / "j" / ".job-id").write_bytes(odd)
+        attempt_files.prepare(cfg, job_row(owner, job_id=4), 1)
+        assert (cfg.log_dir / "j" / ".job-id").read_text() == "4\n"
+    (cfg.log_dir / "j" / ".job-id").unlink()
+    os.mkfifo(cfg.log_dir / "j" / ".job-id")
+    attempt_files.prepare(cfg, job_row(owner, job_id=4), 1)
+    assert (cfg.log_dir / "j" / ".job-id").read_text() == "4\n"
+    assert any(p.name.startswith("j.job-unknown-") for p in cfg.log_dir.iterdir())
+
+
+def test_a_user_owned_log_dir_is_moved_aside_not_used(users, cfg):
+    owner, _v, _g = users
+    secret = cfg.log_dir.parent / "secret"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    before = os.stat(secret)
+    planted = cfg.log_dir / "j"
+    planted.mkdir()
+    os.chown(planted, owner.pw_uid, owner.pw_gid)
+    assert run_as(owner, ["ln", "-s", str(secret), str(planted / "attempt-1.log")]).returncode == 0
+    files = attempt_files.prepare(cfg, job_row(owner), 1)
+    attempt_files.note(files, "header")
+    after = os.stat(secret)
+    assert (after.st_uid, after.st_mode, after.st_mtime_ns) == (before.st_uid, before.st_mode, before.st_mtime_ns)
+    assert secret.read_text() == "root only\n"
+    assert os.lstat(files.log_dir).st_uid == 0 and not files.log_file.is_symlink()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "huge", "garbage", "dir", "wrong-types"])
+def test_an_odd_heartbeat_is_none_never_a_wait_or_a_leak(users, cfg, kind):
+    owner, _v, _g = users
+    files = attempt_files.prepare(cfg, job_row(owner), 1)
+    hb = files.heartbeat_file
+    secret = cfg.log_dir.parent / "secret.json"
+    secret.write_text('{"step": 424242, "time": 1}')
+    secret.chmod(0o600)
+    make = {
+        "fifo": lambda: os.mkfifo(hb),
+        "symlink": lambda: os.symlink(secret, hb),
+        "huge": lambda: hb.write_bytes(b'{"step": 1, "pad": "' + b"x" * 200_000 + b'"}'),
+        "garbage": lambda: hb.write_bytes(b"\x00\xff not json"),
+        "dir": lambda: hb.mkdir(),
+        "wrong-types": lambda: hb.write_text('{"step": "1", "time": "now"}'),
+    }
+    make[kind]()
+    t0 = time.monotonic()
+    assert attempt_files.read_heartbeat(hb) is None
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_checkpoint_dir_is_created_as_the_user_and_refused_where_they_cannot(users, cfg, world):
+    owner, victim, _g = users
+    mine = world / "home-like"
+    mine.mkdir()
+    os.chown(mine, owner.pw_uid, owner.pw_gid)
+    files = attempt_files.prepare(cfg, job_row(owner, extra=f"checkpoints: {{dir: {mine}/ck/a}}\n"), 1)
+    assert os.lstat(files.checkpoint_dir).st_uid == owner.pw_uid
+    theirs = Path(victim.pw_dir) / "ck"
+    with pytest.raises(UserPathError, match="Permission denied"):
+        attempt_files.prepare(cfg, job_row(owner, extra=f"checkpoints: {{dir: {theirs}}}\n"), 1)
+    assert not theirs.exists()
+
+
+def test_latest_checkpoint_is_found_as_the_owner(users, cfg):
+    owner, _v, _g = users
+    job = job_row(owner, extra="checkpoints: {pattern: 'ckpt-*.pt'}\n")
+    files = attempt_files.prepare(cfg, job, 1)
+    import zipfile
+
+    for step in (5, 12):
+        with zipfile.ZipFile(files.checkpoint_dir / f"ckpt-{step}.pt", "w") as z:
+            z.writestr("data", "x")
+    ref = attempt_files.latest_checkpoint(job, files, 10)
+    assert ref is not None and ref.step == 12 and ref.path.name == "ckpt-12.pt"
+
+
+def test_prepare_for_an_owner_without_an_account_raises_the_reason(users, cfg):
+    owner, _v, _g = users
+    free = next(u for u in range(61000, 62000) if not _has_account(u))
+    gone = job_row(owner)
+    gone = JobRow(**{**gone.__dict__, "owner_uid": free})
+    with pytest.raises(UserPathError, match="no account"):
+        attempt_files.prepare(cfg, gone, 1)
