@@ -189,9 +189,9 @@ def _prepare_checkpoint_dir(cfg: DaemonConfig, user: as_user.Owner, ckpt_dir: Pa
             _default_checkpoint_dir_at(root_fd, ckpt_dir.name, user)
         finally:
             os.close(root_fd)
-        problems = as_user.check_access(user, [(str(ckpt_dir), "write-or-create")])
-        if problems:
-            raise UserPathError(errno.EACCES, f"checkpoint dir: {problems[0]} (as {user.name})")
+        (problem,) = as_user.check_access(user, [(str(ckpt_dir), "write-or-create")])
+        if problem:
+            raise UserPathError(errno.EACCES, f"checkpoint dir: {problem} (as {user.name})")
         return
     as_user.mkdirs(user, [str(ckpt_dir)], 0o750)
 

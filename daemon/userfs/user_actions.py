@@ -11,6 +11,7 @@ stdlib and the torch-free checkpoint layout only; it prints exactly one JSON doc
 
 from __future__ import annotations
 
+import encodings.cp437  # noqa: F401  zipfile decodes member names with it, lazily: load it while root
 import json
 import os
 import sys
