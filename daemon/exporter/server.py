@@ -68,13 +68,25 @@ class SpxCollector:
         return out + meta.metrics()
 
 
-def build_registry(backend: GpuBackend, jobs: Callable[[], list[JobView]], version: str) -> CollectorRegistry:
-    """A fresh registry with the GPU and job collectors. Starts the backend's XID thread (see module doc)."""
+def build_registry(
+    backend: GpuBackend, jobs: Callable[[], list[JobView]], version: str, job_labels: bool = True
+) -> CollectorRegistry:
+    """A fresh registry with the GPU and job collectors. Starts the backend's XID thread (see module doc).
+
+    `job_labels=False` (config `metrics_job_labels`) keeps job names out of the scrape, which any local
+    user can read: the GPU collector is told of no jobs (no `job` label) and the per-job part is left out.
+    """
     backend.start_xid_watch()
     registry = CollectorRegistry(auto_describe=False)
-    parts: dict[str, Part] = {"gpu": GpuCollector(backend, jobs), "job": JobCollector(jobs)}
+    parts: dict[str, Part] = {"gpu": GpuCollector(backend, jobs if job_labels else _no_jobs)}
+    if job_labels:
+        parts["job"] = JobCollector(jobs)
     registry.register(SpxCollector(parts, version, backend.kind))
     return registry
+
+
+def _no_jobs() -> list[JobView]:
+    return []
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -95,7 +95,7 @@ class Daemon:
         self.supervisor.sweep_cgroups()
         self.intake.start()
         self.control.start()
-        registry = build_registry(self.backend, self.views, _version())
+        registry = build_registry(self.backend, self.views, _version(), job_labels=self.cfg.metrics_job_labels)
         metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=_version(), root=str(self.cfg.spool_dir.parent),
