@@ -13,7 +13,7 @@ _outcomes: dict[str, str] = {}
 
 
 def _is_probe(path: Path) -> bool:
-    return HERE == path.resolve().parent or HERE in path.resolve().parents
+    return HERE in path.resolve().parents
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

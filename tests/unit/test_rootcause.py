@@ -66,3 +66,44 @@ def test_without_a_summary_the_exception_is_the_cause_and_no_error_is_none(tmp_p
     log.write_text("step 1\nstep 2\n")
     assert find_root_cause(log) is None
     assert find_root_cause(tmp_path / "missing.log") is None
+
+
+def _log_in_job_dir(tmp_path):
+    """log/NAME/attempt-1.log, as the daemon lays it out (the read walks from log/)."""
+    job_dir = tmp_path / "log" / "job"
+    job_dir.mkdir(parents=True)
+    return job_dir / "attempt-1.log"
+
+
+def test_a_symlinked_attempt_log_is_not_followed(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text(CRASHED_RANK_0)
+    log = _log_in_job_dir(tmp_path)
+    log.symlink_to(secret)
+    assert find_root_cause(log) is None
+
+
+def test_a_fifo_at_the_attempt_log_answers_at_once(tmp_path):
+    import os
+    import time
+
+    log = _log_in_job_dir(tmp_path)
+    os.mkfifo(log)
+    t0 = time.monotonic()
+    assert find_root_cause(log) is None
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_only_the_tail_of_a_huge_log_is_read(tmp_path):
+    from spx.daemon.run.rootcause import TAIL_BYTES
+
+    log = _log_in_job_dir(tmp_path)
+    log.write_bytes(b"ValueError: early noise\n" + b"x" * (2 * TAIL_BYTES) + b"\n" + CRASHED_RANK_0.encode())
+    found = find_root_cause(log)
+    assert found and "early noise" not in found and found == find_root_cause_of_text(CRASHED_RANK_0)
+
+
+def find_root_cause_of_text(text: str) -> str | None:
+    from spx.daemon.run.rootcause import root_cause_of
+
+    return root_cause_of(text.encode())
