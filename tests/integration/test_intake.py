@@ -156,3 +156,46 @@ def test_kill9_between_intake_and_launch_keeps_the_job(tmp_path):
         assert d.job("blocker")["state"] == "cancelled"
     finally:
         d.stop()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root: creates users and drops their files")
+def test_access_is_checked_as_the_owner_with_their_groups(tmp_path):
+    """Staging from a volume the owner reads as a supplementary-group member is accepted; a source
+    or checkpoint dir they cannot reach is rejected with the field and the reason."""
+    import shutil
+    import tempfile
+
+    from hostile.probe import drop_as
+    from hostile.users import hostile_users
+
+    base = Path(tempfile.mkdtemp(prefix="spx-intake-", dir="/var/tmp"))
+    base.chmod(0o755)
+    try:
+        with hostile_users() as (owner, _victim, group):
+            shared = base / "shared"
+            shared.mkdir()
+            os.chown(shared, 0, group.gr_gid)
+            shared.chmod(0o750)
+            closed = base / "closed"
+            closed.mkdir(mode=0o700)
+            (base / "nvme").mkdir()
+            os.chown(base / "nvme", owner.pw_uid, owner.pw_gid)
+            d = Daemon(base / "root", gpu_backend="none").start()
+            try:
+                stage = f"data: {{stage: {{from: {shared}, to: {base}/nvme/1}}}}\n"
+                drop_as(d, owner, "grp.yaml", sleeper("grp", 30) + stage)
+                wait_for(lambda: d.job("grp") or (d.spool / "rejected" / "grp.yaml.error").exists(), 15, "intake")
+                assert d.job("grp") is not None, rejected_reason(d, "grp.yaml")
+                drop_as(d, owner, "src.yaml", sleeper("src", 30) + stage.replace(str(shared), str(closed)))
+                assert "data.stage.from" in rejected_reason(d, "src.yaml")
+                drop_as(d, owner, "ck.yaml", sleeper("ck", 30) + f"checkpoints: {{dir: {closed}/ck}}\n")
+                reason = rejected_reason(d, "ck.yaml")
+                assert "checkpoints.dir" in reason and owner.pw_name in reason
+                assert list(closed.iterdir()) == []
+                if d.job("grp")["state"] not in ("failed", "succeeded", "cancelled"):
+                    d.spx("cancel", "grp")
+                d.wait_state("grp", {"cancelled", "failed", "succeeded"}, 30)
+            finally:
+                d.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
