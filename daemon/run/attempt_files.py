@@ -112,7 +112,7 @@ def staging_log(cfg: DaemonConfig, job: JobRow) -> Path:
 
 def _job_log_dir_fd(cfg: DaemonConfig, job: JobRow) -> int:
     """fd of the root-owned `log/NAME` of this job, the earlier job of a reused name moved aside."""
-    base = fsafe.open_root_dir(cfg.log_dir, 0o755)
+    base = fsafe.open_trusted_dir(cfg.log_dir)  # the admin's choice (mode and all); made at start
     try:
         _retire_other_job(base, job)
         fd = fsafe.ensure_root_dir_at(base, job.name, LOG_DIR_MODE)
