@@ -44,6 +44,7 @@ CHECKPOINT_TIMEOUT_SECONDS = 90.0   # below step.CHECKPOINT_DEADLINE_SECONDS
 PYSPY_TIMEOUT_SECONDS = 15.0        # per process; all of them stay below step.DUMP_DEADLINE_SECONDS
 DUMP_BUDGET_SECONDS = 45.0
 PIDS_EVERY_SECONDS = 2.0
+_WITH_PROCESSES = ("leftover_processes", "adopted_after_restart")
 
 
 @dataclass
@@ -88,9 +89,9 @@ class Executor:
         self.last_restart: tuple[str, float, str] | None = None  # (job, wall time, reason) for STATUS
         self.store_error: str | None = None  # the store's last refusal of a write
 
-    def close(self) -> None:
-        """Slow work still running finishes on its own deadline; nothing new starts."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, wait: bool = False) -> None:
+        """Nothing new starts; slow work still running finishes on its own deadline (`wait`: for it)."""
+        self._pool.shutdown(wait=wait, cancel_futures=True)
 
     # --- slow work ---------------------------------------------------------------------------------
 
@@ -372,9 +373,10 @@ class Executor:
 
     def _log(self, job: JobRow, s: step.JobStep, a: step.Log, number: int | None = None) -> list[step.Observation]:
         fields = dict(a.fields)
-        if a.event == "leftover_processes":
+        if a.event in _WITH_PROCESSES:  # the step knows no pids or cgroups: the executor adds them
             h = self.handles.get(job.id)
             fields["pids"] = list(h.pids) if h else []
+            fields["cgroup"] = str(h.cgroup) if h and h.cgroup else None
         getattr(log, a.level)(a.event, job=job.name, attempt=number or s.number or None, **fields)
         return []
 
@@ -395,10 +397,8 @@ class Executor:
         self.store.finish_attempt(job.id, row, a.state, a.reason, now, attempt_fields, job_fields)
         if a.state is JobState.RESTARTING and a.reason_class not in ("daemon-restart", None):
             self.last_restart = (job.name, now, a.reason_class or "")
-        if h is not None and h.relay is None and h.staging is None:
-            del self.handles[job.id]
-        elif h is not None:
-            h.row_id, h.proc = None, None  # its relay is reaped by the next observe
+        if h is not None and h.number == a.number:
+            h.row_id, h.proc, h.pids = None, None, []  # the attempt is over; its relay is polled until it exits
         return []
 
     def _save_backoff(self, job: JobRow, s: step.JobStep, a: step.SaveBackoff) -> list[step.Observation]:
@@ -425,6 +425,11 @@ class Executor:
                                            cgroup=cgroup)
         h.pids = h.procs.pids()
         h.seen_pids.update(h.pids)
+
+    def forget(self, job_id: int) -> None:
+        """The supervisor is done with the job: its handles go (a relay still draining, no longer
+        ours to poll, is collected by the orphan reaper)."""
+        self.handles.pop(job_id, None)
 
     # --- views ---------------------------------------------------------------------------------------
 

@@ -378,24 +378,31 @@ def step(s: JobStep, obs: Observation, now: float) -> tuple[JobStep, list[Action
     """The only place a tracked job changes. Returns the new state and what to do."""
     elapsed = max(0.0, now - s.clock)
     s = replace(s, clock=now)
+    if isinstance(obs, Tick):
+        # Writes the store refused are re-emitted first, in their order.
+        retry = list(s.retry)
+        s, actions = _tick(replace(s, retry=()), elapsed, now)
+        return s, retry + actions
+    waiting = bool(s.retry)
     match obs:
         case ActionFailed():
-            return _action_failed(s, obs, now)
+            s, actions = _action_failed(s, obs, now)
         case CancelRequested():
-            return _cancel(s, obs, now)
+            s, actions = _cancel(s, obs, now)
         case DaemonStopping():
-            return _daemon_stopping(s, now)
-        case Tick():
-            retry = list(s.retry)
-            s = replace(s, retry=())
-            s, actions = _tick(s, elapsed, now)
-            return s, retry + actions
-    handler = _HANDLERS.get((s.phase, type(obs)))
-    if handler is None:
-        # A result for something no longer asked (a checkpoint found for a job cancelled meanwhile,
-        # stacks dumped after the attempt ended): nothing to do.
-        return s, []
-    return handler(s, obs, now)
+            s, actions = _daemon_stopping(s, now)
+        case _:
+            handler = _HANDLERS.get((s.phase, type(obs)))
+            # None: a result for something no longer asked (a checkpoint found for a job cancelled
+            # meanwhile, stacks dumped after the attempt ended): nothing to do.
+            s, actions = handler(s, obs, now) if handler is not None else (s, [])
+    if waiting:
+        # A write is pending: later writes queue behind it, so the store sees them in order (a spawn
+        # never runs before its job is marked starting).
+        later = tuple(a for a in actions if isinstance(a, STORE_ACTIONS))
+        s = replace(s, retry=(*s.retry, *later))
+        actions = [a for a in actions if not isinstance(a, STORE_ACTIONS)]
+    return s, actions
 
 
 def _to(s: JobStep, phase: Phase, now: float, **changes: object) -> JobStep:
@@ -669,7 +676,7 @@ def fault(s: JobStep, error: str, now: float) -> tuple[JobStep, list[Action]]:
                                  exit_code=s.exit_code, signal=s.exit_signal, max_step=s.last_step,
                                  backoff_level=s.backoff_level, no_progress_streak=s.no_progress_streak,
                                  release_gpus=True))
-    return _to(replace(s, job_state=JobState.FAILED), Phase.DONE, now), actions
+    return _to(replace(s, job_state=JobState.FAILED, retry=()), Phase.DONE, now), actions
 
 
 _HANDLERS: dict[tuple[Phase, type], Callable[..., tuple[JobStep, list[Action]]]] = {

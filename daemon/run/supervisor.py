@@ -123,8 +123,15 @@ class Supervisor:
         results join the queue), until none is left."""
         job = self.jobs[job_id]
         for _ in range(MAX_CHAIN):
+            refused = False
             for a in actions:
-                pending.extend(self.executor.perform(job, self.steps[job_id], a))
+                if refused and isinstance(a, step.STORE_ACTIONS):
+                    # The store just refused a write: later ones wait behind it, in order.
+                    pending.append(step.ActionFailed(a, "waiting for an earlier write", retry=True))
+                    continue
+                results = self.executor.perform(job, self.steps[job_id], a)
+                refused = refused or any(isinstance(r, step.ActionFailed) and r.retry for r in results)
+                pending.extend(results)
             if not pending:
                 break
             self.steps[job_id], actions = step.step(self.steps[job_id], pending.popleft(), self.clock())
@@ -132,8 +139,12 @@ class Supervisor:
             raise RuntimeError(f"step function did not settle in {MAX_CHAIN} observations")
         s = self.steps[job_id]
         if s.phase is step.Phase.DONE and not s.retry:
-            del self.steps[job_id]
-            del self.jobs[job_id]
+            self._forget(job_id)
+
+    def _forget(self, job_id: int) -> None:
+        self.steps.pop(job_id, None)
+        self.jobs.pop(job_id, None)
+        self.executor.forget(job_id)
 
     def _guarded(self, job: JobRow, turn: Callable[[], None]) -> None:
         """Containment: whatever one job's turn raises fails that job, not the daemon."""
@@ -145,16 +156,14 @@ class Supervisor:
             log.error("job_fault_contained", job=job.name, attempt=s.number if s else None, error=error,
                       traceback=traceback.format_exc(limit=8))
             if s is None or s.phase is step.Phase.DONE:
-                self.steps.pop(job.id, None)
-                self.jobs.pop(job.id, None)
+                self._forget(job.id)
                 return
             try:
                 self.steps[job.id], actions = step.fault(s, error, self.clock())
                 self._run(job.id, deque(), actions)
             except Exception as e2:  # noqa: BLE001 — even failing it failed: forget it; the next daemon adopts it
                 log.error("job_fault_unrecorded", job=job.name, attempt=s.number, error=f"{type(e2).__name__}: {e2}")
-                self.steps.pop(job.id, None)
-                self.jobs.pop(job.id, None)
+                self._forget(job.id)
 
     # --- requests --------------------------------------------------------------------------------------
 
@@ -177,8 +186,8 @@ class Supervisor:
             self.feed(job_id, step.DaemonStopping())
         return max((s.limits.grace_seconds for s in self.steps.values() if s.phase.has_processes), default=0.0)
 
-    def close(self) -> None:
-        self.executor.close()
+    def close(self, wait: bool = False) -> None:
+        self.executor.close(wait)
 
     # --- what others read -------------------------------------------------------------------------------
 

@@ -495,3 +495,106 @@ def test_fault_fails_the_job_with_the_error_and_kills_what_runs(phase_of):
         assert SignalKill() in actions and finish.number == 1
     else:
         assert SignalKill() not in actions and finish.number == 0
+
+
+# --- containment: the supervisor with a real store and executor (no job processes) ---------------------
+
+
+@pytest.fixture
+def supervised(tmp_path):
+    from spx.daemon.run.supervisor import Supervisor
+    from spx.daemon.service.config import load_config
+    from spx.daemon.state.store import Store
+
+    cfg = load_config(None, tmp_path / "root")
+    for d in (cfg.log_dir, cfg.run_dir, cfg.checkpoints_root):
+        d.mkdir(parents=True, exist_ok=True)
+    store = Store(cfg.store_path)
+    sup = Supervisor(cfg, store)
+    yield sup, store
+    sup.close(wait=True)
+    store.close()
+
+
+def _add(store, name, owner_uid=0):
+    from spx.daemon.intake.spec import parse_spec
+
+    return store.add_job(parse_spec(f"name: {name}\nscript: /bin/true\n"), owner_uid, "someone", f"/spool/{name}", 1.0)
+
+
+def _tick_until(sup, predicate, timeout=15.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        sup.tick()
+        time.sleep(0.05)
+
+
+def test_a_deleted_owner_fails_only_that_job_with_the_reason(supervised):
+    from spx.daemon.run.scheduler import Start
+
+    sup, store = supervised
+    gone = _add(store, "orphan", owner_uid=54321)  # no such account
+    sup.start(Start(gone, (), store.job(gone)))
+    _tick_until(sup, lambda: store.job(gone).state is JobState.FAILED)
+    reason = store.job(gone).reason or ""
+    assert reason.startswith("cannot prepare the attempt") and "54321" in reason, reason
+    assert gone not in sup.tracked()
+
+
+def test_a_bug_in_one_jobs_step_fails_that_job_and_the_others_go_on(supervised, monkeypatch):
+    sup, store = supervised
+    ids = {}
+    for name in ("buggy", "bystander"):
+        ids[name] = _add(store, name)
+        store.transition(ids[name], JobState.STARTING, "starting", 2.0)
+        store.transition(ids[name], JobState.RESTARTING, "exit code 1", 3.0, backoff_remaining=0.3)
+    real_step = st.step
+
+    def step_with_a_bug(s, obs, now):
+        if s.name == "buggy":
+            raise ZeroDivisionError("injected")
+        return real_step(s, obs, now)
+
+    monkeypatch.setattr(st, "step", step_with_a_bug)
+    sup.recover()
+    _tick_until(sup, lambda: any(w.job_id == ids["bystander"] for w in sup.waiting()))
+    buggy = store.job(ids["buggy"])
+    assert buggy.state is JobState.FAILED and buggy.reason == "daemon error: ZeroDivisionError: injected"
+    assert store.job(ids["bystander"]).state is JobState.RESTARTING and ids["buggy"] not in sup.tracked()
+
+
+def test_a_refused_store_write_is_kept_and_retried_on_the_next_tick(supervised, monkeypatch):
+    from spx.daemon.state.store import StoreUnavailable
+
+    sup, store = supervised
+    jid = _add(store, "patient")
+    store.transition(jid, JobState.STARTING, "starting", 2.0)
+    store.transition(jid, JobState.RESTARTING, "exit code 1", 3.0, backoff_remaining=60.0)
+    sup.recover()
+    real = store.finish_attempt
+    refusals = []
+
+    def full_disk(*args, **kwargs):
+        if len(refusals) < 2:
+            refusals.append(1)
+            raise StoreUnavailable("state store: database or disk is full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "finish_attempt", full_disk)
+    sup.cancel(store.job(jid), "root")
+    assert store.job(jid).state is JobState.RESTARTING and sup.store_problem()
+    _tick_until(sup, lambda: store.job(jid).state is JobState.CANCELLED)
+    assert len(refusals) == 2 and sup.store_problem() is None and jid not in sup.tracked()
+
+
+def test_writes_queue_behind_a_refused_one_so_a_spawn_never_precedes_its_mark():
+    s, actions = st.step(ready(), Go((0,)), 0.0)
+    mark = only(actions, MarkStarting)
+    s, _ = st.step(s, ActionFailed(mark, "database is locked", retry=True), 0.0)
+    s, actions = st.step(s, CheckpointFound(None, None, 1), 0.5)
+    assert actions == [] and s.retry == (mark, Spawn(1, None, None)), "the spawn waits for the mark"
+    s, actions = st.step(s, Tick(), 1.0)
+    assert actions == [mark, Spawn(1, None, None)] and s.retry == ()

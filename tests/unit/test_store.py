@@ -66,3 +66,49 @@ def test_current_jobs_are_one_per_name_and_old_finished_ones_age_out(tmp_path):
     assert [(j.name, j.id) for j in store.current_jobs(finished_since=45.0)] == [("a", again)]
     assert len(store.all_jobs()) == 4
     store.close()
+
+
+def test_finish_attempt_ends_the_attempt_and_moves_the_job_in_one_transaction(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    jid = store.add_job(spec(), 0, "root", "/x", 1.0)
+    store.transition(jid, JobState.STARTING, "GPUs allocated", 2.0, gpus=[0])
+    row = store.start_attempt(jid, number=1, attempt_id="u1", now=3.0, resumed_from=None, resumed_from_step=None, port=1)
+    store.attempt_running(jid, row, pgid=4242, boot_id="b", start_ticks=99, reason="fresh", now=3.0)
+    ended = {"end": 9.0, "exit_code": 1, "reason": "exit code 1", "reason_class": "crash", "max_step": 7}
+    # An illegal edge (running → queued) rolls back the attempt's end too: both or neither.
+    with pytest.raises(IllegalTransition):
+        store.finish_attempt(jid, row, JobState.QUEUED, "no", 9.0, ended, {})
+    assert store.open_attempt(jid).id == row and store.job(jid).state is JobState.RUNNING
+    store.finish_attempt(jid, row, JobState.RESTARTING, "exit code 1", 9.0, ended,
+                         {"backoff_remaining": 20.0, "backoff_level": 1, "no_progress_streak": 0})
+    job, (attempt,) = store.job(jid), store.attempts(jid)
+    assert (job.state, job.backoff_remaining, job.backoff_level, job.gpus) == (JobState.RESTARTING, 20.0, 1, [0])
+    assert (attempt.end, attempt.max_step, attempt.pgid, attempt.boot_id, attempt.start_ticks) == (9.0, 7, 4242, "b", 99)
+    store.close()
+
+
+def test_only_the_jobs_own_faults_count_as_restarts(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    jid = store.add_job(spec(), 0, "root", "/x", 1.0)
+    for n, cls in enumerate(["daemon-restart", "crash", "daemon-restart", "hang"], start=1):
+        row = store.start_attempt(jid, number=n, attempt_id=f"u{n}", now=n, resumed_from=None, resumed_from_step=None, port=1)
+        store.end_attempt(row, end=n + 0.5, reason=cls, reason_class=cls)
+    store.start_attempt(jid, number=5, attempt_id="u5", now=5.0, resumed_from=None, resumed_from_step=None, port=1)
+    assert store.fault_attempts(jid) == 2
+    store.close()
+
+
+def test_a_store_of_an_older_daemon_gets_the_new_columns(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "s.sqlite"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE jobs DROP COLUMN backoff_remaining")
+    db.execute("ALTER TABLE attempts DROP COLUMN boot_id")
+    db.commit()
+    db.close()
+    store = Store(path)
+    jid = store.add_job(spec(), 0, "root", "/x", 1.0)
+    assert store.job(jid).backoff_remaining == 0.0
+    store.close()
