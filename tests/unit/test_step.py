@@ -598,3 +598,12 @@ def test_writes_queue_behind_a_refused_one_so_a_spawn_never_precedes_its_mark():
     assert actions == [] and s.retry == (mark, Spawn(1, None, None)), "the spawn waits for the mark"
     s, actions = st.step(s, Tick(), 1.0)
     assert actions == [mark, Spawn(1, None, None)] and s.retry == ()
+
+
+def test_the_status_line_says_when_the_state_store_refuses_writes():
+    from spx.daemon.service.status_line import format_status
+
+    text = format_status([], 0, None, 0.0, "state store /s.sqlite: database or disk is full")
+    assert text == ("0 running, no GPUs (CPU jobs only); "
+                    "STATE STORE NOT WRITABLE: state store /s.sqlite: database or disk is full")
+    assert format_status([], 0, None, 0.0) == "0 running, no GPUs (CPU jobs only)"
