@@ -249,33 +249,42 @@ class SpoolClaimer:
 
     def reject(self, rejected: Rejected) -> Path | None:
         """Move the entry to rejected/ (never following a link) and write NAME.error next to it,
-        readable by the submitter only. Returns the error file; None if it could not be written
-        (logged: a reject never raises, it is the daemon's last word on a bad file)."""
+        readable by the submitter only. The error file appears complete (written under a temporary
+        name, then linked in, never replacing anything), so `spx submit` never reads half of it.
+        Returns the error file; None if it could not be written (logged: a reject never raises, it
+        is the daemon's last word on a bad file)."""
         try:
             self._protect(rejected.name)
             rfd = self._rejected_fd()
         except OSError as e:
             log.error("reject_failed", spool_file=rejected.name, error=str(e))
             return None
+        tmp = f".error-{time.time_ns()}-{os.getpid()}"
         try:
-            target, efd = self._claim_slot(rfd, rejected.name)
+            efd = fsafe.create_excl(rfd, tmp, 0o600)
             try:
-                try:
-                    os.rename(rejected.name, target, src_dir_fd=self._dir_fd, dst_dir_fd=rfd)
-                except FileNotFoundError:
-                    pass
-                self._drop_hard_link(rfd, target)
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 fsafe.write_all(efd, f"{rejected.name}: rejected {stamp}\n{rejected.reason}\n".encode("utf-8", "replace"))
                 if rejected.owner_uid is not None:
                     os.fchown(efd, rejected.owner_uid, -1)
             finally:
                 os.close(efd)
+            target = self._free_slot(rfd, rejected.name)
+            try:
+                os.rename(rejected.name, target, src_dir_fd=self._dir_fd, dst_dir_fd=rfd)
+            except FileNotFoundError:
+                pass
+            self._drop_hard_link(rfd, target)
+            os.link(tmp, error_file_name(target), src_dir_fd=rfd, dst_dir_fd=rfd, follow_symlinks=False)
             return self.rejected_dir / error_file_name(target)
         except OSError as e:
             log.error("reject_failed", spool_file=rejected.name, error=str(e))
             return None
         finally:
+            try:
+                os.unlink(tmp, dir_fd=rfd)
+            except FileNotFoundError:
+                pass
             os.close(rfd)
 
     def _protect(self, name: str) -> None:
@@ -302,16 +311,12 @@ class SpoolClaimer:
         if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
             os.unlink(target, dir_fd=rfd)
 
-    def _claim_slot(self, rfd: int, name: str) -> tuple[str, int]:
-        """A free name in rejected/ for the entry and its freshly created (O_EXCL) error file."""
+    def _free_slot(self, rfd: int, name: str) -> str:
+        """A name in rejected/ free for the entry and for its error file (only root writes there)."""
         for n in range(10_000):
             target = fit_name(name) if n == 0 else fit_name(name, f".{n}")
-            if self._lexists(rfd, target):
-                continue
-            try:
-                return target, fsafe.create_excl(rfd, error_file_name(target), 0o600)
-            except FileExistsError:
-                continue
+            if not self._lexists(rfd, target) and not self._lexists(rfd, error_file_name(target)):
+                return target
         raise fsafe.UserPathError(errno.EEXIST, f"no free name in {self.rejected_dir} for {name}")
 
     @staticmethod

@@ -14,6 +14,7 @@ from __future__ import annotations
 import encodings.cp437  # noqa: F401  zipfile decodes member names with it, lazily: load it while root
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,13 +46,19 @@ def _nearest_existing(path: str) -> str:
 
 def _check(path: str, what: str) -> str | None:
     """None if this user can do `what` with `path`, else why not."""
-    if what == "enter-dir":
-        if not os.path.isdir(path):
-            return f"{path} is not a directory this user can see"
-        return None if os.access(path, os.X_OK) else f"{path} cannot be entered (no search permission)"
-    if what == "read-tree":
-        if not os.path.isdir(path):
-            return f"{path} is not a directory this user can see"
+    if what in ("enter-dir", "read-tree"):
+        # Not there (yet) is decided when it is used — the launch or the copier says so then; what
+        # exists and is closed to this user is refused now.
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return f"{path} cannot be reached ({e.strerror})"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{path} is not a directory"
+        if what == "enter-dir":
+            return None if os.access(path, os.X_OK) else f"{path} cannot be entered (no search permission)"
         return None if os.access(path, os.R_OK | os.X_OK) else f"{path} is not readable"
     if what == "write-or-create":
         if os.path.isdir(path):

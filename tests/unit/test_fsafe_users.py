@@ -72,7 +72,7 @@ def test_access_is_decided_with_the_owners_supplementary_groups(users, world):
     problems = as_user.check_access(me, [(str(shared), "read-tree"), (str(private), "enter-dir"),
                                          (str(world / "new" / "ckpt"), "write-or-create")])
     assert problems[0] is None, "a group member reads a group-readable tree"
-    assert problems[1] and "not a directory this user can see" in problems[1]
+    assert problems[1] and "cannot be reached (Permission denied)" in problems[1]
     assert problems[2] and "cannot be created" in problems[2]
 
 
