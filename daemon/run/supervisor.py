@@ -110,7 +110,10 @@ class Supervisor:
     def tick(self) -> None:
         """One turn for every tracked job: results of slow work first, then what the executor sees."""
         for job_id, obs in self.executor.results():
-            self.feed(job_id, obs)
+            if job_id in self.steps:
+                self.feed(job_id, obs)
+            else:  # the answer to a question of a job no longer tracked (cancelled meanwhile)
+                self.executor.forget(job_id)
         for job_id in list(self.steps):
             job = self.jobs[job_id]
             self._guarded(job, functools.partial(self._turn, job))
