@@ -173,3 +173,34 @@ def test_checkpoint_parent_swapped_for_a_symlink_between_attempts(users, base):
         answering(d)
     finally:
         d.stop()
+
+
+def test_attempt_log_swapped_for_a_link_to_a_secret_never_shows_in_status(users, base):
+    owner, _victim, _group = users
+    bait = Bait.plant(base, b"ValueError: TOPSECRET root-only content\n")
+    d = start_daemon(base)
+    try:
+        log_dir = d.root / "log" / "swaplog"
+        script = user_script(owner, "swaplog.py", f"""
+            import os, sys, time
+            log = "{log_dir}/attempt-1.log"
+            for _ in range(300):  # wait until the test hands log/NAME over (the old layout)
+                if os.access("{log_dir}", os.W_OK):
+                    break
+                time.sleep(0.1)
+            os.rename(log, log + ".mine")
+            os.symlink("{bait.path}", log)
+            sys.exit(1)
+        """)
+        drop_as(d, owner, "swaplog.yaml", job_yaml("swaplog", script, extra="restart: {max_restarts: 0}\n")
+                .replace("restart: {max_restarts: 3, backoff_seconds: [1, 1]}\n", ""))
+        d.wait_state("swaplog", {"running", "failed"}, 30)
+        os.chown(log_dir, owner.pw_uid, owner.pw_gid)
+        ended_with_reason(d, "swaplog", {"failed"}, 60)
+        assert (log_dir / "attempt-1.log").is_symlink(), "the probe planted its link"
+        shown = d.spx("status", "swaplog", "--json", check=False).stdout + d.spx("ls", "--json").stdout
+        assert "TOPSECRET" not in shown, "a root-only file leaked through the attempt log"
+        bait.untouched()
+        answering(d)
+    finally:
+        d.stop()
