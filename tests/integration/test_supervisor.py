@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,46 @@ def test_cancel_gives_the_workers_their_grace_to_checkpoint(daemon):
     assert job_pids("cancel-me") == []
     ckpts = sorted((daemon.root / "checkpoints" / "cancel-me").glob("step-*"))
     assert ckpts and (ckpts[-1] / "COMPLETE.json").exists(), "cancel is a SIGTERM: the workers checkpoint first"
+
+
+def test_a_daemon_restart_does_not_count_against_max_restarts(tmp_path):
+    """max_restarts: 1 — attempt 1 is ended by a daemon restart (not the job's fault), attempt 2
+    crashes (the one restart allowed), attempt 3 succeeds."""
+    script = tmp_path / "crash_on_2.py"
+    script.write_text("import os, sys, time\nn = int(os.environ['SPX_ATTEMPT'])\n"
+                      "if n == 1:\n    time.sleep(120)\nsys.exit(1 if n == 2 else 0)\n")
+    d = Daemon(tmp_path / "root").start()
+    try:
+        d.drop("m.yaml", f"name: once\nlauncher: python\nscript: {script}\npython: {PY}\n"
+                         "restart: {max_restarts: 1, backoff_seconds: [1, 1]}\nstop: {grace_seconds: 5}\n")
+        d.wait_state("once", "running", 30)
+        d.kill9()
+        d.start()
+        d.wait_state("once", {"succeeded", "failed"}, 60)
+        st = d.status("once")
+        assert st["state"] == "succeeded", st
+        assert [a["reason"] for a in st["history"]] == ["daemon restarted", "exit code 1", "exit code 0"]
+        assert job_pids("once") == []
+    finally:
+        d.stop()
+
+
+def test_a_backoff_interrupted_by_a_daemon_stop_resumes_with_the_seconds_left(tmp_path):
+    import sqlite3
+
+    d = Daemon(tmp_path / "root").start()
+    try:
+        d.drop("b.yaml", f"name: backs-off\nlauncher: python\nscript: {SCRIPTS / 'always_crash.py'}\npython: {PY}\n"
+                         "restart: {max_restarts: 5, backoff_seconds: [30, 30]}\n")
+        d.wait_state("backs-off", "restarting", 30)
+        time.sleep(3)
+        assert d.stop() == 0
+        db = sqlite3.connect(f"file:{d.root / 'state' / 'spx.sqlite'}?mode=ro", uri=True)
+        (left,) = db.execute("SELECT backoff_remaining FROM jobs WHERE name = 'backs-off'").fetchone()
+        db.close()
+        assert 20 < left < 28, f"about 30 s minus the 3+ s already waited, got {left}"
+        d.start()
+        j = d.wait_state("backs-off", "restarting", 10)
+        assert j["attempts"] == 1, "the backoff resumes: no relaunch at once"
+    finally:
+        d.stop()
