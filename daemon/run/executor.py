@@ -88,6 +88,7 @@ class Executor:
         self.handles: dict[int, Handles] = {}
         self.last_restart: tuple[str, float, str] | None = None  # (job, wall time, reason) for STATUS
         self.store_error: str | None = None  # the store's last refusal of a write
+        self._index: dict[str, list[int]] | None = None  # this turn's tagged pids (proctree.tag_index)
 
     def close(self, wait: bool = False) -> None:
         """Nothing new starts; slow work still running finishes on its own deadline (`wait`: for it)."""
@@ -146,27 +147,35 @@ class Executor:
             if beat is not None:
                 obs.append(step.HeartbeatSeen(beat.step, beat.time, beat.status))
         now = self.clock()
-        if now - h.pids_checked >= PIDS_EVERY_SECONDS or s.phase is step.Phase.EXITED:
+        if now - h.pids_checked >= PIDS_EVERY_SECONDS or h.exit_reported or h.proc is None:
             h.pids_checked = now
-            h.pids = h.procs.pids()
+            h.pids = h.procs.pids(self._tag_index())
             h.seen_pids.update(h.pids)
         if not h.exit_reported:
             code, sig, exited = self._launcher_status(h)
             if exited:
                 h.exit_reported = True
                 obs.append(step.LauncherExited(code, sig))
-        if h.exit_reported:
-            pids = h.procs.pids()
-            h.pids = pids
-            if h.procs.gone(pids):
-                obs.append(step.AllGone())
+        if h.exit_reported and h.procs.gone(h.pids):
+            obs.append(step.AllGone())
         return obs
+
+    def _tag_index(self) -> dict[str, list[int]]:
+        """This turn's one scan of /proc (see `begin_turn`)."""
+        if self._index is None:
+            self._index = proctree.tag_index()
+        return self._index
+
+    def begin_turn(self) -> None:
+        """A new loop turn: the next pid lookup scans /proc afresh (once for all attempts)."""
+        self._index = None
 
     @staticmethod
     def _launcher_status(h: Handles) -> tuple[int | None, int | None, bool]:
-        """(exit code, signal, exited) of the launcher; negative Popen codes are signals."""
+        """(exit code, signal, exited) of the launcher; negative Popen codes are signals. An adopted
+        attempt (not our child) has exited when none of its processes is left."""
         if h.proc is None:
-            return None, None, not h.procs.pids()
+            return None, None, not h.pids
         rc = h.proc.poll()
         if rc is None:
             return None, None, False

@@ -51,18 +51,27 @@ def _is_zombie(pid: int) -> bool:
 
 def attempt_pids(attempt_id: str) -> list[int]:
     """Live (non-zombie) pids tagged with this attempt id."""
-    tag = f"{worker_env.ENV_ATTEMPT_ID}={attempt_id}".encode()
+    return tag_index().get(attempt_id, [])
+
+
+def tag_index() -> dict[str, list[int]]:
+    """Every live (non-zombie) tagged pid, by attempt id: one scan of /proc serves all attempts of a
+    loop turn (a scan per attempt would cost jobs × processes reads)."""
+    prefix = f"{worker_env.ENV_ATTEMPT_ID}=".encode()
     me = os.getpid()
-    found = []
+    index: dict[str, list[int]] = {}
     for entry in os.scandir(_PROC):
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
         if pid == me:
             continue
-        if tag in _environ(pid).split(b"\0") and not _is_zombie(pid):
-            found.append(pid)
-    return sorted(found)
+        tag = next((v for v in _environ(pid).split(b"\0") if v.startswith(prefix)), None)
+        if tag is not None and not _is_zombie(pid):
+            index.setdefault(tag[len(prefix):].decode(errors="replace"), []).append(pid)
+    for pids in index.values():
+        pids.sort()
+    return index
 
 
 def signal_attempt(attempt_id: str, pgid: int | None, sig: int, also: Iterable[int] = ()) -> list[int]:
@@ -133,9 +142,10 @@ class AttemptProcesses:
     pgid: int | None
     cgroup: Path | None = None
 
-    def pids(self) -> list[int]:
-        """Live pids of the attempt: tagged ones and everything in its cgroup."""
-        found = set(attempt_pids(self.attempt_id))
+    def pids(self, index: dict[str, list[int]] | None = None) -> list[int]:
+        """Live pids of the attempt: tagged ones and everything in its cgroup. `index`: a
+        `tag_index()` of this moment, to spare a scan of /proc."""
+        found = set(index.get(self.attempt_id, []) if index is not None else attempt_pids(self.attempt_id))
         if self.cgroup is not None:
             found.update(cgroups.procs(self.cgroup))
         return sorted(found)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from spx.daemon.state.store import JobRow
 
+MAX_STARTS_PER_TURN = 32
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -90,12 +92,13 @@ class Plan:
 
 
 def plan(queued: list[JobRow], waiting: list[Waiting], devices: list[int], held: set[int],
-         idle: Callable[[int], bool], backend_desc: str) -> Plan:
-    """This turn's starts. `devices`: the host's GPU indices; `held`: GPUs of live jobs (a restarting
-    job holds its own through the backoff); `idle(g)`: no compute processes on GPU g and healthy
-    (asked of NVML lazily: only when some job could start). Relaunches come first: their GPUs are
-    theirs already."""
-    starts = [Start(w.job_id, w.gpus) for w in waiting if all(idle(g) for g in w.gpus)]
+         idle: Callable[[int], bool], backend_desc: str, limit: int = MAX_STARTS_PER_TURN) -> Plan:
+    """This turn's starts, at most `limit` (the rest start on the next turns: a thousand jobs queued
+    at once must not stall the loop for one turn of a thousand launches). `devices`: the host's GPU
+    indices; `held`: GPUs of live jobs (a restarting job holds its own through the backoff);
+    `idle(g)`: no compute processes on GPU g and healthy (asked of NVML lazily: only when some job
+    could start). Relaunches come first: their GPUs are theirs already."""
+    starts = [Start(w.job_id, w.gpus) for w in waiting if all(idle(g) for g in w.gpus)][:limit]
     impossible, placeable = [], []
     for job in queued:
         why = impossible_reason(job, devices, backend_desc)
@@ -103,7 +106,7 @@ def plan(queued: list[JobRow], waiting: list[Waiting], devices: list[int], held:
             impossible.append(Impossible(job, why))
         else:
             placeable.append(job)
-    if placeable:
+    if placeable and len(starts) < limit:
         free = {g for g in devices if g not in held and idle(g)}
-        starts += [Start(p.job.id, tuple(p.gpus), p.job) for p in place(placeable, free)]
+        starts += [Start(p.job.id, tuple(p.gpus), p.job) for p in place(placeable, free)][:limit - len(starts)]
     return Plan(starts, impossible)

@@ -109,6 +109,7 @@ class Supervisor:
 
     def tick(self) -> None:
         """One turn for every tracked job: results of slow work first, then what the executor sees."""
+        self.executor.begin_turn()
         for job_id, obs in self.executor.results():
             if job_id in self.steps:
                 self.feed(job_id, obs)

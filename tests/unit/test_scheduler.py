@@ -1,5 +1,5 @@
 from spx.daemon.intake.spec import parse_spec
-from spx.daemon.run.scheduler import impossible_reason, place
+from spx.daemon.run.scheduler import Start, Waiting, impossible_reason, place, plan
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow
 
@@ -28,3 +28,31 @@ def test_impossible_jobs_say_why():
     assert "needs 8 GPUs, this host has 0" in impossible_reason(job("x", 8), [], "none")
     assert "[9]" in impossible_reason(job("x", "[9]"), list(range(8)), "fake")
     assert impossible_reason(job("x", 2), list(range(8)), "fake") is None
+
+
+def test_plan_relaunches_a_waiting_job_only_once_its_own_gpus_are_idle():
+    busy = {2}
+    p = plan([], [Waiting(7, (2, 3)), Waiting(8, (4,))], list(range(8)), {2, 3, 4}, lambda g: g not in busy, "fake")
+    assert p.starts == [Start(8, (4,))]
+    busy.clear()
+    p = plan([], [Waiting(7, (2, 3))], list(range(8)), {2, 3}, lambda g: g not in busy, "fake")
+    assert p.starts == [Start(7, (2, 3))]
+
+
+def test_plan_places_queued_jobs_around_held_and_busy_gpus_and_reports_impossible_ones():
+    a, big = job("a", 2, 1), job("big", 9, 2)
+    p = plan([a, big], [], list(range(4)), {0}, lambda g: g != 1, "fake")
+    assert p.starts == [Start(a.id, (2, 3), a)]
+    assert [(i.job.name, "this host has 4" in i.reason) for i in p.impossible] == [("big", True)]
+
+
+def test_plan_starts_at_most_its_limit_per_turn_relaunches_first():
+    cpu = [job(f"c{n}", 0, n) for n in range(10, 20)]
+    p = plan(cpu, [Waiting(1, ())], [], set(), lambda g: True, "none", limit=4)
+    assert [s.job_id for s in p.starts] == [1, 10, 11, 12]
+
+
+def test_plan_asks_no_gpu_when_nothing_waits():
+    asked = []
+    assert plan([], [], list(range(8)), set(), lambda g: asked.append(g) or True, "fake").starts == []
+    assert asked == []
