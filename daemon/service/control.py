@@ -106,13 +106,18 @@ class ControlServer:
         self._sock.close()
         with self._lock:
             clients = list(self._clients.items())
-        for _thread, (conn, _uid) in clients:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv/send
-            except OSError:
-                pass
-        for thread, _ in clients:
-            thread.join(timeout=5)
+        # First end the reading side only (a thread in recv wakes; one with an answer still sends it),
+        # then cut whatever is left, e.g. a send to a client that does not read.
+        for how, wait in ((socket.SHUT_RD, 1.0), (socket.SHUT_RDWR, 5.0)):
+            deadline = time.monotonic() + wait
+            for thread, (conn, _uid) in clients:
+                if thread.is_alive():
+                    try:
+                        conn.shutdown(how)
+                    except OSError:
+                        pass
+            for thread, _ in clients:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self.path.unlink(missing_ok=True)
 
     def _serve(self) -> None:
@@ -228,10 +233,16 @@ def request(path: Path, op: str, name: str | None = None, timeout: float = 35.0)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(str(path))
-        s.sendall(json.dumps({"op": op, "name": name}).encode() + b"\n")
+        try:
+            s.sendall(json.dumps({"op": op, "name": name}).encode() + b"\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon answered (e.g. "busy") and closed before reading: its reply is still there
         data = b""
         while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
             if not chunk:
                 break
             data += chunk
