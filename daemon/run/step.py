@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from spx.daemon.contract.worker_env import EXIT_PREEMPTED
 from spx.daemon.intake.spec import Restart
 from spx.daemon.run.policy import AttemptOutcome, decide
+from spx.daemon.run.proctree import signal_name
 from spx.daemon.state.states import JobState
 
 # After the launcher exits on its own, leftovers (escaped grandchildren) get SIGKILL every second;
@@ -426,6 +427,7 @@ def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]
             # running → dumping: no step progress for the hang timeout; stacks first, then the stop.
             return _to(s, Phase.DUMPING, now, hang_idle=idle, stop_cause="hang"), [
                 Log("hang_detected", "warning", (("idle_seconds", round(idle, 1)), ("step", s.last_step))),
+                Note(f"hang detected: no step progress for {idle:.0f} s (at step {s.last_step}); dumping stacks, then SIGTERM"),
                 DumpStacks(s.number),
             ]
     if s.phase is Phase.DUMPING and since > DUMP_DEADLINE_SECONDS:
@@ -434,7 +436,9 @@ def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]
     grace_over = s.term_at is not None and now - s.term_at >= s.limits.grace_seconds
     if s.phase is Phase.STOPPING and grace_over and (s.kill_at is None or now - s.kill_at >= KILL_REPEAT_SECONDS):
         # stopping: the grace is over → SIGKILL (repeated each second while anything remains).
-        return replace(s, kill_at=now), [SignalKill()]
+        first = s.kill_at is None
+        return replace(s, kill_at=now), [*([Note(f"grace of {s.limits.grace_seconds:.0f} s over; SIGKILL")] if first else []),
+                                         SignalKill()]
     if s.phase is Phase.EXITED:
         actions: list[Action] = []
         if s.kill_at is None or now - s.kill_at >= KILL_REPEAT_SECONDS:
@@ -568,7 +572,7 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     )
     counted = d.state is JobState.RESTARTING and s.stop_cause not in DAEMON_CAUSES
     log = Log("attempt_ended", "info", (
-        ("exit_code", code), ("signal", s.exit_signal), ("reason", d.reason), ("next_state", d.state.value),
+        ("exit_code", code), ("signal", signal_name(s.exit_signal) if s.exit_signal else None), ("reason", d.reason), ("next_state", d.state.value),
         ("delay_seconds", d.delay_seconds), ("last_step", s.last_step), ("root_cause", s.root_cause)))
     s = replace(s, job_state=d.state, backoff_level=d.backoff_level, no_progress_streak=d.no_progress_streak,
                 restarts=s.restarts + (1 if counted else 0), backoff_remaining=d.delay_seconds)
@@ -590,7 +594,8 @@ def _cancel(s: JobStep, obs: CancelRequested, now: float) -> tuple[JobStep, list
         return _finish_without_attempt(s, JobState.CANCELLED, f"cancelled by {obs.by}", now, note, *extra)
     if s.phase in (Phase.RUNNING, Phase.DUMPING):
         # running|dumping → stopping: SIGTERM; the workers get the grace to checkpoint.
-        return _term(s, now, stop_cause="cancel"), [note, SignalTerm()]
+        return _term(s, now, stop_cause="cancel"), [
+            note, Note(f"cancelled by {obs.by}; SIGTERM, {s.limits.grace_seconds:.0f} s grace to checkpoint"), SignalTerm()]
     if s.phase in (Phase.STOPPING, Phase.EXITED, Phase.DIAGNOSING):
         # stopping|exited|diagnosing: already on the way down; a cancel wins over any other cause
         # (the user's intent is that it ends for good). No second SIGTERM: torchrun's agent would
@@ -612,7 +617,9 @@ def _daemon_stopping(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
         return _to(s, Phase.DONE, now), [StopStaging()]
     if s.phase in (Phase.RUNNING, Phase.DUMPING):
         # running|dumping → stopping: SIGTERM and the grace, as for a cancel; resumed on next start.
-        return _term(s, now, stop_cause="daemon-stop"), [SignalTerm()]
+        return _term(s, now, stop_cause="daemon-stop"), [
+            Note(f"the daemon is stopping; SIGTERM, {s.limits.grace_seconds:.0f} s grace; resumes on its next start"),
+            SignalTerm()]
     return s, []
 
 

@@ -29,6 +29,7 @@ from spx.daemon.run.step import (
     LauncherExited,
     Log,
     MarkStarting,
+    Note,
     Phase,
     RemoveCgroup,
     SaveBackoff,
@@ -50,7 +51,8 @@ WALL0 = 1_000_000.0
 
 
 def kinds(actions):
-    return [type(a) for a in actions if not isinstance(a, Log)]
+    """The actions that act (logs and notes to the attempt log left out)."""
+    return [type(a) for a in actions if not isinstance(a, Log | Note)]
 
 
 def logs(actions):
@@ -226,7 +228,7 @@ def test_stopping_sends_sigkill_after_the_grace_and_repeats_it_each_second():
     s, actions = st.step(s, Tick(), 99.0)
     assert actions == []
     s, actions = st.step(s, Tick(), 100.0)
-    assert actions == [SignalKill()]
+    assert actions == [Note("grace of 30 s over; SIGKILL"), SignalKill()]
     s, actions = st.step(s, Tick(), 100.5)
     assert actions == []
     s, actions = st.step(s, Tick(), 101.0)
@@ -481,7 +483,7 @@ def test_a_failed_signal_is_logged_and_escalation_goes_on():
     s, actions = st.step(s, ActionFailed(SignalTerm(), "PermissionError"), 0.0)
     assert s.phase is Phase.STOPPING and logs(actions) == ["action_failed"]
     s, actions = st.step(s, Tick(), 31.0)
-    assert actions == [SignalKill()]
+    assert kinds(actions) == [SignalKill]
 
 
 @pytest.mark.parametrize("phase_of", ["running", "ready"])
