@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from spx.daemon.intake.spec import SpecError, parse_spec
+from spx.daemon.intake.spec import MAX_SPEC_BYTES, SpecError, parse_spec
 from spx.daemon.service import control
 from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
 
@@ -100,7 +100,9 @@ def print_status(doc: dict) -> None:
 def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
     source = Path(args.file)
     try:
-        text = source.read_text()
+        with open(source, "rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)  # parse_spec refuses more; never read a huge file whole
+        text = raw.decode()
     except OSError as e:
         raise CliError(f"{source}: {e.strerror}", EXIT_USAGE) from e
     except UnicodeDecodeError as e:

@@ -150,7 +150,7 @@ def test_spx_submit_of_a_yaml_escape_prints_a_clear_error(users, shared, case, l
     answering(d)
 
 
-def test_spx_submit_of_binary_garbage_prints_a_clear_error(users, shared):
+def test_spx_submit_of_binary_garbage_or_an_endless_file_prints_a_clear_error(users, shared):
     owner, _victim, _group = users
     _base, _bait, d = shared
     job = Path(owner.pw_dir) / "garbage.yaml"
@@ -159,6 +159,8 @@ def test_spx_submit_of_binary_garbage_prints_a_clear_error(users, shared):
     res = _spx_as(owner, d, "submit", str(job))
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.startswith(f"spx: {job}: not UTF-8 text"), res.stderr
+    endless = _spx_as(owner, d, "submit", "/dev/zero")  # read up to the cap, never whole
+    assert endless.returncode == 2 and endless.stderr == "spx: /dev/zero: file is larger than 64 KiB\n"
     answering(d)
 
 
