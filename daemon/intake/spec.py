@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from spx.daemon.intake.spec_yaml import SpecError, line_of, read_yaml
 
 MAX_SPEC_BYTES = 64 * 1024
+MAX_PROBLEMS = 20  # listed in a rejection; finding each one's line is a walk of the document
 # Bounds that keep timers and the store's integers sane (a timer of 1e308 s overflows deadlines).
 MAX_HANG_TIMEOUT = 30 * 24 * 3600.0
 MAX_BACKOFF = 24 * 3600.0
@@ -214,7 +215,11 @@ def _parse(text: str) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError([_problem(root, err) for err in e.errors()]) from None
+        errors = e.errors()
+        problems = [_problem(root, err) for err in errors[:MAX_PROBLEMS]]
+        if len(errors) > MAX_PROBLEMS:
+            problems.append((None, "", f"... and {len(errors) - MAX_PROBLEMS} more problems"))
+        raise SpecError(problems) from None
 
 
 def _problem(root: yaml.Node, err: Any) -> tuple[int | None, str, str]:

@@ -15,6 +15,9 @@ from typing import Any, ClassVar
 import yaml
 
 MAX_DEPTH = 16
+# Pure-Python YAML costs ~25 us per node per pass: 64 KiB of `a,` (32k nodes) would hold the main loop
+# for seconds. A real job file has a few hundred nodes.
+MAX_NODES = 4000
 MAX_INT = 2**63 - 1  # SQLite's integer range; larger numbers in a job file are refused when read
 
 
@@ -156,14 +159,19 @@ def _yaml_error(e: yaml.YAMLError, text: str) -> SpecError:
 
 def _scan_events(text: str) -> None:
     """Walk the event stream before composing anything: anchors/aliases are refused while they are
-    still tokens (an alias bomb expands at compose time), and nesting is counted here because the
-    composer and constructor recurse once per level (3,000 `[` would be a RecursionError there)."""
-    depth = 0
+    still tokens (an alias bomb expands at compose time), nesting is counted here because the
+    composer and constructor recurse once per level (3,000 `[` would be a RecursionError there), and
+    so are nodes (MAX_NODES), which bounds the time the later passes take."""
+    depth = nodes = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             line = event.start_mark.line + 1 if event.start_mark else None
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 raise SpecError([(line, "", "YAML anchors/aliases are not allowed in job files")])
+            if isinstance(event, yaml.NodeEvent):
+                nodes += 1
+                if nodes > MAX_NODES:
+                    raise SpecError([(line, "", f"more than {MAX_NODES} YAML values; a job file is far smaller")])
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_DEPTH:

@@ -172,3 +172,14 @@ def test_dates_merges_and_equals_are_plain_text():
 ])
 def test_odd_texts_are_spec_errors(text, expected):
     assert expected in errors(text)
+
+
+def test_too_many_nodes_are_refused_while_scanning():
+    """64 KiB of tiny values would hold the main loop for seconds in the pure-Python passes."""
+    assert "job.yaml:1: more than 4000 YAML values" in errors("[" + "a," * 30000 + "]\n")
+    assert parse_spec(BASE + "env: {" + ", ".join(f"K{i}: v" for i in range(1990)) + "}\n").env["K1989"] == "v"
+
+
+def test_a_flood_of_unknown_keys_lists_twenty_problems_and_a_count():
+    e = pytest.raises(SpecError, parse_spec, BASE + "".join(f"k{i}: 1\n" for i in range(1500))).value
+    assert len(e.problems) == 21 and e.problems[-1] == (None, "", "... and 1480 more problems")
