@@ -410,6 +410,19 @@ class Executor:
             h.row_id, h.proc, h.pids = None, None, []  # the attempt is over; its relay is polled until it exits
         return []
 
+    def _record_cancel(self, job: JobRow, s: step.JobStep, a: step.RecordCancel) -> list[step.Observation]:
+        h = self.handles.get(job.id)
+        if h is not None and h.row_id is not None and h.number == a.number:
+            self.store.attempt_cancelling(h.row_id)
+        return []
+
+    def _record_exit(self, job: JobRow, s: step.JobStep, a: step.RecordExit) -> list[step.Observation]:
+        h = self.handles.get(job.id)
+        if h is not None and h.row_id is not None and h.number == a.number:
+            self._flush_deferred(h)
+            self.store.attempt_exited(h.row_id, a.code, a.signal, a.stop_cause, self.wall())
+        return []
+
     def _save_backoff(self, job: JobRow, s: step.JobStep, a: step.SaveBackoff) -> list[step.Observation]:
         self.store.update_job(job.id, self.wall(), backoff_remaining=a.remaining)
         return []
@@ -492,6 +505,8 @@ _PERFORM: dict[type, Callable[[Executor, JobRow, step.JobStep, object], list[ste
     step.RemoveCgroup: Executor._remove_cgroup,
     step.Note: Executor._note,
     step.Log: Executor._log,
+    step.RecordCancel: Executor._record_cancel,
+    step.RecordExit: Executor._record_exit,
     step.FinishAttempt: Executor._finish,
     step.SaveBackoff: Executor._save_backoff,
 }

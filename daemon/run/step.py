@@ -334,6 +334,24 @@ class FinishAttempt:
 
 
 @dataclass(frozen=True)
+class RecordCancel:
+    """Store: the attempt is being cancelled (so a daemon restarted meanwhile still cancels it)."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class RecordExit:
+    """Store: the launcher's exit status, as soon as seen (a daemon restarted before the attempt's
+    end is recorded then decides on the real status, not "daemon restarted")."""
+
+    number: int
+    code: int | None
+    signal: int | None
+    stop_cause: str | None
+
+
+@dataclass(frozen=True)
 class SaveBackoff:
     """Store the backoff's remaining seconds (the daemon stops mid-backoff; the next one resumes it)."""
 
@@ -341,8 +359,8 @@ class SaveBackoff:
 
 
 Action = (MarkStarting | StartStaging | StopStaging | FindCheckpoint | Spawn | SignalTerm | SignalKill | DumpStacks
-          | Diagnose | RemoveCgroup | Note | Log | FinishAttempt | SaveBackoff)
-STORE_ACTIONS = (MarkStarting, Spawn, FinishAttempt, SaveBackoff)
+          | Diagnose | RemoveCgroup | Note | Log | RecordCancel | RecordExit | FinishAttempt | SaveBackoff)
+STORE_ACTIONS = (MarkStarting, Spawn, RecordCancel, RecordExit, FinishAttempt, SaveBackoff)
 
 
 # --- constructors: where a tracked job begins --------------------------------------------------------
@@ -361,15 +379,26 @@ def placed(job_id: int, name: str, limits: Limits, job_state: JobState, gpus: tu
                    clock=now, phase_since=now, staged=staged)
 
 
-def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: int | None,
-            now: float) -> tuple[JobStep, list[Action]]:
-    """A job whose attempt was open when the previous daemon died: its processes (if any are still
-    the same ones) get SIGTERM, the grace, SIGKILL — as for any stop — and it is relaunched from its
-    checkpoint without counting as a restart."""
-    state = replace(base, phase=Phase.STOPPING, job_state=JobState.RUNNING, number=number, started=now,
-                    started_wall=started_wall, resumed_from_step=resumed_from_step,
-                    stop_cause="daemon-restart", term_at=now, clock=now, phase_since=now)
-    return state, [SignalTerm(), Log("adopted_after_restart")]
+def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: int | None, now: float, *,
+            stop_cause: str | None = None,
+            exit: tuple[int | None, int | None] | None = None) -> tuple[JobStep, list[Action]]:
+    """A job whose attempt was open when the previous daemon died.
+
+    - Its launcher's exit was recorded (`exit`, with the `stop_cause` the daemon had then): leftovers
+      get SIGKILL and it is decided on that exit, as if the daemon had never gone.
+    - Otherwise its processes (if any are still the same ones) get SIGTERM, the grace, SIGKILL — as
+      for any stop — and it is relaunched from its checkpoint without counting as a restart; or, if a
+      cancel was recorded (`stop_cause` "cancel"), it ends cancelled.
+    """
+    state = replace(base, job_state=JobState.RUNNING, number=number, started=now, started_wall=started_wall,
+                    resumed_from_step=resumed_from_step, clock=now, phase_since=now)
+    if exit is not None:
+        state = replace(state, phase=Phase.EXITED, stop_cause=stop_cause, exit_code=exit[0],
+                        exit_signal=exit[1], exited_at=now, kill_at=now)
+        return state, [Log("adopted_after_restart", "info", (("exited", True),)), SignalKill()]
+    cause = "cancel" if stop_cause == "cancel" else "daemon-restart"
+    state = replace(state, phase=Phase.STOPPING, stop_cause=cause, term_at=now)
+    return state, [SignalTerm(), Log("adopted_after_restart", "info", (("exited", False),))]
 
 
 # --- the step ---------------------------------------------------------------------------------------
@@ -526,7 +555,9 @@ def _launcher_exited(s: JobStep, obs: LauncherExited, now: float) -> tuple[JobSt
     # running|dumping|stopping → exited: the launcher is gone; anything left of the attempt is a
     # leftover and gets SIGKILL at once (and every second until none remain).
     s = _to(s, Phase.EXITED, now, exit_code=obs.code, exit_signal=obs.signal, exited_at=now, kill_at=now)
-    return s, [SignalKill()]
+    if obs.code is None and obs.signal is None:
+        return s, [SignalKill()]  # nothing known to store (an adopted attempt's launcher is not our child)
+    return s, [SignalKill(), RecordExit(s.number, obs.code, obs.signal, s.stop_cause)]
 
 
 def _all_gone(s: JobStep, obs: AllGone, now: float) -> tuple[JobStep, list[Action]]:
@@ -554,6 +585,9 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     transaction. A restart goes to BACKOFF (or DONE if the daemon is stopping: the stored remaining
     delay resumes at the next start); anything else is terminal."""
     ran = now - (s.started if s.started is not None else now)
+    if s.stop_cause == "daemon-restart" and s.exit_code is None and s.beat_status == "finished":
+        # An adopted attempt whose exit nobody saw, but whose heartbeat says training finished.
+        s = replace(s, stop_cause=None, exit_code=0)
     code = s.exit_code
     outcome = AttemptOutcome(
         exit_code=code, signal=s.exit_signal,
@@ -593,14 +627,16 @@ def _cancel(s: JobStep, obs: CancelRequested, now: float) -> tuple[JobStep, list
         extra = [StopStaging()] if s.phase is Phase.STAGING else []
         return _finish_without_attempt(s, JobState.CANCELLED, f"cancelled by {obs.by}", now, note, *extra)
     if s.phase in (Phase.RUNNING, Phase.DUMPING):
-        # running|dumping → stopping: SIGTERM; the workers get the grace to checkpoint.
+        # running|dumping → stopping: SIGTERM; the workers get the grace to checkpoint. The cancel is
+        # stored, so a daemon restarted before the end still cancels.
         return _term(s, now, stop_cause="cancel"), [
-            note, Note(f"cancelled by {obs.by}; SIGTERM, {s.limits.grace_seconds:.0f} s grace to checkpoint"), SignalTerm()]
+            note, RecordCancel(s.number),
+            Note(f"cancelled by {obs.by}; SIGTERM, {s.limits.grace_seconds:.0f} s grace to checkpoint"), SignalTerm()]
     if s.phase in (Phase.STOPPING, Phase.EXITED, Phase.DIAGNOSING):
         # stopping|exited|diagnosing: already on the way down; a cancel wins over any other cause
         # (the user's intent is that it ends for good). No second SIGTERM: torchrun's agent would
         # stop waiting for its workers' checkpoint.
-        return replace(s, stop_cause="cancel"), [note]
+        return replace(s, stop_cause="cancel"), [note, RecordCancel(s.number)]
     return s, []
 
 

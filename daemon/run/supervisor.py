@@ -84,7 +84,9 @@ class Supervisor:
             return
         self.executor.adopt(job, open_att.number, open_att.id, open_att.attempt_id, open_att.pgid,
                             open_att.boot_id, open_att.start_ticks)
-        state, actions = step.adopted(base, open_att.number, open_att.start, open_att.resumed_from_step, now)
+        exited = (open_att.exit_code, open_att.signal) if open_att.exited is not None else None
+        state, actions = step.adopted(base, open_att.number, open_att.start, open_att.resumed_from_step, now,
+                                      stop_cause=open_att.stop_cause, exit=exited)
         self.steps[job.id] = state
         self._run(job.id, deque(), actions)
 

@@ -60,6 +60,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     pgid INTEGER,
     boot_id TEXT,
     start_ticks INTEGER,
+    stop_cause TEXT,
+    exited REAL,
     port INTEGER,
     root_cause TEXT,
     UNIQUE (job_id, number)
@@ -79,6 +81,8 @@ _ADDED_COLUMNS = (
     ("jobs", "backoff_remaining", "REAL NOT NULL DEFAULT 0"),
     ("attempts", "boot_id", "TEXT"),
     ("attempts", "start_ticks", "INTEGER"),
+    ("attempts", "stop_cause", "TEXT"),
+    ("attempts", "exited", "REAL"),
 )
 
 
@@ -139,6 +143,8 @@ class AttemptRow:
     root_cause: str | None
     boot_id: str | None = None     # the boot and /proc start time of the pgid leader, to tell it
     start_ticks: int | None = None  # from a later process that reuses the pid
+    stop_cause: str | None = None   # "cancel" once requested: the user's intent outlives a daemon restart
+    exited: float | None = None     # when the launcher's exit (exit_code, signal) was seen, before the end
 
 
 _JOB_FIELDS = {"gpus", "backoff_remaining", "no_progress_streak", "backoff_level", "staging", "reason"}
@@ -323,6 +329,21 @@ class Store:
             db.execute("UPDATE attempts SET pgid = ?, boot_id = ?, start_ticks = ? WHERE id = ?",
                        (pgid, boot_id, start_ticks, attempt_row))
             self._transition(db, job_id, JobState.RUNNING, reason, now, {})
+
+    def attempt_cancelling(self, attempt_row: int) -> None:
+        """A cancel was requested while the attempt runs: a daemon restarted before it ends still
+        ends it as cancelled, not relaunched."""
+        with self._tx() as db:
+            db.execute("UPDATE attempts SET stop_cause = 'cancel' WHERE id = ?", (attempt_row,))
+
+    def attempt_exited(self, attempt_row: int, exit_code: int | None, signal: int | None, stop_cause: str | None,
+                       now: float) -> None:
+        """The launcher's exit status (and why the daemon was stopping it, if it was), as soon as it is
+        seen: the attempt may still have leftovers to kill and a diagnosis to make, and a daemon
+        restarted meanwhile must decide on this status, not lose it."""
+        with self._tx() as db:
+            db.execute("UPDATE attempts SET exit_code = ?, signal = ?, stop_cause = ?, exited = ? WHERE id = ?",
+                       (exit_code, signal, stop_cause, now, attempt_row))
 
     def finish_attempt(self, job_id: int, attempt_row: int | None, new_state: JobState, reason: str | None,
                        now: float, attempt_fields: dict[str, object], job_fields: dict[str, object]) -> None:

@@ -228,3 +228,21 @@ def test_a_backoff_interrupted_by_a_daemon_stop_resumes_with_the_seconds_left(tm
         assert j["attempts"] == 1, "the backoff resumes: no relaunch at once"
     finally:
         d.stop()
+
+
+def test_a_cancel_outlives_a_daemon_killed_during_the_grace(tmp_path):
+    script = tmp_path / "ignores_term.py"
+    script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)\n")
+    d = Daemon(tmp_path / "root").start()
+    try:
+        d.drop("c.yaml", f"name: stubborn\nlauncher: python\nscript: {script}\npython: {PY}\n"
+                         "stop: {grace_seconds: 4}\n")
+        d.wait_state("stubborn", "running", 30)
+        d.spx("cancel", "stubborn")
+        d.kill9()  # during the grace: the attempt still runs, its end not recorded
+        assert job_pids("stubborn")
+        d.start()
+        d.wait_state("stubborn", "cancelled", 30)
+        assert d.status("stubborn")["attempts"] == 1 and job_pids("stubborn") == []
+    finally:
+        d.stop()

@@ -31,6 +31,8 @@ from spx.daemon.run.step import (
     MarkStarting,
     Note,
     Phase,
+    RecordCancel,
+    RecordExit,
     RemoveCgroup,
     SaveBackoff,
     SignalKill,
@@ -239,7 +241,7 @@ def test_hang_then_term_grace_kill_gone_restarts_with_backoff():
     s, _ = st.step(hung(), StacksDumped(1), 70.0)
     s, _ = st.step(s, Tick(), 100.0)
     s, actions = st.step(s, LauncherExited(None, signal.SIGKILL), 100.2)
-    assert s.phase is Phase.EXITED and actions == [SignalKill()]
+    assert s.phase is Phase.EXITED and actions == [SignalKill(), RecordExit(1, None, signal.SIGKILL, "hang")]
     s, actions = st.step(s, AllGone(), 100.4)
     assert s.phase is Phase.DIAGNOSING and actions == [RemoveCgroup(), Diagnose(1, root_cause=True, oom=False)]
     s, actions = st.step(s, Diagnosed(1, None, False), 101.0)
@@ -249,9 +251,10 @@ def test_hang_then_term_grace_kill_gone_restarts_with_backoff():
     assert s.phase is Phase.BACKOFF and s.restarts == 1
 
 
-def test_running_to_exited_on_launcher_exit_kills_leftovers_at_once():
+def test_running_to_exited_on_launcher_exit_kills_leftovers_and_stores_the_status_at_once():
     s, actions = st.step(running(), LauncherExited(0, None), 20.0)
-    assert s.phase is Phase.EXITED and (s.exit_code, s.exit_signal) == (0, None) and actions == [SignalKill()]
+    assert s.phase is Phase.EXITED and (s.exit_code, s.exit_signal) == (0, None)
+    assert actions == [SignalKill(), RecordExit(1, 0, None, None)]
 
 
 def test_exited_keeps_killing_leftovers_and_warns_about_them():
@@ -359,7 +362,8 @@ def test_cancel_during_backoff_cancels_without_an_attempt():
 
 def test_cancel_while_running_sends_sigterm_and_gives_the_grace():
     s, actions = st.step(running(), CancelRequested("root"), 10.0)
-    assert (s.phase, s.stop_cause, s.term_at) == (Phase.STOPPING, "cancel", 10.0) and kinds(actions) == [SignalTerm]
+    assert (s.phase, s.stop_cause, s.term_at) == (Phase.STOPPING, "cancel", 10.0)
+    assert kinds(actions) == [RecordCancel, SignalTerm], "the cancel is stored: it outlives a daemon restart"
     s, actions = st.step(s, Tick(), 39.0)
     assert actions == []
     s, actions = ended(s, 45.0, code=0)
@@ -369,7 +373,7 @@ def test_cancel_while_running_sends_sigterm_and_gives_the_grace():
 def test_cancel_while_stopping_wins_without_a_second_sigterm():
     s, _ = st.step(hung(), StacksDumped(1), 70.0)
     s, actions = st.step(s, CancelRequested("root"), 71.0)
-    assert s.stop_cause == "cancel" and kinds(actions) == []
+    assert s.stop_cause == "cancel" and kinds(actions) == [RecordCancel]
     s, actions = ended(s, 72.0, code=0)
     assert only(actions, FinishAttempt).state is JobState.CANCELLED
 
@@ -428,6 +432,49 @@ def test_adopted_attempt_is_stopped_and_relaunched_without_counting_a_restart():
     assert (finish.number, finish.state, finish.reason_class, finish.backoff_remaining) == (
         3, JobState.RESTARTING, "daemon-restart", 0.0)
     assert s.phase is Phase.READY and s.restarts == 1, "relaunched at once, not counted"
+
+
+def test_adopted_attempt_whose_exit_was_stored_is_decided_on_it():
+    """The daemon died after the launcher exited 0 but before the end was recorded: success, not a rerun."""
+    s, actions = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, exit=(0, None))
+    assert s.phase is Phase.EXITED and kinds(actions) == [SignalKill]
+    s, actions = st.step(s, AllGone(), 0.5)
+    assert only(actions, FinishAttempt).state is JobState.SUCCEEDED and s.phase is Phase.DONE
+
+
+def test_adopted_attempt_with_a_stored_crash_counts_as_the_jobs_fault():
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, exit=(1, None))
+    s, _ = st.step(s, AllGone(), 0.5)
+    s, actions = st.step(s, Diagnosed(1, None, False), 1.0)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason_class, s.restarts) == (JobState.RESTARTING, "crash", 1)
+
+
+def test_adopted_attempt_with_a_stored_cancel_ends_cancelled():
+    s, actions = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, stop_cause="cancel")
+    assert s.stop_cause == "cancel" and kinds(actions) == [SignalTerm]
+    s, actions = ended(s, 2.0, code=None, sig=None)
+    assert only(actions, FinishAttempt).state is JobState.CANCELLED
+
+
+def test_adopted_attempt_stopped_by_the_daemon_before_is_still_not_the_jobs_fault():
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, stop_cause="daemon-stop", exit=(None, 15))
+    s, actions = st.step(s, AllGone(), 0.5)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason_class, s.restarts) == (JobState.RESTARTING, "daemon-restart", 0)
+
+
+def test_an_unknown_exit_is_not_stored():
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0)
+    s, actions = st.step(s, LauncherExited(None, None), 0.5)
+    assert actions == [SignalKill()]
+
+
+def test_adopted_attempt_whose_heartbeat_says_finished_succeeds():
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0)
+    s, _ = st.step(s, HeartbeatSeen(500, WALL0 + 1, "finished"), 0.1)
+    s, actions = ended(s, 0.5, code=None, sig=None)
+    assert only(actions, FinishAttempt).state is JobState.SUCCEEDED
 
 
 def test_a_stored_backoff_resumes_with_its_remaining_seconds():
