@@ -66,9 +66,11 @@ def test_symlink_planted_at_the_next_attempt_log_is_not_followed(users, base):
             os.symlink("{bait.path}", target)
             sys.exit(1)
         """)
+        (Path(owner.pw_dir) / "plant-first.txt").unlink(missing_ok=True)  # the user's home outlives a run
         drop_as(d, owner, "plant.yaml", job_yaml("plant", script))
         first = Path(owner.pw_dir) / "plant-first.txt"
         wait_file(first)
+        d.wait_state("plant", "running", 30)
         assert first.read_text() == "Permission denied", "the user cannot write into log/NAME"
         os.chown(log_dir, owner.pw_uid, owner.pw_gid)  # as the old daemon left it
         job = ended_with_reason(d, "plant", {"succeeded", "failed"}, 90)

@@ -107,9 +107,10 @@ def test_duplicate_name_of_a_live_job_is_rejected(daemon):
 def test_file_from_a_user_not_allowed_is_rejected(tmp_path):
     d = Daemon(tmp_path / "root", config={"submit_group": "root"}).start()
     try:
-        path = d.spool / "nobody.yaml"
-        path.write_text(OK.format(name="from-nobody"))
-        os.chown(path, 65534, 65534)
+        tmp = d.spool / ".nobody.yaml.tmp"  # owned by nobody before it is in the spool's name space
+        tmp.write_text(OK.format(name="from-nobody"))
+        os.chown(tmp, 65534, 65534)
+        os.rename(tmp, d.spool / "nobody.yaml")
         assert "not in group 'root'" in rejected_reason(d, "nobody.yaml")
         assert d.job("from-nobody") is None
     finally:
