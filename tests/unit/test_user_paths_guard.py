@@ -39,6 +39,9 @@ ALLOWED: dict[str, str] = {
     "intake/accept.py": "state_dir/jobs: root-only (state_dir is 0700)",
     "run/log_relay.py": "writes attempt-N.log by the fd of root-owned log/NAME (attempt_files.open_log_dir), "
                         "O_NOFOLLOW, regular files only, fchown on the fd",
+    "run/attempt_monitor.py": "writes the exit record by the fd of root-owned log/NAME (O_NOFOLLOW, temp + rename "
+                              "by dir fd); stdlib-only under -I -S, so it cannot import userfs",
+    "run/launcher.py": "reads the monitor's exit record in root-owned log/NAME: O_NOFOLLOW|O_NONBLOCK, 4 KiB cap",
     "run/enter_attempt.py": "the exec shim: cgroup.procs in the daemon's cgroupfs, as root, before the uid switch",
     "run/cgroups.py": "cgroupfs: the daemon's own delegated subtree",
     "run/executor.py": "mkdir of the attempt's cgroup in the daemon's own cgroupfs subtree",
