@@ -143,8 +143,8 @@ class AttemptRow:
     root_cause: str | None
     boot_id: str | None = None     # the boot and /proc start time of the pgid leader, to tell it
     start_ticks: int | None = None  # from a later process that reuses the pid
-    stop_cause: str | None = None   # "cancel" once requested: the user's intent outlives a daemon restart
-    exited: float | None = None     # when the launcher's exit (exit_code, signal) was seen, before the end
+    stop_cause: str | None = None   # why the daemon stopped it ("cancel" as soon as requested: it outlives
+    exited: float | None = None     # a daemon restart); when its launcher's exit (exit_code, signal) was seen
 
 
 _JOB_FIELDS = {"gpus", "backoff_remaining", "no_progress_streak", "backoff_level", "staging", "reason"}
