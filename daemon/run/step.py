@@ -24,9 +24,12 @@ Phases of the tracked job (the stored `JobState` in brackets):
     EXITED --all processes gone--> DIAGNOSING --diagnosis (or its deadline)--> record the end:
         BACKOFF (a restart) | DONE (succeeded / failed / cancelled, or the daemon stops)
 
-Store writes are actions too, and each step writes at most one transaction (`FinishAttempt` ends
-the attempt row and moves the job together). A write the store cannot take now (disk full, locked)
-comes back as a retryable `ActionFailed`, and is re-emitted on the next tick; a job with a write
+Store writes are actions too, and each step writes at most one transaction: `FinishAttempt` ends
+the attempt row and moves the job together (only `Spawn` writes twice: its row before exec, so a crash
+leaves the attempt id its processes are found by, then the pgid and "running"). What adoption after a
+daemon restart needs is written when it happens: a cancel (`RecordCancel`), the launcher's exit
+(`RecordExit`). A write the store cannot take now (disk full, locked) comes back as a retryable
+`ActionFailed` and is re-emitted on the next tick, later writes queued behind it; a job with a write
 pending is never relaunched.
 """
 
