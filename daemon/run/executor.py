@@ -201,10 +201,16 @@ class Executor:
         why = run.text() if run.text().startswith("staging failed") else f"staging failed: copier exited {run.proc.returncode}"
         return [step.StagingEnded(False, why)]
 
-    def _flush_deferred(self, h: Handles) -> None:
+    def _flush_deferred(self, h: Handles) -> bool:
+        """Writes the store refused earlier, in order; False while it still refuses them."""
         while h.deferred:
-            h.deferred[0]()
+            try:
+                h.deferred[0]()
+            except StoreUnavailable as e:
+                self.store_error = str(e)
+                return False
             h.deferred.pop(0)
+        return True
 
     # --- performing ----------------------------------------------------------------------------------
 
@@ -392,8 +398,8 @@ class Executor:
     def _finish(self, job: JobRow, s: step.JobStep, a: step.FinishAttempt) -> list[step.Observation]:
         now = self.wall()
         h = self.handles.get(job.id)
-        if h is not None:
-            self._flush_deferred(h)
+        if h is not None and not self._flush_deferred(h):
+            raise StoreUnavailable(self.store_error or "state store refuses writes")
         row = h.row_id if (h is not None and a.number and h.number == a.number) else None
         attempt_fields: dict[str, object] = {}
         if row is not None:
@@ -419,7 +425,8 @@ class Executor:
     def _record_exit(self, job: JobRow, s: step.JobStep, a: step.RecordExit) -> list[step.Observation]:
         h = self.handles.get(job.id)
         if h is not None and h.row_id is not None and h.number == a.number:
-            self._flush_deferred(h)
+            if not self._flush_deferred(h):
+                raise StoreUnavailable(self.store_error or "state store refuses writes")
             self.store.attempt_exited(h.row_id, a.code, a.signal, a.stop_cause, self.wall())
         return []
 
@@ -447,6 +454,11 @@ class Executor:
                                            cgroup=cgroup)
         h.pids = h.procs.pids()
         h.seen_pids.update(h.pids)
+
+    def adopt_lost(self, job: JobRow, number: int) -> None:
+        """A job stored as running without an open attempt (its row never made it): nothing to find
+        or signal; its step ends the empty stop at once and relaunches it."""
+        self.handles[job.id] = Handles(number=number)
 
     def forget(self, job_id: int) -> None:
         """The supervisor is done with the job: its handles go (a relay still draining, no longer

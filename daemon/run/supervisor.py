@@ -25,7 +25,7 @@ from spx.daemon.service.config import DaemonConfig
 from spx.daemon.service.log import get_logger
 from spx.daemon.staging.runner import staging_done
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow, Store
+from spx.daemon.state.store import JobRow, Store, StoreUnavailable
 
 log = get_logger()
 # Observations one job may cause in one turn: a step function that keeps answering itself is a bug.
@@ -72,13 +72,15 @@ class Supervisor:
         self.jobs[job.id] = job
         self.steps[job.id] = base
         open_att = self.store.open_attempt(job.id)
+        if open_att is None and job.state is JobState.RUNNING:
+            # Running without an open attempt: an empty stop, then the relaunch (through the step,
+            # so a store that refuses the write now gets it retried).
+            self.executor.adopt_lost(job, base.number)
+            state, actions = step.adopted(base, base.number, time.time(), None, now)
+            self.steps[job.id] = state
+            self._run(job.id, deque(), actions)
+            return
         if open_att is None:
-            if job.state is JobState.RUNNING:  # running without an open attempt: relaunch it
-                self.store.transition(job.id, JobState.RESTARTING, "daemon restarted", time.time())
-                self.steps[job.id] = base = step.placed(
-                    job.id, job.name, base.limits, JobState.RESTARTING, base.gpus, number=base.number,
-                    restarts=base.restarts, backoff_level=base.backoff_level,
-                    no_progress_streak=base.no_progress_streak, staged=base.staged, now=now)
             log.info("resumed_after_restart", job=job.name, attempt=None, state=job.state.value,
                      backoff_remaining=round(base.backoff_remaining, 1))
             return
@@ -156,6 +158,10 @@ class Supervisor:
         """Containment: whatever one job's turn raises fails that job, not the daemon."""
         try:
             turn()
+        except StoreUnavailable as e:
+            # Not the job's fault: its state is kept and the turn is tried again on the next tick.
+            self.executor.store_error = str(e)
+            log.warning("store_unavailable_during_turn", job=job.name, attempt=None, error=str(e))
         except Exception as e:  # noqa: BLE001 — the point: no job's fault ends the loop
             s = self.steps.get(job.id)
             error = f"{type(e).__name__}: {e}"

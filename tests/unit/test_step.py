@@ -656,3 +656,14 @@ def test_the_status_line_says_when_the_state_store_refuses_writes():
     assert text == ("0 running, no GPUs (CPU jobs only); "
                     "STATE STORE NOT WRITABLE: state store /s.sqlite: database or disk is full")
     assert format_status([], 0, None, 0.0) == "0 running, no GPUs (CPU jobs only)"
+
+
+def test_a_job_stored_running_without_an_attempt_is_relaunched_after_a_restart(supervised):
+    sup, store = supervised
+    jid = _add(store, "lost")
+    store.transition(jid, JobState.STARTING, "GPUs allocated", 2.0)
+    store.transition(jid, JobState.RUNNING, "fresh start", 3.0)  # its attempt row never made it
+    sup.recover()
+    _tick_until(sup, lambda: any(w.job_id == jid for w in sup.waiting()))
+    job = store.job(jid)
+    assert (job.state, job.reason) == (JobState.RESTARTING, "daemon restarted")
