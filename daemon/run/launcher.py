@@ -26,8 +26,9 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The exec shim runs as root by file path, with site packages off, so it can only ever run stdlib.
 SHIM = Path(__file__).with_name("enter_attempt.py")
 SHIM_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
-# The log relay: root too (the log dir is root's), so started the same way.
+# The log relay and the attempt monitor: root too (the log dir is root's), so started the same way.
 RELAY = Path(__file__).with_name("log_relay.py")
+MONITOR = Path(__file__).with_name("attempt_monitor.py")
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,9 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
 
 @dataclass(frozen=True)
 class Spawned:
-    """A started attempt: `proc` is the launcher (through the shim), leader of the attempt's process
-    group and session; `relay` carries its stdout+stderr into the capped log and exits at EOF."""
+    """A started attempt: `proc` is its monitor, leader of the attempt's process group and session,
+    which ends as the launcher ends (same code or signal); `relay` carries the attempt's stdout+stderr
+    into the capped log and exits at EOF."""
 
     proc: subprocess.Popen
     relay: subprocess.Popen
@@ -155,13 +157,54 @@ def start_relay(log_dir_fd: int, log_name: str, max_log_bytes: int, uid: int, gi
     )
 
 
+def exit_record_name(log_name: str) -> str:
+    """Where the attempt monitor records how the attempt `log_name` logs to ended: attempt-N.exit."""
+    return f"{log_name.removesuffix('.log')}.exit"
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """How an attempt's launcher ended, as its monitor saw it. `stopped`: a stop signal (SIGTERM,
+    SIGINT, SIGHUP from root: the daemon) reached the attempt before it ended."""
+
+    exit_code: int | None
+    signal: int | None
+    stopped: bool
+
+
+def recorded_exit(log_dir: Path, log_name: str, attempt_id: str) -> ExitRecord | None:
+    """What the attempt monitor recorded for this attempt, or None if it has not (the attempt still
+    runs, or its monitor was killed with it). For a daemon that finds an open attempt from before it
+    started: the launcher may have ended while no daemon watched. The log dir is root's, so the
+    record is the monitor's; it is still read without following links and capped."""
+    try:
+        fd = os.open(log_dir / exit_record_name(log_name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        record = json.loads(os.read(fd, 4096))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    if not isinstance(record, dict) or record.get("attempt_id") != attempt_id:
+        return None
+    code, sig = record.get("exit_code"), record.get("signal")
+    if not (isinstance(code, int) or isinstance(sig, int)):
+        return None
+    return ExitRecord(code, sig, stopped=record.get("stop_signal") is not None)
+
+
 def spawn(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Path | None,
           max_log_bytes: int) -> Spawned:
-    """Start the attempt as `uid` in a new session (and in `cgroup`, if given) through the exec shim
-    (enter_attempt.py); stdout+stderr go through a log relay into `log_name` inside the directory
-    `log_dir_fd` (root's), capped at `max_log_bytes` per file with one rotated file. Returns once the
-    attempt's argv has been exec'd; raises OSError, as subprocess would, when any step before that
-    failed (the relay then has the shim's last words in the log and has exited)."""
+    """Start the attempt as `uid` in a new session (and in `cgroup`, if given) through the attempt
+    monitor (attempt_monitor.py, the session leader: it records the exit status in the log dir, see
+    `recorded_exit`) and the exec shim (enter_attempt.py); stdout+stderr go through a log relay into
+    `log_name` inside the directory `log_dir_fd` (root's), capped at `max_log_bytes` per file with one
+    rotated file. Returns once the attempt's argv has been exec'd; raises OSError, as subprocess would,
+    when any step before that failed (the relay then has the shim's last words in the log and has
+    exited). The plan's SPX_ATTEMPT_ID ties the exit record to this attempt."""
+    attempt_id = plan.env.get(worker_env.ENV_ATTEMPT_ID, "")
     user = pwd.getpwuid(uid)
     as_other = uid != os.getuid()
     request = {
@@ -183,9 +226,11 @@ def spawn(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Pa
     status_r, status_w = os.pipe()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(SHIM), str(request_r), str(status_w)],
-            cwd="/", env=SHIM_ENV, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
-            close_fds=True, pass_fds=(request_r, status_w), start_new_session=True,
+            [sys.executable, "-I", "-S", str(MONITOR), str(log_dir_fd), exit_record_name(log_name), attempt_id,
+             "--", sys.executable, "-I", "-S", str(SHIM), str(request_r), str(status_w)],
+            cwd="/", env={**SHIM_ENV, worker_env.ENV_ATTEMPT_ID: attempt_id}, stdin=subprocess.DEVNULL,
+            stdout=out_w, stderr=out_w, close_fds=True, pass_fds=(request_r, status_w, log_dir_fd),
+            start_new_session=True,
         )
     except BaseException:
         os.close(request_w)

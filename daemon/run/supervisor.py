@@ -18,7 +18,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
-from spx.daemon.run import cgroups, step
+from spx.daemon.run import attempt_files, cgroups, launcher, step
 from spx.daemon.run.executor import Executor
 from spx.daemon.run.scheduler import Start, Waiting
 from spx.daemon.service.config import DaemonConfig
@@ -87,8 +87,16 @@ class Supervisor:
         self.executor.adopt(job, open_att.number, open_att.id, open_att.attempt_id, open_att.pgid,
                             open_att.boot_id, open_att.start_ticks)
         exited = (open_att.exit_code, open_att.signal) if open_att.exited is not None else None
+        stop_cause = open_att.stop_cause
+        if exited is None:  # it may have ended while no daemon watched: its monitor recorded how
+            files = attempt_files.paths(self.cfg, job, open_att.number)
+            record = launcher.recorded_exit(files.log_dir, files.log_name, open_att.attempt_id)
+            if record is not None:
+                exited = (record.exit_code, record.signal)
+                if record.stopped and stop_cause is None:  # a daemon stopped it and died before saying why
+                    stop_cause = "daemon-restart"
         state, actions = step.adopted(base, open_att.number, open_att.start, open_att.resumed_from_step, now,
-                                      stop_cause=open_att.stop_cause, exit=exited)
+                                      stop_cause=stop_cause, exit=exited)
         self.steps[job.id] = state
         self._run(job.id, deque(), actions)
 

@@ -37,9 +37,17 @@ def spawn(plan: LaunchPlan, uid: int, log: Path, cgroup: Path | None = None,
 
 
 def stop(spawned: launcher.Spawned) -> None:
-    spawned.proc.kill()
+    os.killpg(spawned.proc.pid, signal.SIGKILL)  # the attempt's group, as the daemon stops it
     spawned.proc.wait()
     spawned.relay.wait(timeout=30)
+
+
+def attempt_pid(spawned: launcher.Spawned) -> int:
+    """The launcher: the monitor's one child."""
+    pid = spawned.proc.pid
+    kids = wait_for(lambda: Path(f"/proc/{pid}/task/{pid}/children").read_text().split(), 5, "the monitor's child")
+    assert len(kids) == 1
+    return int(kids[0])
 
 
 @pytest.fixture
@@ -58,22 +66,24 @@ def test_attempt_starts_in_its_cgroup_as_the_owner_with_exactly_the_planned_envi
     plan = LaunchPlan(argv=["sleep", "300"], env=env, cwd="/")
     with scratch_cgroup() as cg:
         spawned = spawn(plan, nobody.pw_uid, tmp_path / "attempt.log", cgroup=cg)
-        proc = spawned.proc
+        monitor, pid = spawned.proc.pid, attempt_pid(spawned)
         try:
             # spawn returns once exec is past its point of no return; comm changes a moment later
-            wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep", 5, "the exec")
-            assert cgroup_of(proc.pid) == cg
-            status = proc_status(proc.pid)
+            wait_for(lambda: Path(f"/proc/{pid}/comm").read_text().strip() == "sleep", 5, "the exec")
+            assert cgroup_of(pid) == cg
+            status = proc_status(pid)
             assert status["Uid"].split() == [str(nobody.pw_uid)] * 4
             assert status["Gid"].split() == [str(nobody.pw_gid)] * 4
             assert sorted(map(int, status["Groups"].split())) == sorted(set(os.getgrouplist("nobody", nobody.pw_gid)))
             assert status["Umask"] == "0022"
             ignored = int(status["SigIgn"], 16)
-            assert not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1))
-            assert os.getsid(proc.pid) == os.getpgid(proc.pid) == proc.pid, "a new session: one process group"
-            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")[:-1]
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                assert not ignored & (1 << (sig - 1)), f"{sig.name} ignored in the job"
+            assert os.getsid(pid) == os.getpgid(pid) == monitor == os.getsid(monitor), \
+                "a new session (one process group) led by the attempt's monitor"
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")[:-1]
             assert dict(e.decode().split("=", 1) for e in environ) == env
-            assert os.readlink(f"/proc/{proc.pid}/cwd") == "/"
+            assert os.readlink(f"/proc/{pid}/cwd") == "/"
         finally:
             stop(spawned)
 
@@ -139,3 +149,39 @@ def test_the_log_belongs_to_the_owner_and_is_capped(tmp_path, nobody):
         assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (nobody.pw_uid, nobody.pw_gid, 0o640)
         assert st.st_size <= 64 * 1024
     assert log.read_text().splitlines()[-1].startswith("0003999 "), "the newest output is in the log"
+
+
+def script_plan(script: str, attempt_id: str = "a1") -> LaunchPlan:
+    return LaunchPlan(argv=[sys.executable, "-c", script], env={"PATH": "/usr/bin", "SPX_ATTEMPT_ID": attempt_id},
+                      cwd="/")
+
+
+def test_the_monitor_records_the_exit_and_ends_as_the_launcher_did(tmp_path):
+    spawned = spawn(script_plan("import sys; sys.exit(7)"), os.getuid(), tmp_path / "attempt-1.log")
+    assert spawned.proc.wait(timeout=30) == 7
+    spawned.relay.wait(timeout=30)
+    assert launcher.recorded_exit(tmp_path, "attempt-1.log", "a1") == launcher.ExitRecord(7, None, stopped=False)
+    assert launcher.recorded_exit(tmp_path, "attempt-1.log", "another-attempt") is None
+    assert not list(tmp_path.glob(".*tmp*")), "the record is renamed into place"
+
+
+def test_a_stop_of_the_group_reaches_the_job_and_the_monitor_records_it(tmp_path):
+    script = "import time; print('up', flush=True); time.sleep(300)"
+    spawned = spawn(script_plan(script, "a2"), os.getuid(), tmp_path / "attempt-2.log")
+    wait_for(lambda: (tmp_path / "attempt-2.log").exists() and (tmp_path / "attempt-2.log").read_text() == "up\n",
+             10, "the job")
+    os.kill(attempt_pid(spawned), signal.SIGTERM)  # a stop that finds the attempt by its tag, not its group
+    os.kill(spawned.proc.pid, signal.SIGTERM)
+    assert spawned.proc.wait(timeout=30) == -signal.SIGTERM, "the monitor ends by the job's signal"
+    spawned.relay.wait(timeout=30)
+    assert launcher.recorded_exit(tmp_path, "attempt-2.log", "a2") == launcher.ExitRecord(None, signal.SIGTERM, stopped=True)
+
+
+def test_the_exit_is_recorded_while_no_daemon_watches(tmp_path):
+    # The daemon (here: this test) is gone as far as the attempt knows: nobody waits for the monitor
+    # until after the launcher has ended, and the record is what tells the next daemon how.
+    spawned = spawn(script_plan("import time; time.sleep(0.5)", "a3"), os.getuid(), tmp_path / "attempt-3.log")
+    wait_for(lambda: launcher.recorded_exit(tmp_path, "attempt-3.log", "a3") is not None, 30, "the exit record")
+    assert launcher.recorded_exit(tmp_path, "attempt-3.log", "a3") == launcher.ExitRecord(0, None, stopped=False)
+    assert spawned.proc.wait(timeout=30) == 0
+    spawned.relay.wait(timeout=30)
