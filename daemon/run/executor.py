@@ -416,10 +416,12 @@ class Executor:
             h.row_id, h.proc, h.pids = None, None, []  # the attempt is over; its relay is polled until it exits
         return []
 
-    def _record_cancel(self, job: JobRow, s: step.JobStep, a: step.RecordCancel) -> list[step.Observation]:
+    def _record_stop(self, job: JobRow, s: step.JobStep, a: step.RecordStop) -> list[step.Observation]:
         h = self.handles.get(job.id)
         if h is not None and h.row_id is not None and h.number == a.number:
-            self.store.attempt_cancelling(h.row_id)
+            if not self._flush_deferred(h):
+                raise StoreUnavailable(self.store_error or "state store refuses writes")
+            self.store.attempt_stopping(h.row_id, a.cause)
         return []
 
     def _record_exit(self, job: JobRow, s: step.JobStep, a: step.RecordExit) -> list[step.Observation]:
@@ -517,7 +519,7 @@ _PERFORM: dict[type, Callable[[Executor, JobRow, step.JobStep, object], list[ste
     step.RemoveCgroup: Executor._remove_cgroup,
     step.Note: Executor._note,
     step.Log: Executor._log,
-    step.RecordCancel: Executor._record_cancel,
+    step.RecordStop: Executor._record_stop,
     step.RecordExit: Executor._record_exit,
     step.FinishAttempt: Executor._finish,
     step.SaveBackoff: Executor._save_backoff,

@@ -27,7 +27,8 @@ Phases of the tracked job (the stored `JobState` in brackets):
 Store writes are actions too, and each step writes at most one transaction: `FinishAttempt` ends
 the attempt row and moves the job together (only `Spawn` writes twice: its row before exec, so a crash
 leaves the attempt id its processes are found by, then the pgid and "running"). What adoption after a
-daemon restart needs is written when it happens: a cancel (`RecordCancel`), the launcher's exit
+daemon restart needs is written when it happens: why the daemon stops an attempt (`RecordStop`: a
+cancel, a hang, its own stop or restart), the launcher's exit
 (`RecordExit`). A write the store cannot take now (disk full, locked) comes back as a retryable
 `ActionFailed` and is re-emitted on the next tick, later writes queued behind it; a job with a write
 pending is never relaunched.
@@ -337,10 +338,12 @@ class FinishAttempt:
 
 
 @dataclass(frozen=True)
-class RecordCancel:
-    """Store: the attempt is being cancelled (so a daemon restarted meanwhile still cancels it)."""
+class RecordStop:
+    """Store why the daemon stops the attempt, before the SIGTERM: a daemon restarted meanwhile still
+    cancels a cancelled attempt, and never counts one the daemon stopped as the job's own failure."""
 
     number: int
+    cause: str
 
 
 @dataclass(frozen=True)
@@ -362,8 +365,8 @@ class SaveBackoff:
 
 
 Action = (MarkStarting | StartStaging | StopStaging | FindCheckpoint | Spawn | SignalTerm | SignalKill | DumpStacks
-          | Diagnose | RemoveCgroup | Note | Log | RecordCancel | RecordExit | FinishAttempt | SaveBackoff)
-STORE_ACTIONS = (MarkStarting, Spawn, RecordCancel, RecordExit, FinishAttempt, SaveBackoff)
+          | Diagnose | RemoveCgroup | Note | Log | RecordStop | RecordExit | FinishAttempt | SaveBackoff)
+STORE_ACTIONS = (MarkStarting, Spawn, RecordStop, RecordExit, FinishAttempt, SaveBackoff)
 
 
 # --- constructors: where a tracked job begins --------------------------------------------------------
@@ -401,7 +404,7 @@ def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: 
         return state, [Log("adopted_after_restart", "info", (("exited", True),)), SignalKill()]
     cause = "cancel" if stop_cause == "cancel" else "daemon-restart"
     state = replace(state, phase=Phase.STOPPING, stop_cause=cause, term_at=now)
-    return state, [SignalTerm(), Log("adopted_after_restart", "info", (("exited", False),))]
+    return state, [RecordStop(number, cause), SignalTerm(), Log("adopted_after_restart", "info", (("exited", False),))]
 
 
 # --- the step ---------------------------------------------------------------------------------------
@@ -458,6 +461,7 @@ def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]
         if idle > s.limits.hang_timeout_seconds:
             # running → dumping: no step progress for the hang timeout; stacks first, then the stop.
             return _to(s, Phase.DUMPING, now, hang_idle=idle, stop_cause="hang"), [
+                RecordStop(s.number, "hang"),
                 Log("hang_detected", "warning", (("idle_seconds", round(idle, 1)), ("step", s.last_step))),
                 Note(f"hang detected: no step progress for {idle:.0f} s (at step {s.last_step}); dumping stacks, then SIGTERM"),
                 DumpStacks(s.number),
@@ -633,13 +637,13 @@ def _cancel(s: JobStep, obs: CancelRequested, now: float) -> tuple[JobStep, list
         # running|dumping → stopping: SIGTERM; the workers get the grace to checkpoint. The cancel is
         # stored, so a daemon restarted before the end still cancels.
         return _term(s, now, stop_cause="cancel"), [
-            note, RecordCancel(s.number),
+            note, RecordStop(s.number, "cancel"),
             Note(f"cancelled by {obs.by}; SIGTERM, {s.limits.grace_seconds:.0f} s grace to checkpoint"), SignalTerm()]
     if s.phase in (Phase.STOPPING, Phase.EXITED, Phase.DIAGNOSING):
         # stopping|exited|diagnosing: already on the way down; a cancel wins over any other cause
         # (the user's intent is that it ends for good). No second SIGTERM: torchrun's agent would
         # stop waiting for its workers' checkpoint.
-        return replace(s, stop_cause="cancel"), [note, RecordCancel(s.number)]
+        return replace(s, stop_cause="cancel"), [note, RecordStop(s.number, "cancel")]
     return s, []
 
 
@@ -657,6 +661,7 @@ def _daemon_stopping(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     if s.phase in (Phase.RUNNING, Phase.DUMPING):
         # running|dumping → stopping: SIGTERM and the grace, as for a cancel; resumed on next start.
         return _term(s, now, stop_cause="daemon-stop"), [
+            RecordStop(s.number, "daemon-stop"),
             Note(f"the daemon is stopping; SIGTERM, {s.limits.grace_seconds:.0f} s grace; resumes on its next start"),
             SignalTerm()]
     return s, []

@@ -143,8 +143,8 @@ class AttemptRow:
     root_cause: str | None
     boot_id: str | None = None     # the boot and /proc start time of the pgid leader, to tell it
     start_ticks: int | None = None  # from a later process that reuses the pid
-    stop_cause: str | None = None   # why the daemon stopped it ("cancel" as soon as requested: it outlives
-    exited: float | None = None     # a daemon restart); when its launcher's exit (exit_code, signal) was seen
+    stop_cause: str | None = None   # why the daemon stops it, stored before the SIGTERM (outlives a restart)
+    exited: float | None = None     # when its launcher's exit (exit_code, signal) was seen, before the end
 
 
 _JOB_FIELDS = {"gpus", "backoff_remaining", "no_progress_streak", "backoff_level", "staging", "reason"}
@@ -330,11 +330,12 @@ class Store:
                        (pgid, boot_id, start_ticks, attempt_row))
             self._transition(db, job_id, JobState.RUNNING, reason, now, {})
 
-    def attempt_cancelling(self, attempt_row: int) -> None:
-        """A cancel was requested while the attempt runs: a daemon restarted before it ends still
-        ends it as cancelled, not relaunched."""
+    def attempt_stopping(self, attempt_row: int, cause: str) -> None:
+        """Why the daemon stops the attempt ("cancel", "hang", "daemon-stop", "daemon-restart"), stored
+        before the SIGTERM: a daemon restarted before the end still cancels a cancelled attempt and
+        never counts one the daemon stopped as the job's own failure."""
         with self._tx() as db:
-            db.execute("UPDATE attempts SET stop_cause = 'cancel' WHERE id = ?", (attempt_row,))
+            db.execute("UPDATE attempts SET stop_cause = ? WHERE id = ?", (cause, attempt_row))
 
     def attempt_exited(self, attempt_row: int, exit_code: int | None, signal: int | None, stop_cause: str | None,
                        now: float) -> None:

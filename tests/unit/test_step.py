@@ -31,8 +31,8 @@ from spx.daemon.run.step import (
     MarkStarting,
     Note,
     Phase,
-    RecordCancel,
     RecordExit,
+    RecordStop,
     RemoveCgroup,
     SaveBackoff,
     SignalKill,
@@ -363,7 +363,8 @@ def test_cancel_during_backoff_cancels_without_an_attempt():
 def test_cancel_while_running_sends_sigterm_and_gives_the_grace():
     s, actions = st.step(running(), CancelRequested("root"), 10.0)
     assert (s.phase, s.stop_cause, s.term_at) == (Phase.STOPPING, "cancel", 10.0)
-    assert kinds(actions) == [RecordCancel, SignalTerm], "the cancel is stored: it outlives a daemon restart"
+    assert kinds(actions) == [RecordStop, SignalTerm], "the cancel is stored: it outlives a daemon restart"
+    assert only(actions, RecordStop) == RecordStop(1, "cancel")
     s, actions = st.step(s, Tick(), 39.0)
     assert actions == []
     s, actions = ended(s, 45.0, code=0)
@@ -373,7 +374,7 @@ def test_cancel_while_running_sends_sigterm_and_gives_the_grace():
 def test_cancel_while_stopping_wins_without_a_second_sigterm():
     s, _ = st.step(hung(), StacksDumped(1), 70.0)
     s, actions = st.step(s, CancelRequested("root"), 71.0)
-    assert s.stop_cause == "cancel" and kinds(actions) == [RecordCancel]
+    assert s.stop_cause == "cancel" and actions[1:] == [RecordStop(1, "cancel")]
     s, actions = ended(s, 72.0, code=0)
     assert only(actions, FinishAttempt).state is JobState.CANCELLED
 
@@ -394,7 +395,7 @@ def test_cancel_while_staging_stops_the_copier():
 
 def test_daemon_stopping_sends_sigterm_and_the_restart_waits_for_the_next_daemon():
     s, actions = st.step(running(), DaemonStopping(), 10.0)
-    assert s.stop_cause == "daemon-stop" and kinds(actions) == [SignalTerm]
+    assert s.stop_cause == "daemon-stop" and kinds(actions) == [RecordStop, SignalTerm]
     s, actions = ended(s, 12.0, code=None, sig=signal.SIGTERM)
     finish = only(actions, FinishAttempt)
     assert (finish.state, finish.reason, finish.backoff_remaining) == (
@@ -426,7 +427,8 @@ def test_daemon_stopping_while_ready_leaves_the_job_for_the_next_daemon():
 def test_adopted_attempt_is_stopped_and_relaunched_without_counting_a_restart():
     base = ready(JobState.RUNNING, gpus=(0, 1), number=3, restarts=1)
     s, actions = st.adopted(base, 3, WALL0, 40, now=0.0)
-    assert (s.phase, s.stop_cause, s.term_at) == (Phase.STOPPING, "daemon-restart", 0.0) and kinds(actions) == [SignalTerm]
+    assert (s.phase, s.stop_cause, s.term_at) == (Phase.STOPPING, "daemon-restart", 0.0)
+    assert kinds(actions) == [RecordStop, SignalTerm], "the cause is stored before the SIGTERM"
     s, actions = ended(s, 5.0, code=None, sig=None)
     finish = only(actions, FinishAttempt)
     assert (finish.number, finish.state, finish.reason_class, finish.backoff_remaining) == (
@@ -452,9 +454,16 @@ def test_adopted_attempt_with_a_stored_crash_counts_as_the_jobs_fault():
 
 def test_adopted_attempt_with_a_stored_cancel_ends_cancelled():
     s, actions = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, stop_cause="cancel")
-    assert s.stop_cause == "cancel" and kinds(actions) == [SignalTerm]
+    assert s.stop_cause == "cancel" and actions[:2] == [RecordStop(1, "cancel"), SignalTerm()]
     s, actions = ended(s, 2.0, code=None, sig=None)
     assert only(actions, FinishAttempt).state is JobState.CANCELLED
+
+
+def test_a_hang_is_stored_as_the_stop_cause_before_the_stop():
+    s = running()
+    s, _ = st.step(s, HeartbeatSeen(8, WALL0 + 5, "running"), 5.0)
+    s, actions = st.step(s, Tick(), 66.0)
+    assert RecordStop(1, "hang") in actions
 
 
 def test_adopted_attempt_stopped_by_the_daemon_before_is_still_not_the_jobs_fault():
