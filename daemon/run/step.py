@@ -386,8 +386,8 @@ def placed(job_id: int, name: str, limits: Limits, job_state: JobState, gpus: tu
 
 
 def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: int | None, now: float, *,
-            stop_cause: str | None = None,
-            exit: tuple[int | None, int | None] | None = None) -> tuple[JobStep, list[Action]]:
+            stop_cause: str | None = None, exit: tuple[int | None, int | None] | None = None,
+            launched: bool = True) -> tuple[JobStep, list[Action]]:
     """A job whose attempt was open when the previous daemon died.
 
     - Its launcher's exit was recorded (`exit`, with the `stop_cause` the daemon had then): leftovers
@@ -395,7 +395,11 @@ def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: 
     - Otherwise its processes (if any are still the same ones) get SIGTERM, the grace, SIGKILL — as
       for any stop — and it is relaunched from its checkpoint without counting as a restart; or, if a
       cancel was recorded (`stop_cause` "cancel"), it ends cancelled.
+    - Its launch was never confirmed (`launched` False: no pgid stored — the daemon died mid-spawn,
+      perhaps before the shim got its request): whatever exit it has is not the job's.
     """
+    if not launched:
+        exit = None
     state = replace(base, job_state=JobState.RUNNING, number=number, started=now, started_wall=started_wall,
                     resumed_from_step=resumed_from_step, clock=now, phase_since=now)
     if exit is not None:

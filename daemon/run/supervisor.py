@@ -96,7 +96,7 @@ class Supervisor:
                 if record.stopped and stop_cause is None:  # a daemon stopped it and died before saying why
                     stop_cause = "daemon-restart"
         state, actions = step.adopted(base, open_att.number, open_att.start, open_att.resumed_from_step, now,
-                                      stop_cause=stop_cause, exit=exited)
+                                      stop_cause=stop_cause, exit=exited, launched=open_att.pgid is not None)
         self.steps[job.id] = state
         self._run(job.id, deque(), actions)
 

@@ -473,6 +473,14 @@ def test_adopted_attempt_stopped_by_the_daemon_before_is_still_not_the_jobs_faul
     assert (finish.state, finish.reason_class, s.restarts) == (JobState.RESTARTING, "daemon-restart", 0)
 
 
+def test_adopted_attempt_whose_launch_was_never_confirmed_is_not_the_jobs_fault():
+    """The daemon died mid-spawn: the shim never got its request and exited 1; not a crash of the job."""
+    s, actions = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, exit=(1, None), launched=False)
+    assert s.stop_cause == "daemon-restart" and kinds(actions) == [RecordStop, SignalTerm]
+    s, actions = ended(s, 0.5, code=None, sig=None)
+    assert only(actions, FinishAttempt).reason_class == "daemon-restart" and s.restarts == 0
+
+
 def test_an_unknown_exit_is_not_stored():
     s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0)
     s, actions = st.step(s, LauncherExited(None, None), 0.5)
