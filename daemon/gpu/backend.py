@@ -73,14 +73,18 @@ class GpuBackend:
         nvml = self.nvml
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                memory_total = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+            except nvml.NVMLError as err:  # lost already at start: listed (up 0), never healthy or allocated
+                log.warning("gpu_unusable_at_start", gpu=index, error=str(err))
+                memory_total = 0
             self._handles.append(handle)
             self._devices.append(
                 GpuDevice(
                     index=index,
                     uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
                     name=_text(nvml.nvmlDeviceGetName(handle)),
-                    memory_total_bytes=int(memory.total),
+                    memory_total_bytes=memory_total,
                     pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
                 )
             )

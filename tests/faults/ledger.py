@@ -40,11 +40,13 @@ class CountedJob:
     gpus: int = 0
     flood: bool = False
     fail_first_run: bool = False
+    script: Path = SCRIPT
+    python: str = PY
 
     def yaml(self) -> str:
         args = [str(self.ledger), str(self.seconds), str(self.exit_code)]
         args += ["--flood"] * self.flood + ["--fail-first-run"] * self.fail_first_run
-        return (f"name: {self.name}\nlauncher: python\nscript: {SCRIPT}\npython: {PY}\n"
+        return (f"name: {self.name}\nlauncher: python\nscript: {self.script}\npython: {self.python}\n"
                 f"args: {json.dumps(args)}\ngpus: {self.gpus}\n"
                 f"restart: {{max_restarts: {self.max_restarts}, backoff_seconds: [{self.backoff[0]}, {self.backoff[1]}]}}\n"
                 "stop: {grace_seconds: 2}\n")
@@ -133,7 +135,7 @@ def _audit_job(store: Store, job: CountedJob, final: bool, result: Audit) -> Non
     crashed_runs = [r for r in runs if r["event"] == "end" and r["code"] != 0]
     if len(crashes) > len(crashed_runs):
         result.problems.append(f"{job.name}: {len(crashes)} attempts recorded as crashes, {len(crashed_runs)} crashed")
-    if state == "failed" and job.exit_code != 0 and "gave up after" in (row.reason or ""):
-        if len(crashes) != job.max_restarts + 1:
-            result.problems.append(f"{job.name}: failed after {len(crashes)} crashes with max_restarts "
-                                   f"{job.max_restarts} (daemon restarts must not count)")
+    gave_up = state == "failed" and job.exit_code != 0 and "gave up after" in (row.reason or "")
+    if gave_up and len(crashes) != job.max_restarts + 1:
+        result.problems.append(f"{job.name}: failed after {len(crashes)} crashes with max_restarts "
+                               f"{job.max_restarts} (daemon restarts must not count)")

@@ -3,7 +3,7 @@
     counted.py LEDGER SECONDS EXIT_CODE [--flood] [--fail-first-run]
 
 Each start appends one JSON line to LEDGER (O_APPEND, one write): the attempt number and id the daemon
-gave it, its pid, and which earlier runs of the same job were still alive at that moment (a job run
+gave it, its pid and GPUs, and which earlier runs of the same job were still alive at that moment (a job run
 twice at once). Then it sleeps SECONDS (with --flood: writes to stdout as fast as it can instead),
 appends an "end" line and exits with EXIT_CODE (with --fail-first-run: only the job's first run
 does; later runs exit 0).
@@ -29,7 +29,8 @@ def alive_runs(ledger: str, job: str) -> list[str]:
         if rec["event"] != "start":
             continue
         try:
-            environ = open(f"/proc/{rec['pid']}/environ", "rb").read().split(b"\0")
+            with open(f"/proc/{rec['pid']}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
         except OSError:
             continue
         if f"SPX_ATTEMPT_ID={rec['attempt_id']}".encode() in environ and f"SPX_JOB={job}".encode() in environ:
@@ -48,7 +49,8 @@ def record(ledger: str, rec: dict) -> None:
 def main() -> int:
     ledger, seconds, code = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     job = os.environ["SPX_JOB"]
-    ident = {"attempt": int(os.environ["SPX_ATTEMPT"]), "attempt_id": os.environ["SPX_ATTEMPT_ID"], "pid": os.getpid()}
+    ident = {"attempt": int(os.environ["SPX_ATTEMPT"]), "attempt_id": os.environ["SPX_ATTEMPT_ID"], "pid": os.getpid(),
+             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     if "--fail-first-run" in sys.argv and os.path.exists(ledger):
         code = 0
     record(ledger, {"event": "start", **ident, "time": time.time(), "concurrent_with": alive_runs(ledger, job)})
