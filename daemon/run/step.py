@@ -395,10 +395,11 @@ def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: 
     - Otherwise its processes (if any are still the same ones) get SIGTERM, the grace, SIGKILL — as
       for any stop — and it is relaunched from its checkpoint without counting as a restart; or, if a
       cancel was recorded (`stop_cause` "cancel"), it ends cancelled.
-    - Its launch was never confirmed (`launched` False: no pgid stored — the daemon died mid-spawn,
-      perhaps before the shim got its request): whatever exit it has is not the job's.
+    - Its launch was never confirmed (`launched` False: no pgid stored — the daemon died mid-spawn):
+      an exit 0 is the job's (the shim never exits 0 without running it), any other may be the shim's
+      (it got no request) and is not counted against the job.
     """
-    if not launched:
+    if not launched and exit != (0, None):
         exit = None
     state = replace(base, job_state=JobState.RUNNING, number=number, started=now, started_wall=started_wall,
                     resumed_from_step=resumed_from_step, clock=now, phase_since=now)

@@ -481,6 +481,13 @@ def test_adopted_attempt_whose_launch_was_never_confirmed_is_not_the_jobs_fault(
     assert only(actions, FinishAttempt).reason_class == "daemon-restart" and s.restarts == 0
 
 
+def test_adopted_attempt_whose_unconfirmed_launch_exited_0_succeeded():
+    """The daemon died after the exec but before storing the pgid; the job ran to its end meanwhile."""
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, exit=(0, None), launched=False)
+    s, actions = st.step(s, AllGone(), 0.5)
+    assert only(actions, FinishAttempt).state is JobState.SUCCEEDED
+
+
 def test_an_unknown_exit_is_not_stored():
     s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0)
     s, actions = st.step(s, LauncherExited(None, None), 0.5)
