@@ -7,9 +7,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hostile.probe import remove_world, world
+from hostile.users import hostile_users
 
 HERE = Path(__file__).resolve().parent
 _outcomes: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def users():
+    """The module's real test users (owner, victim, group), created for it and removed after."""
+    with hostile_users() as u:
+        yield u
+
+
+@pytest.fixture
+def base():
+    """A fresh directory every test user can reach, holding the daemon's root and the bait."""
+    b = world()
+    yield b
+    remove_world(b)
 
 
 def _is_probe(path: Path) -> bool:

@@ -27,7 +27,7 @@ from hostile.probe import (
     user_script,
     world,
 )
-from hostile.users import hostile_users, run_as
+from hostile.users import run_as
 
 from harness import BIN, Daemon, wait_for
 
@@ -61,12 +61,6 @@ ESCAPES = [
 
 
 @pytest.fixture(scope="module")
-def users():
-    with hostile_users() as u:
-        yield u
-
-
-@pytest.fixture(scope="module")
 def shared(users):
     """One daemon for the many text probes: each must leave it alive for the next."""
     base = world()
@@ -77,13 +71,6 @@ def shared(users):
     finally:
         d.stop()
         remove_world(base)
-
-
-@pytest.fixture
-def base():
-    b = world()
-    yield b
-    remove_world(b)
 
 
 def _text(name: str, line: str, pwned: Path) -> str:
@@ -274,7 +261,7 @@ def test_one_user_holding_many_connections_gets_busy_and_others_are_served(users
         reply = json.loads(_finish(holder))
         assert reply == {"ok": False, "error": "daemon busy: too many open requests; try again", "code": 1}
         t0 = time.monotonic()
-        assert _spx_as(victim, d, "ls", "--json").returncode == 0 and time.monotonic() - t0 < 2.0
+        assert _spx_as(victim, d, "ls", "--json").returncode == 0 and time.monotonic() - t0 < 4.0  # under the 5 s deadline that would free a held slot
         answering(d)
     finally:
         d.stop()

@@ -15,30 +15,15 @@ from hostile.probe import (
     drop_as,
     ended_with_reason,
     job_yaml,
-    remove_world,
     start_daemon,
     user_script,
     wait_file,
-    world,
 )
-from hostile.users import hostile_users, run_as
+from hostile.users import run_as
 
 from harness import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: runs the daemon as root and creates users")
-
-
-@pytest.fixture(scope="module")
-def users():
-    with hostile_users() as u:
-        yield u
-
-
-@pytest.fixture
-def base():
-    b = world()
-    yield b
-    remove_world(b)
 
 
 def test_symlink_planted_at_the_next_attempt_log_is_not_followed(users, base):

@@ -20,30 +20,14 @@ from hostile.probe import (
     drop_as,
     ended_with_reason,
     job_yaml,
-    remove_world,
     start_daemon,
     user_script,
     wait_file,
-    world,
 )
-from hostile.users import hostile_users
 
 from harness import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: runs the daemon as root and creates users")
-
-
-@pytest.fixture(scope="module")
-def users():
-    with hostile_users() as u:
-        yield u
-
-
-@pytest.fixture
-def base():
-    b = world()
-    yield b
-    remove_world(b)
 
 
 def _private_project(victim: pwd.struct_passwd, home_mode: int) -> Path:
