@@ -224,7 +224,7 @@ def test_a_slow_loris_client_does_not_block_spx(users, base):
             for who in (None, victim):
                 t0 = time.monotonic()
                 res = d.spx("ls", "--json") if who is None else _spx_as(who, d, "ls", "--json")
-                assert res.returncode == 0 and time.monotonic() - t0 < 2.0, "spx ls waited for the slow client"
+                assert res.returncode == 0 and time.monotonic() - t0 < 4.0, "spx ls waited for the slow client"
             cut = json.loads(_finish(loris))
         finally:
             if loris.poll() is None:
