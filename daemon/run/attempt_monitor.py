@@ -1,12 +1,15 @@
 """The per-attempt monitor: the parent of the attempt's launcher, so its exit status outlives the daemon.
 
-    python -I -S .../spx/daemon/run/attempt_monitor.py DIR_FD NAME ATTEMPT_ID -- ARGV...   (launcher.spawn)
+    python -I -S .../attempt_monitor.py DIR_FD NAME ATTEMPT_ID REQUEST_FD STATUS_FD -- SHIM_ARGV...
+                                                                                   (launcher.spawn runs this)
 
 Why: only a process's parent learns how it ended. If that is the daemon and the daemon is killed, a
 launcher that exits meanwhile (done, or crashed) leaves no trace, and the next daemon must relaunch
 an attempt that may have finished — a job run to its end twice. So, like conmon for containers, a
-small stdlib process sits between: it forks ARGV (the exec shim), waits for it, writes its exit
-status durably to NAME in the root-owned directory DIR_FD (temp file, fsync, rename, fsync dir),
+small stdlib process sits between: it forks the exec shim (SHIM_ARGV + its own request and status
+pipes), passes it the launch request read whole from REQUEST_FD and passes its status on to STATUS_FD
+(so it knows whether the attempt's argv was exec'd), waits for it, writes its exit status durably to
+NAME in the root-owned directory DIR_FD (temp file, fsync, rename, fsync dir),
 and then ends the way its child ended (same exit code, or killed by the same signal), so the daemon,
 its parent, reads the status from its own Popen exactly as before.
 
@@ -18,7 +21,8 @@ can signal this root process, so it was a stop by the daemon, and a daemon that 
 record why must not count that end against the job. SIGKILL ends it like the rest. It runs as root
 (the directory is root's), hence `-I -S` and stdlib only, like enter_attempt.py.
 
-The record is one JSON object: {"attempt_id", "exit_code", "signal", "stop_signal"}: one of
+The record is one JSON object: {"attempt_id", "launched", "exit_code", "signal", "stop_signal"}:
+launched says the attempt's argv was exec'd (else the shim failed, and its exit is no job's); one of
 exit_code/signal is null; stop_signal is the first stop signal the attempt got, or null.
 """
 
@@ -67,23 +71,57 @@ def _note_stop(signum: int, _frame: object) -> None:
         _stop_signal.append(signum)
 
 
+def _read_all(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    return data
+
+
 def main(argv: list[str]) -> int:
     dir_fd, name, attempt_id = int(argv[1]), argv[2], argv[3]
-    child_argv = argv[argv.index("--") + 1:]
-    os.set_inheritable(dir_fd, False)
+    request_fd, status_fd = int(argv[4]), int(argv[5])
+    shim_argv = argv[argv.index("--") + 1:]
+    for fd in (dir_fd, request_fd, status_fd):
+        os.set_inheritable(fd, False)
     for sig in STOP_SIGNALS:  # handled, not ignored: a handler does not pass to the child through exec
         signal.signal(sig, _note_stop)
+    # The request passes through here whole, or the attempt does not start: a daemon killed while
+    # writing it leaves no half-started attempt whose exit could be taken for the job's.
+    request = _read_all(request_fd)
+    os.close(request_fd)
+    try:
+        json.loads(request)
+    except ValueError:
+        return 127
+    to_shim_r, to_shim_w = os.pipe()
+    from_shim_r, from_shim_w = os.pipe()
+    os.set_inheritable(to_shim_r, True)
+    os.set_inheritable(from_shim_w, True)
     pid = os.fork()
     if pid == 0:
         try:
             for sig in STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
-            os.execv(child_argv[0], child_argv)
+            os.execv(shim_argv[0], [*shim_argv, str(to_shim_r), str(from_shim_w)])
         finally:
             os._exit(127)
-    # Only the child may hold the shim's request and status pipes: its exec must be what closes them.
-    os.closerange(3, dir_fd)
-    os.closerange(dir_fd + 1, os.sysconf("SC_OPEN_MAX"))
+    os.close(to_shim_r)
+    os.close(from_shim_w)
+    try:
+        os.write(to_shim_w, request)
+    except BrokenPipeError:
+        pass
+    os.close(to_shim_w)
+    # The shim's status, passed on: nothing (EOF at its exec) means the attempt's argv now runs.
+    status_report = _read_all(from_shim_r)
+    os.close(from_shim_r)
+    launched = not status_report
+    try:
+        os.write(status_fd, status_report)
+    except OSError:  # the daemon is gone: the record below still says how the launch went
+        pass
+    os.close(status_fd)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -92,9 +130,10 @@ def main(argv: list[str]) -> int:
             continue
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     killed_by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    record = {"attempt_id": attempt_id, "launched": launched, "exit_code": code, "signal": killed_by,
+              "stop_signal": _stop_signal[0] if _stop_signal else None}
     try:
-        write_record(dir_fd, name, {"attempt_id": attempt_id, "exit_code": code, "signal": killed_by,
-                                    "stop_signal": _stop_signal[0] if _stop_signal else None})
+        write_record(dir_fd, name, record)
     except OSError as e:  # a full disk: the daemon, if it is alive, still gets the status from us
         print(f"spx: cannot record the attempt's exit ({e})", file=sys.stderr)
     return end_like(status)

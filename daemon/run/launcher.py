@@ -164,9 +164,11 @@ def exit_record_name(log_name: str) -> str:
 
 @dataclass(frozen=True)
 class ExitRecord:
-    """How an attempt's launcher ended, as its monitor saw it. `stopped`: a stop signal (SIGTERM,
+    """How an attempt's launcher ended, as its monitor saw it. `launched`: the attempt's argv was
+    exec'd (else the launch failed, and the exit is not the job's). `stopped`: a stop signal (SIGTERM,
     SIGINT, SIGHUP from root: the daemon) reached the attempt before it ended."""
 
+    launched: bool
     exit_code: int | None
     signal: int | None
     stopped: bool
@@ -192,7 +194,7 @@ def recorded_exit(log_dir: Path, log_name: str, attempt_id: str) -> ExitRecord |
     code, sig = record.get("exit_code"), record.get("signal")
     if not (isinstance(code, int) or isinstance(sig, int)):
         return None
-    return ExitRecord(code, sig, stopped=record.get("stop_signal") is not None)
+    return ExitRecord(record.get("launched") is True, code, sig, stopped=record.get("stop_signal") is not None)
 
 
 def spawn(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Path | None,
@@ -227,7 +229,7 @@ def spawn(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Pa
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(MONITOR), str(log_dir_fd), exit_record_name(log_name), attempt_id,
-             "--", sys.executable, "-I", "-S", str(SHIM), str(request_r), str(status_w)],
+             str(request_r), str(status_w), "--", sys.executable, "-I", "-S", str(SHIM)],
             cwd="/", env={**SHIM_ENV, worker_env.ENV_ATTEMPT_ID: attempt_id}, stdin=subprocess.DEVNULL,
             stdout=out_w, stderr=out_w, close_fds=True, pass_fds=(request_r, status_w, log_dir_fd),
             start_new_session=True,

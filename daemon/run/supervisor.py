@@ -87,16 +87,16 @@ class Supervisor:
         self.executor.adopt(job, open_att.number, open_att.id, open_att.attempt_id, open_att.pgid,
                             open_att.boot_id, open_att.start_ticks)
         exited = (open_att.exit_code, open_att.signal) if open_att.exited is not None else None
-        stop_cause = open_att.stop_cause
+        stop_cause, launched = open_att.stop_cause, open_att.pgid is not None
         if exited is None:  # it may have ended while no daemon watched: its monitor recorded how
             files = attempt_files.paths(self.cfg, job, open_att.number)
             record = launcher.recorded_exit(files.log_dir, files.log_name, open_att.attempt_id)
             if record is not None:
-                exited = (record.exit_code, record.signal)
+                exited, launched = (record.exit_code, record.signal), launched or record.launched
                 if record.stopped and stop_cause is None:  # a daemon stopped it and died before saying why
                     stop_cause = "daemon-restart"
         state, actions = step.adopted(base, open_att.number, open_att.start, open_att.resumed_from_step, now,
-                                      stop_cause=stop_cause, exit=exited, launched=open_att.pgid is not None)
+                                      stop_cause=stop_cause, exit=exited, launched=launched)
         self.steps[job.id] = state
         self._run(job.id, deque(), actions)
 

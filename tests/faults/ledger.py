@@ -5,7 +5,8 @@ file at every start and end), breaks the daemon in some way, lets it recover, an
 
 - lost: a job that was submitted but the store does not know (or, at the end, never settled);
 - run twice: an attempt that started twice, two runs of one job alive at once, a run the store has
-  no attempt for, or a job that started again after it had succeeded;
+  no attempt for, or a job that started again after it had succeeded (unless the daemon's stop
+  signal reached that run as it ended: then nothing could tell it from a stopped one);
 - problems: anything else that is wrong (a job in the wrong final state, a daemon restart counted
   as a crash against max_restarts, a crash counted twice).
 """
@@ -95,13 +96,22 @@ def audit(store_path: Path, jobs: list[CountedJob], final: bool = True) -> Audit
     store = Store(store_path, readonly=True)
     try:
         for job in jobs:
-            _audit_job(store, job, final, result)
+            _audit_job(store, job, final, result, store_path.parent.parent / "log")
     finally:
         store.close()
     return result
 
 
-def _audit_job(store: Store, job: CountedJob, final: bool, result: Audit) -> None:
+def _stopped_as_it_ended(job_log_dir: Path, run: dict) -> bool:
+    """The attempt monitor's record says a stop signal reached this run's attempt."""
+    try:
+        record = json.loads((job_log_dir / f"attempt-{run['attempt']}.exit").read_text())
+    except (OSError, ValueError):
+        return False
+    return record.get("attempt_id") == run["attempt_id"] and record.get("stop_signal") is not None
+
+
+def _audit_job(store: Store, job: CountedJob, final: bool, result: Audit, log_dir: Path) -> None:
     row = store.job_by_name(job.name)
     if row is None:
         result.lost.append(f"{job.name}: submitted, not in the store")
@@ -120,6 +130,10 @@ def _audit_job(store: Store, job: CountedJob, final: bool, result: Audit) -> Non
         if r["attempt_id"] not in known:
             twice.append(f"a run (attempt {r['attempt']}, pid {r['pid']}) the store has no attempt for")
     done = [i for i, r in enumerate(runs) if r["event"] == "end" and r["code"] == 0]
+    # A run that finished, then got the daemon's stop signal before its launcher was seen to exit,
+    # looks like one the daemon stopped (a job may well exit 0 on SIGTERM): its rerun is by design.
+    # Any other start after a finished run is a job run twice.
+    done = [i for i in done if not _stopped_as_it_ended(log_dir / job.name, runs[i])]
     if done and any(r["event"] == "start" for r in runs[done[0] + 1:]):
         twice.append("started again after it had succeeded")
     if twice:

@@ -50,7 +50,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_runs_nothing_twice(root, tm
         if kind == "ok":
             new = job(f"ok-{i}", seconds=rng.uniform(0.1, 2.0))
         elif kind == "crash":
-            new = job(f"crash-{i}", seconds=0.1, exit_code=3, max_restarts=2, backoff=(1.0, 2.0), expect="failed")
+            new = job(f"crash-{i}", seconds=0.1, exit_code=3, max_restarts=1, backoff=(3.0, 6.0), expect="failed")
         else:
             new = job(f"cancel-{i}", seconds=600, expect="cancelled")
         jobs.append(new)
