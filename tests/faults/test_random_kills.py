@@ -33,10 +33,13 @@ def test_sigkill_at_random_moments_loses_nothing_and_runs_nothing_twice(root, tm
     def job(name: str, **kw) -> CountedJob:
         return CountedJob(name, ledgers / f"{name}.ledger", **kw)
 
-    # Long runners hold 4 fake GPUs; a job wanting all 8 waits queued behind them for good.
+    # From the start, jobs that stay in each state: long runners (one holding 4 fake GPUs), one wanting
+    # all 8 (queued behind them for good), one in a long backoff after each crash, one failed at once.
     jobs = [job("long", seconds=600, expect="cancelled"), job("hog", seconds=600, gpus=4, expect="cancelled"),
-            job("waiter", gpus=8, expect="cancelled")]
+            job("waiter", gpus=8, expect="cancelled"),
+            job("backoff", seconds=0.1, exit_code=2, max_restarts=100, backoff=(60, 60), expect="cancelled")]
     cancel_later = [j.name for j in jobs]
+    jobs.append(job("failer", seconds=0.1, exit_code=2, max_restarts=0, expect="failed"))
     d = Daemon(root, gpu_backend="fake")
     daemons.append(d)
     d.start()
