@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from ledger import CountedJob, audit, state_of
 
 from harness import Daemon, wait_for
@@ -37,6 +38,7 @@ def traced_writes(tmp_path: Path, daemons: list[Daemon]) -> list[dict]:
     return writes
 
 
+@pytest.mark.slow
 def test_a_kill_between_any_two_writes_of_a_job_life_runs_it_exactly_once_to_its_end(tmp_path, daemons, scenario):
     writes = traced_writes(tmp_path, daemons)
     ops = [w["op"] for w in writes]
