@@ -50,7 +50,7 @@ def test_sigterm_reaches_each_process_once_and_sigkill_leaves_none(tmp_path, con
         try:
             wait_for(lambda: len(list(out.iterdir())) == 3, 10, "three processes up")
             pids = sorted(int(p.name) for p in out.iterdir())
-            assert procs.pids() == pids
+            assert procs.pids() == sorted([*pids, proc.pid]), "the tree and its monitor (the group leader)"
             assert len({os.getpgid(p) for p in pids}) == 2, "one of them left the attempt's group"
 
             procs.signal(signal.SIGTERM)
@@ -63,6 +63,7 @@ def test_sigterm_reaches_each_process_once_and_sigkill_leaves_none(tmp_path, con
             wait_for(procs.gone, 10, "no process of the attempt left")
             assert procs.pids() == []
         finally:
+            procs.signal(signal.SIGKILL)
             proc.kill()
             proc.wait()
             spawned.relay.wait(timeout=10)
