@@ -91,6 +91,8 @@ class Daemon:
         from spx.daemon.exporter.server import build_registry, serve
 
         proctree.become_subreaper()
+        for job in self.store.fail_unusable_specs(time.time()):
+            log.error("job_spec_invalid_after_upgrade", job=job.name, reason=job.spec_problem)
         self.supervisor.recover()
         self.supervisor.sweep_cgroups()
         self.intake.start()

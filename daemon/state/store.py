@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from spx.daemon.intake.spec import JobSpec
 from spx.daemon.state import fault_points
 from spx.daemon.state.states import LIVE, TERMINAL, JobState, check_edge
@@ -121,6 +123,9 @@ class JobRow:
     no_progress_streak: int
     backoff_level: int
     staging: str | None
+    # Why this version refuses the spec stored when the job was accepted (its bounds tightened
+    # since); None when it validates. Such a job's `spec` holds the stored values unvalidated.
+    spec_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,19 @@ _ATTEMPT_END_FIELDS = {"end", "exit_code", "signal", "reason", "reason_class", "
 _ATTEMPT_COLUMNS = frozenset(AttemptRow.__dataclass_fields__)
 
 
+def _stored_spec(raw: str) -> tuple[JobSpec, str | None]:
+    """The accepted spec, re-validated by this version. A row that no longer validates must not
+    make every read raise (the daemon would crash-loop at start on one job): it is returned
+    unvalidated with the problem, and `fail_unusable_specs` ends such a job with that reason."""
+    try:
+        return JobSpec.model_validate_json(raw), None
+    except ValidationError as e:
+        problem = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:5])
+        return JobSpec.model_construct(**json.loads(raw)), problem
+
+
 def _job(row: sqlite3.Row) -> JobRow:
+    spec, spec_problem = _stored_spec(row["spec_json"])
     return JobRow(
         id=row["id"],
         name=row["name"],
@@ -162,7 +179,7 @@ def _job(row: sqlite3.Row) -> JobRow:
         reason=row["reason"],
         owner_uid=row["owner_uid"],
         owner=row["owner"],
-        spec=JobSpec.model_validate_json(row["spec_json"]),
+        spec=spec,
         spec_file=row["spec_file"],
         submitted=row["submitted"],
         priority=row["priority"],
@@ -171,6 +188,7 @@ def _job(row: sqlite3.Row) -> JobRow:
         no_progress_streak=row["no_progress_streak"],
         backoff_level=row["backoff_level"],
         staging=row["staging"],
+        spec_problem=spec_problem,
     )
 
 
@@ -382,6 +400,18 @@ class Store:
             db.execute(
                 "INSERT INTO events (job_id, time, kind, detail) VALUES (?, ?, ?, ?)", (job_id, now, kind, detail)
             )
+
+    def fail_unusable_specs(self, now: float) -> list[JobRow]:
+        """At start: live jobs without an open attempt whose stored spec this version refuses end
+        `failed` with the reason (resubmitting it shows what to change). Returns them."""
+        failed = []
+        for job in self.live_jobs():
+            if job.spec_problem is not None and self.open_attempt(job.id) is None:
+                self.transition(job.id, JobState.FAILED,
+                                f"its accepted spec is not valid in this version ({job.spec_problem}); "
+                                "fix and resubmit it", now, gpus=[])
+                failed.append(job)
+        return failed
 
     # --- reads ------------------------------------------------------------------------------------
 

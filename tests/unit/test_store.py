@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from spx.daemon.intake.spec import parse_spec
@@ -111,4 +113,23 @@ def test_a_store_of_an_older_daemon_gets_the_new_columns(tmp_path):
     store = Store(path)
     jid = store.add_job(spec(), 0, "root", "/x", 1.0)
     assert store.job(jid).backoff_remaining == 0.0
+    store.close()
+
+
+def test_a_stored_spec_this_version_refuses_fails_its_job_at_start_instead_of_every_read(tmp_path):
+    """An upgrade that tightens a bound (here: hang timeout past 30 days, once accepted) must not
+    make each read of the store raise: the job ends failed with the reason, the rest go on."""
+    store = Store(tmp_path / "s.sqlite")
+    bad = store.add_job(spec("old"), 0, "root", "/x", 1.0)
+    good = store.add_job(spec("new"), 0, "root", "/y", 1.0)
+    raw = spec("old").model_dump(mode="json", by_alias=True)
+    raw["restart"]["hang_timeout_seconds"] = 1e12
+    store._db.execute("UPDATE jobs SET spec_json = ? WHERE id = ?", (json.dumps(raw), bad))
+    assert {j.name: j.spec_problem is not None for j in store.live_jobs()} == {"old": True, "new": False}
+    failed = store.fail_unusable_specs(2.0)
+    assert [j.id for j in failed] == [bad]
+    old = store.job(bad)
+    assert old.state is JobState.FAILED and "restart.hang_timeout_seconds" in (old.reason or "")
+    assert [j.id for j in store.live_jobs()] == [good]
+    assert store.fail_unusable_specs(3.0) == []
     store.close()
