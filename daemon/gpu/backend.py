@@ -130,7 +130,7 @@ class GpuBackend:
             if self._closed:
                 raise GpuBackendError("backend is closed")
             if self._xid is None:
-                self._xid = XidWatcher(self.nvml, self._handles)
+                self._xid = XidWatcher(self.nvml, self._handles, simulated=self.kind == "fake")
                 self._xid.start()
             if on_event is not None:
                 self._xid.add_listener(on_event)
@@ -183,6 +183,10 @@ def fake_backend(fake: Any) -> GpuBackend:
     backend = GpuBackend("fake", "", fake, fake.driver_version)
     names = {d.name for d in backend.devices()}
     backend.description = f"fake: {len(backend.devices())}× {', '.join(sorted(names))} (fixture {fake.source})"
+    faults = fake.injected_faults()
+    if faults:
+        log.info("gpu_fake_fixture_faults", fixture=fake.source, faults=faults,
+                 detail="simulated faults of the fake fixture, not of this host; their XIDs are logged at info")
     return backend
 
 

@@ -116,6 +116,19 @@ class FakeNvml:
             raise AttributeError(f"FakeNvml does not implement {name}")
         return value
 
+    def injected_faults(self) -> list[str]:
+        """The faults the fixture carries on purpose (links down, scheduled XIDs, lost GPUs), in
+        words: logged once when the fake opens, so a new user reads them as the fixture's, not theirs."""
+        faults = []
+        for dev in self._devices:
+            if dev.spec.get("lost"):
+                faults.append(f"GPU {dev.index}: fell off the bus")
+            faults.extend(f"GPU {dev.index}: NVLink link {link} down" for link in sorted(dev.down))
+            for entry in dev.spec["xid_schedule"]:
+                every = f", then every {entry['every_seconds']:g} s" if entry.get("every_seconds") else ""
+                faults.append(f"GPU {dev.index}: XID {entry['xid']} at {entry['at_seconds']:g} s{every}")
+        return faults
+
     # -- test hooks ----------------------------------------------------------------------------
 
     def fail_gpu(self, index: int, code: int = pynvml.NVML_ERROR_GPU_IS_LOST) -> None:

@@ -46,8 +46,11 @@ class XidEvent:
 class XidWatcher:
     """Counts XID critical-error events for the given device handles (index = position)."""
 
-    def __init__(self, nvml: Any, handles: list[Any]) -> None:
+    def __init__(self, nvml: Any, handles: list[Any], simulated: bool = False) -> None:
+        """`simulated`: the fake backend's fixture raises these XIDs on purpose (said once at open),
+        so each one is logged at info, not as a warning that would alarm someone trying things out."""
         self._nvml = nvml
+        self._simulated = simulated
         self._handles = list(handles)
         self._counts: dict[tuple[int, int], int] = {(i, x): 0 for i in range(len(handles)) for x in WELL_KNOWN_XIDS}
         self._watched: set[int] = set()
@@ -112,7 +115,10 @@ class XidWatcher:
                 key = (event.gpu, event.xid)
                 self._counts[key] = self._counts.get(key, 0) + 1
                 listeners = list(self._listeners)
-            log.warning("gpu_xid", gpu=event.gpu, xid=event.xid)
+            if self._simulated:
+                log.info("gpu_xid", gpu=event.gpu, xid=event.xid, simulated=True)
+            else:
+                log.warning("gpu_xid", gpu=event.gpu, xid=event.xid)
             for listener in listeners:
                 try:
                     listener(event)
