@@ -54,6 +54,8 @@ KILL_REPEAT_SECONDS = 1.0
 DUMP_DEADLINE_SECONDS = 60.0
 DIAGNOSE_DEADLINE_SECONDS = 30.0
 CHECKPOINT_DEADLINE_SECONDS = 120.0
+# A backoff countdown is stored this often (a daemon SIGKILLed mid-backoff loses at most this much).
+BACKOFF_SAVE_SECONDS = 15.0
 # Stop causes that are not the job's fault: its attempt does not count as a restart.
 DAEMON_CAUSES = ("daemon-stop", "daemon-restart")
 
@@ -457,6 +459,11 @@ def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]
         remaining = max(0.0, s.backoff_remaining - elapsed)
         if remaining <= 0:
             return _to(s, Phase.READY, now, backoff_remaining=0.0), []
+        # backoff → backoff: the countdown is stored every BACKOFF_SAVE_SECONDS, so a daemon killed
+        # (not stopped) during a long backoff resumes it with at most that much added, and one
+        # killed more often than the whole delay still gets the job relaunched.
+        if int(remaining // BACKOFF_SAVE_SECONDS) != int(s.backoff_remaining // BACKOFF_SAVE_SECONDS):
+            return replace(s, backoff_remaining=remaining), [SaveBackoff(remaining)]
         return replace(s, backoff_remaining=remaining), []
     if s.phase is Phase.PREPARING and not s.checkpoint_found and since > CHECKPOINT_DEADLINE_SECONDS:
         # preparing → done (failed): checkpoint discovery never answered (a hung network volume).

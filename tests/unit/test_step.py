@@ -691,3 +691,13 @@ def test_a_job_stored_running_without_an_attempt_is_relaunched_after_a_restart(s
     _tick_until(sup, lambda: any(w.job_id == jid for w in sup.waiting()))
     job = store.job(jid)
     assert (job.state, job.reason) == (JobState.RESTARTING, "daemon restarted")
+
+
+def test_backoff_stores_its_countdown_every_15_seconds_so_a_killed_daemon_loses_little():
+    s = ready(JobState.RESTARTING, backoff_remaining=40.0, now=0.0)
+    s, actions = st.step(s, Tick(), 4.0)  # 36 s left: same 15 s slice as 40, nothing written
+    assert actions == []
+    s, actions = st.step(s, Tick(), 11.0)  # 29 s left: below 30, a new slice, stored
+    assert actions == [SaveBackoff(29.0)]
+    s, actions = st.step(s, Tick(), 26.0)  # 14 s left
+    assert actions == [SaveBackoff(14.0)] and s.phase is Phase.BACKOFF
