@@ -44,7 +44,7 @@ def ask(cfg: DaemonConfig, op: str, name: str | None = None) -> object:
 
 def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
     if op == "cancel" or not os.access(cfg.store_path, os.R_OK):
-        raise CliError(f"the daemon is not running (no answer on {cfg.socket_path}); start it with `spx-trainer`")
+        raise CliError(not_running_message(cfg))
     from spx.daemon.state import jobviews  # only on this fallback path: keeps `spx` quick to start
     from spx.daemon.state.store import Store
 
@@ -58,6 +58,35 @@ def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
         return jobviews.job_view(store, job, cfg.run_dir, with_history=True).to_json(with_history=True)
     finally:
         store.close()
+
+
+def not_running_message(cfg: DaemonConfig, cwd: Path | None = None) -> str:
+    """Why `spx` got no answer, for the user who forgot `--root`: the socket tried, and any daemon
+    socket found one level under the current directory (`./spx-root/run/spx.sock`, the README's
+    layout) that does answer, with the `--root` that reaches it."""
+    others, answering = [], []
+    try:
+        candidates = sorted((cwd or Path.cwd()).glob("*/run/spx.sock"))
+    except OSError:
+        candidates = []
+    for sock in candidates:
+        if sock.absolute() == cfg.socket_path.absolute():
+            continue
+        try:
+            control.request(sock, "ls", timeout=2.0)
+        except OSError:
+            others.append(sock)
+            continue
+        answering.append(sock)
+    if answering:
+        lines = [f"no daemon answers on {cfg.socket_path}, but one does on {', '.join(map(str, answering))}"]
+        for sock in answering:
+            root = sock.parent.parent.absolute()
+            lines.append(f"use `spx --root {root} …` or `export SPX_ROOT={root}`")
+        return "\n".join(lines)
+    tried = ", ".join(map(str, [cfg.socket_path, *others]))
+    return (f"the daemon is not running (no answer on {tried}); if it runs with `spx-trainer --root DIR`, "
+            "give `spx --root DIR …` or set SPX_ROOT=DIR, else start it with `spx-trainer`")
 
 
 def _ago(t: float | None, now: float) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from harness import Daemon
+import os
+import subprocess
+
+from harness import BIN, Daemon
 
 
 def test_fake_backend_says_once_that_its_faults_are_the_fixtures(tmp_path):
@@ -15,3 +18,18 @@ def test_fake_backend_says_once_that_its_faults_are_the_fixtures(tmp_path):
     assert said["faults"] == ["GPU 3: NVLink link 7 down", "GPU 3: XID 79 at 0 s, then every 300 s"]
     assert all(e["level"] == "info" and e["simulated"] for e in d.events("gpu_xid"))
     assert not [e for e in d.lines if e.get("level") in ("warning", "error") and "gpu" in e.get("event", "")]
+
+
+def test_forgetting_root_names_the_socket_tried_and_the_root_that_answers(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "SPX_ROOT"}
+    alone = subprocess.run([str(BIN / "spx"), "ls"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert alone.returncode == 1
+    assert "no answer on /run/spx/spx.sock" in alone.stderr and "--root DIR" in alone.stderr and "SPX_ROOT" in alone.stderr
+    d = Daemon(tmp_path / "spx-root").start()
+    try:
+        found = subprocess.run([str(BIN / "spx"), "ls"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    finally:
+        d.stop()
+    assert found.returncode == 1
+    assert f"one does on {tmp_path}/spx-root/run/spx.sock" in found.stderr
+    assert f"spx --root {tmp_path}/spx-root" in found.stderr and f"SPX_ROOT={tmp_path}/spx-root" in found.stderr
