@@ -5,6 +5,12 @@ torchrun prints a failure summary: a "Failures:" block with the ranks it stopped
 failed first and its exit code. A Python worker prints a traceback whose last line is the exception.
 The root-cause rank and the earliest exception are the cause; later ranks fail as a consequence
 (collectives time out, pipes break).
+
+With `--tee`, torchrun prefixes each worker line with `[ROLE+LOCAL_RANK]:`, and torch >= 2.4 adds
+its own `[rankN]:` inside, so a line reads `[default0]:[rank0]: example_args.InjectedCrash: …`;
+every such prefix is stripped before a line is read. An exception is the first line of a
+traceback that is not a frame (any class name, e.g. `InjectedCrash`), or, without a traceback, a
+line naming an `…Error`/`…Exception`.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ from pathlib import Path
 from spx.daemon.userfs import fsafe
 
 TAIL_BYTES = 512 * 1024
-_RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*\d+\]:\s?")
+_RANK_PREFIX = re.compile(r"^(?:\[[A-Za-z_]*\d+\]:\s?)+")
+_LAST_PREFIX = re.compile(r"\[[A-Za-z_]*\d+\]:$")
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|torch\.OutOfMemoryError)\b.*")
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(:|$)")  # a traceback's last line: the exception's (qualified) class
+_TRACEBACK = "Traceback (most recent call last):"
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 _SUMMARY_ROOT = re.compile(r"^\s*Root Cause\b")
@@ -28,6 +37,14 @@ def _signal_text(code: int) -> str:
         return f"killed by {signal.Signals(-code).name}"
     except ValueError:
         return f"killed by signal {-code}"
+
+
+def _shown(prefix: str, line: str) -> str:
+    """The line as `spx status` shows it: with the rank that raised it (`[rank0]: …`) if prefixed."""
+    if not prefix:
+        return line
+    last = _LAST_PREFIX.search(prefix)
+    return f"{last.group(0) if last else prefix} {line}"
 
 
 def find_root_cause(log_file: Path) -> str | None:
@@ -47,11 +64,19 @@ def root_cause_of(tail: bytes) -> str | None:
     rank = None
     first = root = None  # (rank, exit code, pid): the first summary entry, and the root-cause one
     in_root = False
+    in_traceback: set[str] = set()  # the prefixes (one per rank) whose traceback is being read
     for raw in lines:
-        line = _RANK_PREFIX.sub("", raw).rstrip()
-        if exception is None and _EXCEPTION.match(line) and "ChildFailedError" not in line:
-            prefix = _RANK_PREFIX.match(raw)
-            exception = f"{prefix.group(0).strip()} {line}" if prefix else line
+        prefix_match = _RANK_PREFIX.match(raw)
+        prefix = prefix_match.group(0).strip() if prefix_match else ""
+        line = raw[prefix_match.end():].rstrip() if prefix_match else raw.rstrip()
+        if line.startswith(_TRACEBACK):
+            in_traceback.add(prefix)
+        elif prefix in in_traceback and line and not line[0].isspace():
+            in_traceback.discard(prefix)
+            if exception is None and _RAISED.match(line) and "ChildFailedError" not in line:
+                exception = _shown(prefix, line)
+        elif exception is None and _EXCEPTION.match(line) and "ChildFailedError" not in line:
+            exception = _shown(prefix, line)
         if _SUMMARY_ROOT.match(line):
             in_root, rank = True, None
         m = _SUMMARY_RANK.match(line)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from spx.daemon.run.rootcause import find_root_cause
 
 # torchrun 2.13's summary after `kill -9` of rank 1: it SIGTERMs rank 0 (listed under Failures)
@@ -107,3 +109,83 @@ def find_root_cause_of_text(text: str) -> str | None:
     from spx.daemon.run.rootcause import root_cause_of
 
     return root_cause_of(text.encode())
+
+
+# torch >= 2.4 under `torchrun --tee 3`: the agent's `[ROLE+LOCAL_RANK]:` prefix, then torch's own
+# `[rankN]:`; the exception's class is the script's own (no Error/Exception suffix).
+DOUBLE_PREFIX = """\
+[default0]:[rank0]: Traceback (most recent call last):
+[default0]:[rank0]:   File "/x/train_ddp.py", line 80, in <module>
+[default0]:[rank0]:     raise InjectedCrash(f"injected crash at step {step}")
+[default0]:[rank0]: example_args.InjectedCrash: injected crash at step 25
+[default1]:[rank1]: RuntimeError: Connection closed by peer
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4242)
+"""
+
+
+def test_both_prefixes_are_stripped_and_any_raised_class_is_the_exception():
+    assert find_root_cause_of_text(DOUBLE_PREFIX) == (
+        "rank 0 (pid 4242) exited with code 1: [rank0]: example_args.InjectedCrash: injected crash at step 25")
+
+
+def test_tracebacks_of_two_ranks_interleaved_are_read_per_rank():
+    text = ("[default1]:[rank1]: Traceback (most recent call last):\n"
+            "[default0]:[rank0]: Traceback (most recent call last):\n"
+            "[default1]:[rank1]:   File \"t.py\", line 3, in <module>\n"
+            "[default0]:[rank0]:   File \"t.py\", line 3, in <module>\n"
+            "[default1]:[rank1]: Boom: first\n"
+            "[default0]:[rank0]: Boom: second\n")
+    assert find_root_cause_of_text(text) == "[rank1]: Boom: first"
+
+
+def test_the_agents_own_traceback_and_log_lines_are_not_the_cause():
+    text = ("W1203 15:47:42.336000 11064 torch/distributed/elastic/multiprocessing/api.py:1028] Sending SIGTERM\n"
+            "Traceback (most recent call last):\n  File \"run.py\", line 1032, in <module>\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    assert find_root_cause_of_text(text) is None
+
+
+FAILING_SCRIPT = """\
+import time
+import torch.distributed as dist
+
+class InjectedCrash(Exception):
+    pass
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    raise InjectedCrash("injected crash at step 25")
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_log_written_by_this_venvs_torchrun_yields_the_workers_exception(tmp_path):
+    """The log as the daemon's launcher makes it (torchrun --tee=3, gloo, 2 workers), from the real
+    torchrun of this venv, whatever prefixes its version writes."""
+    import socket
+    import subprocess
+    import sys
+
+    import torch
+
+    (tmp_path / "fail.py").write_text(FAILING_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = _log_in_job_dir(tmp_path)
+    with log.open("wb") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+             "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0", "--tee=3",
+             f"--log-dir={tmp_path / 'ranks'}", "fail.py"],
+            cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, timeout=120, check=False)
+    assert proc.returncode != 0
+    found = find_root_cause(log)
+    assert found is not None and found.startswith("rank 0 (pid "), (torch.__version__, log.read_text()[-3000:])
+    assert found.endswith("exited with code 1: [rank0]: InjectedCrash: injected crash at step 25") or \
+        found.endswith("exited with code 1: [default0]: InjectedCrash: injected crash at step 25"), \
+        (torch.__version__, found)
