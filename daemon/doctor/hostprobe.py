@@ -208,7 +208,6 @@ class VirtFacts:
     hypervisor_flag: bool | None
     dmi: dict[str, str]
     detect_virt_vm: str | None
-    detect_virt_container: str | None
 
 
 def read_cpu_hypervisor_flag(cpuinfo: Path) -> bool | None:
@@ -243,7 +242,6 @@ def probe_virt(cpuinfo: Path, dmi_dir: Path, detect_virt: str | None) -> VirtFac
         read_cpu_hypervisor_flag(cpuinfo),
         read_dmi(dmi_dir),
         _detect_virt(detect_virt, "--vm"),
-        _detect_virt(detect_virt, "--container"),
     )
 
 
@@ -258,3 +256,61 @@ def dmi_says_vm(dmi: dict[str, str]) -> str | None:
         if pattern.lower() in text.lower():
             return f"{dmi.get('sys_vendor', '?')} {product}".strip()
     return None
+
+
+# --- containers -----------------------------------------------------------------------------------
+
+# Root filesystems of a container image (layers); a VM or a host boots from a block device instead.
+CONTAINER_ROOT_FS = frozenset({"overlay", "aufs", "fuse-overlayfs"})
+# Runtimes that name themselves in PID 1's cgroup path (cgroup v1, or v2 without a cgroup namespace).
+_RUNTIME_CGROUP = re.compile(r"(docker|containerd|kubepods|libpod|crio|lxc|machine\.slice)", re.IGNORECASE)
+MARKER_FILES = ("/.dockerenv", "/run/.containerenv")
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    """What says "container", each source on its own. A marker file alone is weak evidence: it is
+    copied along when an image is turned into a VM disk (microVMs built from Docker images keep
+    `/.dockerenv`), and `systemd-detect-virt --container` answers "docker" from that file alone."""
+
+    detect_virt: str | None  # systemd-detect-virt --container ("none", "docker", …), None if unknown
+    markers: tuple[str, ...]  # marker files present (/.dockerenv, /run/.containerenv)
+    declared: str | None  # /run/systemd/container: written by the runtime itself (nspawn, podman)
+    root_fs: str | None  # "overlay on overlay" … of "/", None if unknown
+    runtime_cgroup: str | None  # a line of /proc/1/cgroup that names a runtime
+
+    @property
+    def corroborated(self) -> bool:
+        """Evidence a runtime is really around this process, beyond a file anyone could leave."""
+        layered = self.root_fs is not None and self.root_fs.split(" ", 1)[0] in CONTAINER_ROOT_FS
+        return bool(self.declared or self.runtime_cgroup or layered)
+
+    @property
+    def kind(self) -> str | None:
+        """The container type, only when corroborated; None on a host or VM (whatever the markers)."""
+        if not self.corroborated:
+            return None
+        named = self.detect_virt if self.detect_virt not in (None, "none") else self.declared
+        if named:
+            return named
+        if self.markers:
+            return "docker" if "/.dockerenv" in self.markers else "podman"
+        return "container"
+
+
+def probe_container(fs_root: Path, proc_root: Path, mounts: list[Mount], detect_virt: str | None) -> ContainerFacts:
+    markers = tuple(m for m in MARKER_FILES if (fs_root / m.lstrip("/")).exists())
+    declared = _read(fs_root / "run" / "systemd" / "container") or None
+    root = next((m for m in reversed(mounts) if m.mount_point == "/"), None)
+    runtime = None
+    try:
+        for line in (proc_root / "1" / "cgroup").read_text().splitlines():
+            if _RUNTIME_CGROUP.search(line.split(":", 2)[-1]):
+                runtime = line
+                break
+    except OSError:
+        pass
+    return ContainerFacts(
+        _detect_virt(detect_virt, "--container"), markers, declared,
+        f"{root.fstype} on {root.source}" if root else None, runtime,
+    )

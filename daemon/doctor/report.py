@@ -28,7 +28,14 @@ from typing import Any
 
 from spx.daemon.doctor import gpu_checks
 from spx.daemon.doctor.check import STATUSES, SYMBOL, Check
-from spx.daemon.doctor.hostprobe import dmi_says_vm, mount_for, probe_virt, read_mounts
+from spx.daemon.doctor.hostprobe import (
+    ContainerFacts,
+    dmi_says_vm,
+    mount_for,
+    probe_container,
+    probe_virt,
+    read_mounts,
+)
 from spx.daemon.doctor.storage_checks import check_checkpoints, check_staging
 
 GIB = 1 << 30
@@ -54,6 +61,7 @@ class DoctorContext:
     owner_uid: int = 0
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
+    fs_root: Path = Path("/")  # where /.dockerenv and /run/systemd/container are looked for
     mountinfo: Path | None = None
     detect_virt: str | None = "systemd-detect-virt"
     systemctl: str = "systemctl"
@@ -89,7 +97,7 @@ def check_host(ctx: DoctorContext) -> Check:
         evidence.append(f"DMI: {dmi_vm}")
     if v.detect_virt_vm not in (None, "none"):
         evidence.append(f"systemd-detect-virt --vm: {v.detect_virt_vm}")
-    container = f"; inside a {v.detect_virt_container} container" if v.detect_virt_container not in (None, "none") else ""
+    container = _container_words(probe_container(ctx.fs_root, ctx.proc_root, _mounts_or_none(ctx), ctx.detect_virt))
     if evidence:
         return Check(
             "host", "fail", "virtual machine (" + "; ".join(evidence) + ")" + container,
@@ -106,10 +114,39 @@ def check_host(ctx: DoctorContext) -> Check:
     if not sources:
         return Check("host", "unknown", "cannot tell bare metal from VM: no cpuinfo flags, DMI or systemd-detect-virt",
                      "run `systemd-detect-virt --vm` and check the offer's name for the BAREMETAL suffix")
-    if container:
+    if container.startswith("; inside"):
         return Check("host", "warn", "bare metal (" + "; ".join(sources) + ")" + container,
                      "containers must pass every GPU and /dev/nvidia-caps through (e.g. --gpus all) and use host IPC")
     return Check("host", "ok", "bare metal (" + "; ".join(sources) + ")")
+
+
+def _mounts_or_none(ctx: DoctorContext) -> list:
+    try:
+        return ctx.mounts
+    except OSError:
+        return []
+
+
+def _container_words(c: ContainerFacts) -> str:
+    """"; inside a docker container (evidence)" when a runtime is corroborated; a marker file with
+    nothing behind it is mentioned as such, so no VM is called a container for a leftover file."""
+    if c.kind:
+        evidence = [f"systemd-detect-virt --container: {c.detect_virt}"] if c.detect_virt not in (None, "none") else []
+        evidence += [f"{m} present" for m in c.markers]
+        if c.declared:
+            evidence.append(f"/run/systemd/container: {c.declared}")
+        if c.root_fs and c.root_fs.split(" ", 1)[0] in ("overlay", "aufs", "fuse-overlayfs"):
+            evidence.append(f"root is {c.root_fs}")
+        if c.runtime_cgroup:
+            evidence.append(f"PID 1 cgroup {c.runtime_cgroup}")
+        what = "a container" if c.kind == "container" else f"a {c.kind} container"
+        return f"; inside {what} ({'; '.join(evidence)})"
+    stray = [f"{m} present" for m in c.markers] or ([f"systemd-detect-virt --container: {c.detect_virt}"]
+                                if c.detect_virt not in (None, "none") else [])
+    if stray:
+        return (f"; not a container: {', '.join(stray)} but root is {c.root_fs or 'unknown'}, "
+                "no runtime in PID 1's cgroup (a file left from the image)")
+    return ""
 
 
 # --- daemon paths and unit ------------------------------------------------------------------------

@@ -440,3 +440,45 @@ def test_a_crashing_check_is_reported_not_raised(tmp_path: Path) -> None:
     ctx = DoctorContext(mountinfo=tmp_path / "missing-mountinfo", checkpoints_root=tmp_path)
     [c] = run_checks(ctx, only=["checkpoints"])
     assert c.status == "unknown" and "FileNotFoundError" in c.detail
+
+
+# --- host: container evidence --------------------------------------------------------------------
+
+
+def _detect_virt_script(tmp: Path, container: str) -> str:
+    """A systemd-detect-virt that answers like the real one does from /.dockerenv alone."""
+    script = tmp / "systemd-detect-virt"
+    script.write_text(f'#!/bin/sh\n[ "$1" = --container ] && echo {container} || echo none\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize(
+    ("hypervisor", "marker", "root_fs", "cgroup", "detect", "status", "says"),
+    [
+        # A microVM built from a Docker image: /.dockerenv kept, root on a block device, no runtime.
+        (True, True, ("ext4", "/dev/vda"), "0::/init.scope\n", "docker", "fail", "not a container: /.dockerenv present"),
+        (False, True, ("ext4", "/dev/nvme0n1p2"), "0::/init.scope\n", "docker", "ok", "bare metal"),
+        # Docker itself: the marker, an overlay root, the runtime in PID 1's cgroup (v1).
+        (False, True, ("overlay", "overlay"), "12:pids:/docker/0123abcd\n", "docker", "warn",
+         "inside a docker container (systemd-detect-virt --container: docker; /.dockerenv present; root is overlay"),
+        # Kubernetes with containerd, no marker file, no systemd-detect-virt in the image.
+        (False, False, ("overlay", "overlay"), "0::/kubepods/besteffort/pod1/abc\n", None, "warn",
+         "inside a container (root is overlay on overlay; PID 1 cgroup 0::/kubepods"),
+        (False, False, ("ext4", "/dev/nvme0n1p2"), "0::/init.scope\n", None, "ok", "bare metal"),
+    ],
+)
+def test_container_needs_evidence_beyond_a_marker_file(tmp_path: Path, hypervisor, marker, root_fs, cgroup, detect,
+                                                        status, says) -> None:
+    proc = make_proc(tmp_path, hypervisor=hypervisor, mountinfo=line(20, "254:0", "/", *root_fs))
+    (proc / "1" / "cgroup").write_text(cgroup)
+    fs_root = tmp_path / "fs"
+    (fs_root / "run").mkdir(parents=True)
+    if marker:
+        (fs_root / ".dockerenv").write_text("")
+    ctx = DoctorContext(proc_root=proc, sys_root=make_sys(tmp_path), fs_root=fs_root,
+                        detect_virt=_detect_virt_script(tmp_path, detect) if detect else None)
+    c = check_host(ctx)
+    assert c.status == status and says in c.detail, c
+    if status != "warn":
+        assert "inside a" not in c.detail
