@@ -1,7 +1,7 @@
 """spx: submit and inspect jobs.
 
     spx submit job.yaml            spx ls [--json]          spx status NAME [--json] [--watch]
-    spx logs NAME [--attempt N] [-f]                        spx cancel NAME
+    spx logs NAME [--attempt N] [--job-id ID] [-f]          spx cancel NAME
     spx doctor [--json]            spx top
 
 Works for any user and never writes the state store: `submit` drops a file into the spool (its
@@ -102,9 +102,9 @@ def _fmt(v: object) -> str:
 
 def print_table(jobs: list[dict]) -> None:
     now = time.time()
-    rows = [("NAME", "STATE", "ATTEMPTS", "STEP", "CKPT", "CKPT AGE", "GPUS", "REASON")]
+    rows = [("NAME", "JOB", "STATE", "ATTEMPTS", "STEP", "CKPT", "CKPT AGE", "GPUS", "REASON")]
     for j in jobs:
-        rows.append((j["name"], j["state"], str(j["attempts"]), _fmt(j["step"]), _fmt(j["last_checkpoint_step"]),
+        rows.append((j["name"], str(j.get("job_id", "-")), j["state"], str(j["attempts"]), _fmt(j["step"]), _fmt(j["last_checkpoint_step"]),
                      _ago(j.get("last_checkpoint_time"), now), _fmt(j["gpus"]), j["reason"] or ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
@@ -175,14 +175,19 @@ def _await_intake(cfg: DaemonConfig, name: str, spool_name: str, timeout: float 
 def cmd_logs(cfg: DaemonConfig, args: argparse.Namespace) -> int:
     doc = ask(cfg, "status", args.name)
     assert isinstance(doc, dict)
-    number = args.attempt or doc["attempts"]
+    current = args.job_id is None or args.job_id == doc.get("job_id")
+    log_dir = cfg.log_dir / args.name if current else _earlier_log_dir(cfg, args.name, args.job_id)
+    if not current and not log_dir.is_dir():
+        raise CliError(f"no logs of a job {args.job_id} named {args.name} (looked for {log_dir}); "
+                       f"the ids are in `spx ls --all`")
+    number = args.attempt or (doc["attempts"] if current else _attempts_in(log_dir))
     if not number:
         raise CliError(f"{args.name} has not started an attempt yet")
-    path = cfg.log_dir / args.name / f"attempt-{number}.log"
+    path = log_dir / f"attempt-{number}.log"
     try:
         f = path.open("rb")
     except OSError as e:
-        raise CliError(f"{path}: {e.strerror}") from e
+        raise CliError(_missing_log_message(cfg, args.name, doc, path, e) if current else f"{path}: {e.strerror}") from e
     with f:
         while True:
             chunk = f.read(65536)
@@ -190,13 +195,40 @@ def cmd_logs(cfg: DaemonConfig, args: argparse.Namespace) -> int:
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
                 continue
-            if not args.follow:
+            if not args.follow or not current:
                 return EXIT_OK
-            current = ask(cfg, "status", args.name)
-            assert isinstance(current, dict)
-            if current["state"] in ("succeeded", "failed", "cancelled") or current["attempts"] != number:
+            now = ask(cfg, "status", args.name)
+            assert isinstance(now, dict)
+            if now["state"] in ("succeeded", "failed", "cancelled") or now["attempts"] != number:
                 return EXIT_OK
             time.sleep(0.5)
+
+
+def _earlier_log_dir(cfg: DaemonConfig, name: str, job_id: int) -> Path:
+    """Where the daemon moved an earlier job's logs when its name was reused (`log/NAME.job-ID`)."""
+    return cfg.log_dir / f"{name}.job-{job_id}"
+
+
+def _attempts_in(log_dir: Path) -> int:
+    try:
+        return max((int(p.stem.removeprefix("attempt-")) for p in log_dir.glob("attempt-*.log")
+                    if p.stem.removeprefix("attempt-").isdigit()), default=0)
+    except OSError:
+        return 0
+
+
+def _missing_log_message(cfg: DaemonConfig, name: str, doc: dict, path: Path, e: OSError) -> str:
+    """A missing attempt log, with where the earlier jobs of a reused name keep theirs."""
+    message = f"{path}: {e.strerror}; job {doc.get('job_id', '?')} named {name} has {doc['attempts']} attempt(s)"
+    earlier = []
+    for d in sorted(cfg.log_dir.glob(f"{name}.job-*")):
+        job_id = d.name.removeprefix(f"{name}.job-")
+        if job_id.isdigit():
+            earlier.append(f"job {job_id}: {d} ({_attempts_in(d)} attempt(s))")
+    if earlier:
+        message += (f"\nearlier jobs named {name} keep their logs aside: " + "; ".join(earlier)
+                    + f"\nread one with `spx logs {name} --job-id ID --attempt N` (ids: `spx ls --all`)")
+    return message
 
 
 def cmd_doctor(cfg: DaemonConfig, args: argparse.Namespace) -> int:
@@ -218,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("submit", help="drop a job file into the spool")
     s.add_argument("file")
-    s = sub.add_parser("ls", help="list live jobs and those that ended in the last 24 h")
+    s = sub.add_parser("ls", help="live jobs, and each name's latest job if it ended in the last 24 h")
     s.add_argument("--json", action="store_true")
     s.add_argument("--all", action="store_true", help="every job ever submitted, however long ago it ended")
     s = sub.add_parser("status", help="one job, with its attempts")
@@ -228,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("logs", help="an attempt's log")
     s.add_argument("name")
     s.add_argument("--attempt", type=int)
+    s.add_argument("--job-id", type=int, help="an earlier job of a reused name (its id: `spx ls --all`)")
     s.add_argument("-f", "--follow", action="store_true")
     s = sub.add_parser("cancel", help="stop a job (it gets its grace period to checkpoint)")
     s.add_argument("name")

@@ -59,6 +59,7 @@ def job_view(
         pids=list((pids or {}).get(job.name, [])),
         staging=job.staging,
         history=history,
+        job_id=job.id,
     )
 
 

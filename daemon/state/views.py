@@ -52,6 +52,8 @@ class JobView:
     pids: list[int] = field(default_factory=list)
     staging: str | None = None
     history: list[AttemptView] = field(default_factory=list)
+    # The store's id: tells apart the jobs of a reused name (`spx ls --all`, `spx logs --job-id`).
+    job_id: int = 0
 
     def to_json(self, with_history: bool = False) -> dict:
         doc = asdict(self)

@@ -33,3 +33,27 @@ def test_forgetting_root_names_the_socket_tried_and_the_root_that_answers(tmp_pa
     assert found.returncode == 1
     assert f"one does on {tmp_path}/spx-root/run/spx.sock" in found.stderr
     assert f"spx --root {tmp_path}/spx-root" in found.stderr and f"SPX_ROOT={tmp_path}/spx-root" in found.stderr
+
+
+def test_logs_of_an_earlier_job_of_a_reused_name(tmp_path):
+    (tmp_path / "say.py").write_text("import os\nprint('run of job', os.environ['SPX_ATTEMPT'], open('n').read())\n")
+    d = Daemon(tmp_path / "spx-root").start()
+    try:
+        ids = []
+        for n in ("first", "second"):
+            (tmp_path / "n").write_text(n)
+            job = tmp_path / f"{n}.yaml"
+            job.write_text(f"name: reused\nlauncher: python\nscript: say.py\nworkdir: {tmp_path}\n")
+            d.spx("submit", str(job))
+            ids.append(d.wait_state("reused", "succeeded", 60)["job_id"])
+        assert ids[0] != ids[1]
+        assert "run of job 1 second" in d.spx("logs", "reused").stdout
+        assert "run of job 1 first" in d.spx("logs", "reused", "--job-id", str(ids[0]), "--attempt", "1").stdout
+        missing = d.spx("logs", "reused", "--attempt", "2", check=False)
+        assert missing.returncode == 1
+        assert f"{d.root}/log/reused.job-{ids[0]} (1 attempt(s))" in missing.stderr
+        assert "spx logs reused --job-id ID --attempt N" in missing.stderr
+        unknown = d.spx("logs", "reused", "--job-id", "999", check=False)
+        assert unknown.returncode == 1 and "spx ls --all" in unknown.stderr
+    finally:
+        d.stop()

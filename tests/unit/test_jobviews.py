@@ -65,3 +65,29 @@ def test_ls_shows_live_and_recent_jobs_and_ls_all_the_whole_history(tmp_path, ca
 
     assert ls() == ["an-hour-ago", "queued"]
     assert ls("--all") == ["last-month", "an-hour-ago", "queued"]
+
+
+def test_ls_shows_each_names_latest_job_and_ls_all_every_job_with_its_id(tmp_path, capsys):
+    """As the README says: a reused name is one line in `spx ls` (its latest job, the one `spx status`
+    and `spx logs` address); `spx ls --all` lists the earlier jobs too, told apart by job id."""
+    cfg = load_config(None, tmp_path / "root")
+    cfg.store_path.parent.mkdir(parents=True)
+    store = Store(cfg.store_path)
+    now = time.time()
+    ids = []
+    for ended in (now - 7200, now - 3600):
+        jid = store.add_job(parse_spec("name: reused\nscript: a.py\n"), 0, "root", "/x", ended - 60)
+        store.transition(jid, JobState.CANCELLED, "cancelled", ended)
+        ids.append(jid)
+    store.close()
+
+    def ls(*flags: str) -> list[tuple[str, int]]:
+        assert main.main(["--root", str(tmp_path / "root"), "ls", "--json", *flags]) == 0
+        return [(j["name"], j["job_id"]) for j in json.loads(capsys.readouterr().out)]
+
+    assert ls() == [("reused", ids[1])]
+    assert ls("--all") == [("reused", ids[0]), ("reused", ids[1])]
+    assert main.main(["--root", str(tmp_path / "root"), "ls", "--all"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["NAME", "JOB", "STATE"]
+    assert [r.split()[:2] for r in table[1:]] == [["reused", str(ids[0])], ["reused", str(ids[1])]]
