@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from spx.daemon.intake.spec import MAX_SPEC_BYTES, SpecError, parse_spec
+from spx.daemon.intake.spec import MAX_SPEC_BYTES, SpecError, parse_spec, submitted_text
 from spx.daemon.service import control
 from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
 
@@ -137,7 +137,8 @@ def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
     except UnicodeDecodeError as e:
         raise CliError(f"{source}: not UTF-8 text (byte {e.start}); a job file is YAML text", EXIT_USAGE) from e
     try:
-        spec = parse_spec(text)
+        spec = parse_spec(text, source.parent)
+        text = submitted_text(text, source.parent, str(source))
     except SpecError as e:
         raise CliError(e.render(str(source)), EXIT_USAGE) from e
     final = f"{spec.name}-{time.time_ns()}.yaml"

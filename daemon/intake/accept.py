@@ -96,8 +96,8 @@ class Intake:
     def _access_problem(self, spec: JobSpec, uid: int) -> str | None:
         """What the owner cannot do that the job needs, decided by the kernel for the owner — a
         process with their uid, gid and supplementary groups (`as_user`) — never guessed by root:
-        enter the workdir, read the staging source, write (or create) the staging target and the
-        checkpoint dir. An existing checkpoint dir must be theirs (else a reused job name would
+        enter the workdir, read the script (and DeepSpeed config) there, read the staging source,
+        write (or create) the staging target and the checkpoint dir. An existing checkpoint dir must be theirs (else a reused job name would
         resume from another user's checkpoints); the default one, under checkpoints_root, the
         daemon creates for them."""
         try:
@@ -109,6 +109,11 @@ class Intake:
             ("checkpoints.dir", str(ckpt_dir), "owned"),
             ("workdir", str(spec.workdir or user.home), "enter-dir"),
         ]
+        workdir = spec.workdir or Path(user.home)
+        if spec.script:  # relative to the workdir, as the launch runs it
+            checks.append(("script", str(workdir / spec.script), "read-file"))
+        if spec.deepspeed_config:
+            checks.append(("deepspeed_config", str(workdir / spec.deepspeed_config), "read-file"))
         if ckpt_dir.parent != self.cfg.checkpoints_root:
             checks.append(("checkpoints.dir", str(ckpt_dir), "write-or-create"))
         if spec.data.stage is not None:

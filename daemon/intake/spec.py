@@ -10,6 +10,7 @@ field and its line.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -191,18 +192,50 @@ class JobSpec(_Strict):
         return self.checkpoints.dir or checkpoints_root / self.name
 
 
-def parse_spec(text: str) -> JobSpec:
+# Paths `spx submit` resolves against the job file's directory when they are relative (the daemon
+# itself takes only absolute ones: a dropped file has no directory of its own to be relative to).
+# `script` and `deepspeed_config` stay relative to the workdir, as the launch runs them.
+SUBMIT_RELATIVE_FIELDS = ("workdir", "python")
+
+
+def resolve_relative(data: Any, base_dir: Path) -> Any:
+    """`data` (a job file read as plain data) with a relative `workdir`/`python` made absolute
+    against `base_dir`, normalised (no '..' left). Anything else is returned as it is."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key in SUBMIT_RELATIVE_FIELDS:
+        value = out.get(key)
+        if isinstance(value, str) and value and not value.startswith("/"):
+            out[key] = os.path.normpath(os.path.join(os.path.abspath(base_dir), value))
+    return out
+
+
+def submitted_text(text: str, base_dir: Path, source: str) -> str:
+    """What `spx submit` drops into the spool for a job file that `parse_spec(text, base_dir)`
+    accepted: the text itself, or, when a path was relative, the document with those paths made
+    absolute (comments are not kept; a first line says where the file came from)."""
+    _root, data = read_yaml(text)
+    resolved = resolve_relative(data, base_dir)
+    if resolved == data:
+        return text
+    header = f"# spx submit {source}: relative {'/'.join(SUBMIT_RELATIVE_FIELDS)} resolved against {base_dir}\n"
+    return header + yaml.safe_dump(resolved, sort_keys=False, default_flow_style=None, allow_unicode=True)
+
+
+def parse_spec(text: str, base_dir: Path | None = None) -> JobSpec:
     """Validate a job file's text. Returns a JobSpec or raises SpecError (naming each bad field and its
-    line) -- nothing else, for any text."""
+    line) -- nothing else, for any text. With `base_dir` (`spx submit`: the job file's directory), a
+    relative `workdir` or `python` is read as relative to it (see `resolve_relative`)."""
     try:
-        return _parse(text)
+        return _parse(text, base_dir)
     except SpecError:
         raise
     except Exception as e:  # last resort: a parser bug must still read as "this file is bad", not a crash
         raise SpecError([(None, "", f"cannot read this file as a job spec ({type(e).__name__}: {str(e)[:200]})")]) from e
 
 
-def _parse(text: str) -> JobSpec:
+def _parse(text: str, base_dir: Path | None) -> JobSpec:
     try:
         size = len(text.encode())
     except UnicodeEncodeError:
@@ -210,6 +243,8 @@ def _parse(text: str) -> JobSpec:
     if size > MAX_SPEC_BYTES:
         raise SpecError([(None, "", f"file is larger than {MAX_SPEC_BYTES // 1024} KiB")])
     root, data = read_yaml(text)
+    if base_dir is not None:
+        data = resolve_relative(data, base_dir)
     if not isinstance(data, dict):
         raise SpecError([(root.start_mark.line + 1, "", "expected a mapping of job fields at the top level")])
     try:

@@ -120,7 +120,7 @@ def mkdirs(user: Owner, paths: list[str], mode: int = 0o750, timeout: float = DE
 def check_access(user: Owner, checks: list[tuple[str, str]],
                  timeout: float = DEFAULT_TIMEOUT_SECONDS) -> list[str | None]:
     """For each (path, what), in order: None if `user` may, else why not. `what` is one of
-    enter-dir, read-tree, write-or-create, owned (see user_actions)."""
+    enter-dir, read-tree, read-file, write-or-create, owned (see user_actions)."""
     result = run(user, "access", {"checks": [{"path": p, "what": w} for p, w in checks]}, timeout)
     if not isinstance(result, list) or len(result) != len(checks):
         raise UserPathError(errno.EIO, f"access check as {user.name} gave an odd answer")

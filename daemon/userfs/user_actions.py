@@ -69,6 +69,18 @@ def _check(path: str, what: str) -> str | None:
         if not os.path.isdir(parent):
             return f"{path} cannot be created: {parent} is not a directory"
         return None if os.access(parent, os.W_OK | os.X_OK) else f"{path} cannot be created ({parent} is not writable)"
+    if what == "read-file":
+        # What the job runs (its script, its DeepSpeed config) must be there at submit: a missing
+        # one would only show as a crash loop of "can't open file" attempts.
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return f"{path} does not exist"
+        except OSError as e:
+            return f"{path} cannot be reached ({e.strerror})"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{path} is not a regular file"
+        return None if os.access(path, os.R_OK) else f"{path} is not readable"
     if what == "owned":
         try:
             uid = os.stat(path).st_uid

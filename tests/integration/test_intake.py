@@ -200,3 +200,18 @@ def test_access_is_checked_as_the_owner_with_their_groups(tmp_path):
                 d.stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_script_missing_from_the_workdir_is_rejected_at_submit(daemon, tmp_path):
+    """Checked as the owner: a job whose script is not there would only crash-loop on "can't open file"."""
+    job = tmp_path / "missing.yaml"
+    job.write_text(f"name: missing\nlauncher: python\nworkdir: {tmp_path}\nscript: nope.py\n")
+    res = daemon.spx("submit", str(job), check=False)
+    assert res.returncode == 1
+    assert f"script: {tmp_path}/nope.py does not exist (checked as root)" in res.stderr, res.stderr
+    assert daemon.job("missing") is None
+    ds = tmp_path / "ds.yaml"
+    (tmp_path / "t.py").write_text("")
+    ds.write_text(f"name: ds\nlauncher: deepspeed\nworkdir: {tmp_path}\nscript: t.py\ndeepspeed_config: ds.json\n")
+    res = daemon.spx("submit", str(ds), check=False)
+    assert res.returncode == 1 and f"deepspeed_config: {tmp_path}/ds.json does not exist" in res.stderr, res.stderr

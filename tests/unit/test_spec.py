@@ -183,3 +183,32 @@ def test_too_many_nodes_are_refused_while_scanning():
 def test_a_flood_of_unknown_keys_lists_twenty_problems_and_a_count():
     e = pytest.raises(SpecError, parse_spec, BASE + "".join(f"k{i}: 1\n" for i in range(1500))).value
     assert len(e.problems) == 21 and e.problems[-1] == (None, "", "... and 1480 more problems")
+
+
+# --- spx submit: relative paths against the job file's directory -----------------------------------
+
+
+def test_submit_resolves_a_relative_workdir_and_python_against_the_job_files_directory(tmp_path):
+    from spx.daemon.intake.spec import submitted_text
+
+    jobs = tmp_path / "proj" / "jobs"
+    text = "# mine\nname: rel\nworkdir: ..\npython: ../.venv/bin/python\nscript: train.py\nargs: ['--x', '1']\n"
+    spec = parse_spec(text, jobs)
+    assert (spec.workdir, spec.python, spec.script) == (tmp_path / "proj", tmp_path / "proj/.venv/bin/python", "train.py")
+    dropped = submitted_text(text, jobs, "jobs/rel.yaml")
+    assert dropped.startswith("# spx submit jobs/rel.yaml: relative workdir/python resolved against ")
+    assert parse_spec(dropped) == spec  # the daemon reads the dropped copy as the same job, absolute paths only
+    absolute = "name: abs\nworkdir: /srv/x\nscript: t.py\n"
+    assert submitted_text(absolute, jobs, "a.yaml") is absolute  # nothing relative: the file as written
+
+
+def test_a_relative_workdir_is_refused_where_there_is_no_job_file_directory():
+    with pytest.raises(SpecError) as e:
+        parse_spec("name: rel\nworkdir: ..\nscript: t.py\n")
+    assert e.value.problems[0][:2] == (2, "workdir")
+
+
+def test_errors_of_a_submitted_file_keep_its_own_lines(tmp_path):
+    with pytest.raises(SpecError) as e:
+        parse_spec("name: rel\nworkdir: proj\nscript: t.py\ngpus: -1\n", tmp_path)
+    assert [(line, field) for line, field, _ in e.value.problems] == [(4, "gpus")]

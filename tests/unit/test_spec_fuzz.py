@@ -134,10 +134,11 @@ def _numbers(value: object) -> list[int | float]:
     return []
 
 
-def spec_or_spec_error(text: str) -> JobSpec | None:
-    """The property. Any other exception propagates and fails the test with the input shown."""
+def spec_or_spec_error(text: str, base_dir: Path | None = None) -> JobSpec | None:
+    """The property. Any other exception propagates and fails the test with the input shown.
+    `base_dir`: the job file's directory, as `spx submit` gives it (the examples use a relative workdir)."""
     try:
-        spec = parse_spec(text)
+        spec = parse_spec(text, base_dir)
     except SpecError as e:
         assert e.problems and all(msg for _line, _field, msg in e.problems), "a SpecError must say what is wrong"
         return None
@@ -162,12 +163,12 @@ def test_random_text(text):
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_mutated_example_specs(example):
     original = example.read_text()
-    assert spec_or_spec_error(original) is not None, "the seed itself must be a valid job"
+    assert spec_or_spec_error(original, example.parent) is not None, "the seed itself must be a valid job"
 
     @FUZZ
     @given(EDITS)
     def mutated(edits):
-        spec_or_spec_error(_mutate(original, edits))
+        spec_or_spec_error(_mutate(original, edits), example.parent)
 
     mutated()
 
@@ -175,5 +176,6 @@ def test_mutated_example_specs(example):
 def test_mutations_reach_both_outcomes():
     """The mutator is not vacuous: some mutations still parse, some are refused."""
     original = EXAMPLES[0].read_text()
-    outcomes = {spec_or_spec_error(_mutate(original, [("replace", at, ".inf")])) is None for at in range(0, 200, 3)}
+    outcomes = {spec_or_spec_error(_mutate(original, [("replace", at, ".inf")]), EXAMPLES[0].parent) is None
+                for at in range(0, 200, 3)}
     assert outcomes == {True, False}
