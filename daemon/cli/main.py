@@ -117,12 +117,20 @@ def print_status(doc: dict) -> None:
           f"last checkpoint {_fmt(doc['last_checkpoint_step'])}  samples/s {_fmt(doc['samples_per_second'])}")
     if doc.get("staging"):
         print(f"  staging: {doc['staging']}")
-    for a in doc.get("history", []):
+    history = doc.get("history", [])
+    for a in history:
         start = time.strftime("%H:%M:%S", time.localtime(a["start"])) if a["start"] else "-"
         end = time.strftime("%H:%M:%S", time.localtime(a["end"])) if a["end"] else "running"
         resumed = f"resumed from step {a['resumed_from_step']}" if a["resumed_from_step"] is not None else "fresh start"
-        print(f"  attempt {a['number']}: {start} → {end}  {resumed}  {a['reason'] or ''}")
-        if a.get("root_cause"):
+        reason = a["reason"] or ""
+        cancelled = reason.startswith("cancelled")
+        if cancelled and a["end"]:
+            # A user's decision, not a failure: who and when, and what it kept (the last attempt's
+            # checkpoint is the job's newest one).
+            ckpt = doc["last_checkpoint_step"] if a is history[-1] else None
+            reason += f" at {end}" + (f" (checkpoint at step {ckpt})" if ckpt is not None else " (no checkpoint)")
+        print(f"  attempt {a['number']}: {start} → {end}  {resumed}  {reason}")
+        if a.get("root_cause") and not cancelled:
             print(f"      root cause: {a['root_cause']}")
 
 

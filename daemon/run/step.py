@@ -36,14 +36,49 @@ pending is never relaunched.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from spx.daemon.contract.worker_env import EXIT_PREEMPTED
-from spx.daemon.intake.spec import Restart
 from spx.daemon.run.policy import AttemptOutcome, decide
 from spx.daemon.run.proctree import signal_name
+from spx.daemon.run.step_types import (
+    STORE_ACTIONS,
+    Action,
+    ActionFailed,
+    AllGone,
+    CancelRequested,
+    CheckpointFound,
+    DaemonStopping,
+    Diagnose,
+    Diagnosed,
+    DumpStacks,
+    FindCheckpoint,
+    FinishAttempt,
+    Go,
+    HeartbeatSeen,
+    JobStep,
+    LauncherExited,
+    Limits,
+    Log,
+    MarkStarting,
+    Note,
+    Observation,
+    Phase,
+    RecordExit,
+    RecordStop,
+    RemoveCgroup,
+    SaveBackoff,
+    SignalKill,
+    SignalTerm,
+    Spawn,
+    Spawned,
+    StacksDumped,
+    StagingEnded,
+    StartStaging,
+    StopStaging,
+    Tick,
+)
 from spx.daemon.state.states import JobState
 
 # After the launcher exits on its own, leftovers (escaped grandchildren) get SIGKILL every second;
@@ -60,315 +95,6 @@ BACKOFF_SAVE_SECONDS = 15.0
 DAEMON_CAUSES = ("daemon-stop", "daemon-restart")
 
 
-class Phase(str, enum.Enum):
-    BACKOFF = "backoff"          # between attempts: waiting out `backoff_remaining`
-    READY = "ready"              # may start once the scheduler says Go (its GPUs are free)
-    STAGING = "staging"          # copying the working set before the first attempt
-    PREPARING = "preparing"      # the attempt's files made, its checkpoint being found (off the loop)
-    RUNNING = "running"          # an attempt is alive
-    DUMPING = "dumping"          # hung: its stacks being dumped (off the loop) before the stop
-    STOPPING = "stopping"        # SIGTERM sent; SIGKILL once the grace is over
-    EXITED = "exited"            # the launcher exited; leftovers get SIGKILL until none remain
-    DIAGNOSING = "diagnosing"    # all gone; root cause / OOM being read (off the loop)
-    DONE = "done"                # nothing left to supervise: the supervisor forgets the job
-
-    @property
-    def has_processes(self) -> bool:
-        return self in (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING, Phase.EXITED)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the job's spec and the daemon's config fix for the whole job."""
-
-    grace_seconds: float
-    hang_timeout_seconds: float
-    healthy_seconds: float
-    restart: Restart
-    stages: bool = False
-
-
-@dataclass(frozen=True)
-class JobStep:
-    """One tracked job. Attempt fields describe the current (or last) attempt."""
-
-    job_id: int
-    name: str
-    limits: Limits
-    phase: Phase
-    job_state: JobState                  # as stored (or being stored by this step's actions)
-    gpus: tuple[int, ...] = ()
-    number: int = 0                      # the current / last attempt's number
-    restarts: int = 0                    # earlier attempts that ended by the job's own fault
-    backoff_level: int = 0
-    no_progress_streak: int = 0
-    backoff_remaining: float = 0.0
-    clock: float = 0.0                   # monotonic time of the last observation
-    phase_since: float = 0.0
-    staged: bool = False
-    checkpoint_found: bool = False       # PREPARING: discovery answered (a Spawn may wait on the store)
-    daemon_stopping: bool = False
-    retry: tuple[Action, ...] = ()       # store writes to re-emit on the next tick
-    # --- the attempt ---
-    started: float | None = None         # monotonic
-    started_wall: float = 0.0            # heartbeats older than this are a previous attempt's
-    resumed_from_step: int | None = None
-    last_step: int | None = None
-    last_progress: float | None = None
-    last_beat_time: float = 0.0
-    beat_status: str | None = None
-    stop_cause: str | None = None
-    hang_idle: float | None = None
-    term_at: float | None = None
-    kill_at: float | None = None
-    exited_at: float | None = None
-    warned_at: float | None = None
-    exit_code: int | None = None
-    exit_signal: int | None = None
-    root_cause: str | None = None
-    oom: bool = False
-
-    @property
-    def ready(self) -> bool:
-        """May the scheduler start it now? (Backoff over, no write pending.)"""
-        return self.phase is Phase.READY and not self.retry
-
-    @property
-    def progressed(self) -> bool:
-        if self.last_step is None:
-            return False
-        return self.resumed_from_step is None or self.last_step > self.resumed_from_step
-
-
-# --- observations: what the executor saw ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Tick:
-    """Time passed (every loop turn)."""
-
-
-@dataclass(frozen=True)
-class Go:
-    """The scheduler: start now on `gpus` (the job's own, for a relaunch)."""
-
-    gpus: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class StagingEnded:
-    ok: bool
-    reason: str
-
-
-@dataclass(frozen=True)
-class CheckpointFound:
-    """Checkpoint discovery (as the user, off the loop) is done; `path` None: start fresh."""
-
-    path: str | None
-    step: int | None
-    number: int
-
-
-@dataclass(frozen=True)
-class Spawned:
-    """The launcher exec'd; `wall` is the attempt's start in Unix time."""
-
-    pid: int
-    wall: float
-
-
-@dataclass(frozen=True)
-class HeartbeatSeen:
-    step: int
-    time: float
-    status: str
-
-
-@dataclass(frozen=True)
-class LauncherExited:
-    """The launcher (process-group leader) exited; (None, None) when its status is unknown
-    (an attempt adopted after a daemon restart is not our child)."""
-
-    code: int | None
-    signal: int | None
-
-
-@dataclass(frozen=True)
-class AllGone:
-    """No process of the attempt is left (cgroup, tag and group all empty)."""
-
-
-@dataclass(frozen=True)
-class StacksDumped:
-    number: int
-
-
-@dataclass(frozen=True)
-class Diagnosed:
-    number: int
-    root_cause: str | None
-    oom: bool
-
-
-@dataclass(frozen=True)
-class CancelRequested:
-    by: str
-
-
-@dataclass(frozen=True)
-class DaemonStopping:
-    """The daemon shuts down: attempts get SIGTERM and their grace; nothing new starts."""
-
-
-@dataclass(frozen=True)
-class ActionFailed:
-    """An action raised. `retry`: the store could not take a write now (re-emit it next tick)."""
-
-    action: Action
-    error: str
-    retry: bool = False
-
-
-Observation = (Tick | Go | StagingEnded | CheckpointFound | Spawned | HeartbeatSeen | LauncherExited | AllGone
-               | StacksDumped | Diagnosed | CancelRequested | DaemonStopping | ActionFailed)
-
-
-# --- actions: what the executor must do ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MarkStarting:
-    """Store: the job → starting on `gpus` (one transaction)."""
-
-    gpus: tuple[int, ...]
-    reason: str
-
-
-@dataclass(frozen=True)
-class StartStaging:
-    pass
-
-
-@dataclass(frozen=True)
-class StopStaging:
-    pass
-
-
-@dataclass(frozen=True)
-class FindCheckpoint:
-    """Make attempt `number`'s files (as the user), then find the checkpoint to resume from (off the
-    loop, as the user). Answers CheckpointFound."""
-
-    number: int
-
-
-@dataclass(frozen=True)
-class Spawn:
-    """Store the attempt row, make its cgroup, spawn it, store its pid (boot id, start time) and the
-    job → running. Answers Spawned, or ActionFailed."""
-
-    number: int
-    resume_from: str | None
-    resume_step: int | None
-
-
-@dataclass(frozen=True)
-class SignalTerm:
-    pass
-
-
-@dataclass(frozen=True)
-class SignalKill:
-    pass
-
-
-@dataclass(frozen=True)
-class DumpStacks:
-    """py-spy on every process of the attempt, into its log (off the loop). Answers StacksDumped."""
-
-    number: int
-
-
-@dataclass(frozen=True)
-class Diagnose:
-    """Root cause from the log tail and/or the kernel's OOM record (off the loop). Answers Diagnosed."""
-
-    number: int
-    root_cause: bool
-    oom: bool
-
-
-@dataclass(frozen=True)
-class RemoveCgroup:
-    pass
-
-
-@dataclass(frozen=True)
-class Note:
-    """A line in the attempt's log, for the user."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class Log:
-    """A structured log line (the executor adds job and attempt)."""
-
-    event: str
-    level: str = "info"
-    fields: tuple[tuple[str, object], ...] = ()
-
-
-@dataclass(frozen=True)
-class FinishAttempt:
-    """Store, ONE transaction: the attempt row ended (its fields) and the job moved to `state` with
-    its backoff bookkeeping. `number` 0: no attempt row to end (e.g. a cancel during the backoff)."""
-
-    number: int
-    state: JobState
-    reason: str
-    reason_class: str | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    max_step: int | None = None
-    root_cause: str | None = None
-    backoff_remaining: float = 0.0
-    backoff_level: int = 0
-    no_progress_streak: int = 0
-    release_gpus: bool = False
-
-
-@dataclass(frozen=True)
-class RecordStop:
-    """Store why the daemon stops the attempt, before the SIGTERM: a daemon restarted meanwhile still
-    cancels a cancelled attempt, and never counts one the daemon stopped as the job's own failure."""
-
-    number: int
-    cause: str
-
-
-@dataclass(frozen=True)
-class RecordExit:
-    """Store: the launcher's exit status, as soon as seen (a daemon restarted before the attempt's
-    end is recorded then decides on the real status, not "daemon restarted")."""
-
-    number: int
-    code: int | None
-    signal: int | None
-    stop_cause: str | None
-
-
-@dataclass(frozen=True)
-class SaveBackoff:
-    """Store the backoff's remaining seconds (the daemon stops mid-backoff; the next one resumes it)."""
-
-    remaining: float
-
-
-Action = (MarkStarting | StartStaging | StopStaging | FindCheckpoint | Spawn | SignalTerm | SignalKill | DumpStacks
-          | Diagnose | RemoveCgroup | Note | Log | RecordStop | RecordExit | FinishAttempt | SaveBackoff)
-STORE_ACTIONS = (MarkStarting, Spawn, RecordStop, RecordExit, FinishAttempt, SaveBackoff)
 
 
 # --- constructors: where a tracked job begins --------------------------------------------------------
@@ -449,7 +175,7 @@ def step(s: JobStep, obs: Observation, now: float) -> tuple[JobStep, list[Action
 
 
 def _to(s: JobStep, phase: Phase, now: float, **changes: object) -> JobStep:
-    return replace(s, phase=phase, phase_since=now, **changes)  # type: ignore[arg-type]
+    return replace(s, phase=phase, phase_since=now, **changes)
 
 
 def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]]:
@@ -616,6 +342,8 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
         ran_seconds=ran,
     )
     d = decide(outcome, s.limits.restart, s.restarts, s.backoff_level, s.no_progress_streak, s.limits.healthy_seconds)
+    if d.state is JobState.CANCELLED and s.cancelled_by:
+        d = replace(d, reason=f"cancelled by {s.cancelled_by}")  # a user's decision, not a failure
     terminal = d.state.terminal
     finish = FinishAttempt(
         number=s.number, state=d.state, reason=d.reason, reason_class=d.reason_class, exit_code=code,
@@ -648,14 +376,14 @@ def _cancel(s: JobStep, obs: CancelRequested, now: float) -> tuple[JobStep, list
     if s.phase in (Phase.RUNNING, Phase.DUMPING):
         # running|dumping → stopping: SIGTERM; the workers get the grace to checkpoint. The cancel is
         # stored, so a daemon restarted before the end still cancels.
-        return _term(s, now, stop_cause="cancel"), [
+        return _term(replace(s, cancelled_by=obs.by), now, stop_cause="cancel"), [
             note, RecordStop(s.number, "cancel"),
             Note(f"cancelled by {obs.by}; SIGTERM, {s.limits.grace_seconds:.0f} s grace to checkpoint"), SignalTerm()]
     if s.phase in (Phase.STOPPING, Phase.EXITED, Phase.DIAGNOSING):
         # stopping|exited|diagnosing: already on the way down; a cancel wins over any other cause
         # (the user's intent is that it ends for good). No second SIGTERM: torchrun's agent would
         # stop waiting for its workers' checkpoint.
-        return replace(s, stop_cause="cancel"), [note, RecordStop(s.number, "cancel")]
+        return replace(s, stop_cause="cancel", cancelled_by=obs.by), [note, RecordStop(s.number, "cancel")]
     return s, []
 
 

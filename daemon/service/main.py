@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import pwd
 import queue
 import signal
 import sys
@@ -241,7 +242,7 @@ class Daemon:
             elif job.state.terminal:
                 cmd.reply = {"ok": False, "error": f"{cmd.name} already {job.state.value}", "code": 1}
             else:
-                by = "root" if cmd.uid == 0 else f"uid {cmd.uid}"
+                by = _user_name(cmd.uid)
                 try:
                     cmd.reply = {"ok": True, "result": self.supervisor.cancel(job, by)}
                 except StoreUnavailable as e:
@@ -266,6 +267,14 @@ class Daemon:
         self.backend.close()
         self.store.close()
         log.info("daemon_stopped")
+
+
+def _user_name(uid: int) -> str:
+    """Who asked, as `spx status` shows it ("cancelled by alice"); the uid if the name is gone."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

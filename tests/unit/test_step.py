@@ -13,7 +13,8 @@ import pytest
 
 from spx.daemon.intake.spec import Restart
 from spx.daemon.run import step as st
-from spx.daemon.run.step import (
+from spx.daemon.run import step_types
+from spx.daemon.run.step_types import (
     ActionFailed,
     AllGone,
     CancelRequested,
@@ -47,7 +48,7 @@ from spx.daemon.run.step import (
 )
 from spx.daemon.state.states import JobState
 
-LIMITS = st.Limits(grace_seconds=30, hang_timeout_seconds=60, healthy_seconds=600,
+LIMITS = step_types.Limits(grace_seconds=30, hang_timeout_seconds=60, healthy_seconds=600,
                    restart=Restart(max_restarts=3, backoff_seconds=(10, 300)))
 WALL0 = 1_000_000.0
 
@@ -369,6 +370,16 @@ def test_cancel_while_running_sends_sigterm_and_gives_the_grace():
     assert actions == []
     s, actions = ended(s, 45.0, code=0)
     assert only(actions, FinishAttempt).state is JobState.CANCELLED
+
+
+def test_a_cancelled_attempt_says_who_cancelled_and_gets_no_root_cause():
+    """Workers killed by the cancel's SIGTERM exit non-zero (torchrun: SignalException, signal 15);
+    that is the user's decision, not a failure: no log is read for a root cause."""
+    s, _ = st.step(running(), CancelRequested("alice"), 10.0)
+    s, actions = ended(s, 12.0, code=1)
+    finish = only(actions, FinishAttempt)
+    assert not [a for a in actions if isinstance(a, Diagnose)]
+    assert (finish.state, finish.reason, finish.root_cause) == (JobState.CANCELLED, "cancelled by alice", None)
 
 
 def test_cancel_while_stopping_wins_without_a_second_sigterm():
