@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
-from spx.daemon.run import attempt_files, cgroups, launcher, proctree, step
+from spx.daemon.run import attempt_files, cgroups, launcher, proctree, step_types
 from spx.daemon.run.attempt_files import AttemptFiles
 from spx.daemon.run.oom import oom_killed
 from spx.daemon.run.rootcause import TAIL_BYTES, root_cause_of
@@ -84,7 +84,7 @@ class Executor:
         self.clock = clock
         self._wake = wake
         self._pool = ThreadPoolExecutor(max_workers=SLOW_WORKERS, thread_name_prefix="spx-slow")
-        self._done: queue.SimpleQueue[tuple[int, Callable[[], step.Observation]]] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[tuple[int, Callable[[], step_types.Observation]]] = queue.SimpleQueue()
         self.handles: dict[int, Handles] = {}
         self.last_restart: tuple[str, float, str] | None = None  # (job, wall time, reason) for STATUS
         self.store_error: str | None = None  # the store's last refusal of a write
@@ -96,8 +96,8 @@ class Executor:
 
     # --- slow work ---------------------------------------------------------------------------------
 
-    def _off_loop(self, job_id: int, work: Callable[[], Callable[[], step.Observation]],
-                  failed: Callable[[BaseException], step.Observation]) -> None:
+    def _off_loop(self, job_id: int, work: Callable[[], Callable[[], step_types.Observation]],
+                  failed: Callable[[BaseException], step_types.Observation]) -> None:
         """Run `work` on the pool. It returns a completion that runs back on the loop's thread (so
         it may touch `handles`) and gives the observation; an exception gives `failed(e)`."""
         def run() -> None:
@@ -110,9 +110,9 @@ class Executor:
             self._wake()
         self._pool.submit(run)
 
-    def results(self) -> list[tuple[int, step.Observation]]:
+    def results(self) -> list[tuple[int, step_types.Observation]]:
         """Observations from finished slow work (on the loop's thread)."""
-        out: list[tuple[int, step.Observation]] = []
+        out: list[tuple[int, step_types.Observation]] = []
         while True:
             try:
                 job_id, done = self._done.get_nowait()
@@ -125,27 +125,27 @@ class Executor:
 
     # --- observing -----------------------------------------------------------------------------------
 
-    def observe(self, job: JobRow, s: step.JobStep) -> list[step.Observation]:
+    def observe(self, job: JobRow, s: step_types.JobStep) -> list[step_types.Observation]:
         """What changed for this job since the last turn, ending with a Tick."""
         h = self.handles.get(job.id)
-        obs: list[step.Observation] = []
+        obs: list[step_types.Observation] = []
         if h is not None:
             self._flush_deferred(h)
-            if s.phase is step.Phase.STAGING and h.staging is not None:
+            if s.phase is step_types.Phase.STAGING and h.staging is not None:
                 obs += self._observe_staging(job, h)
             if s.phase.has_processes and h.number == s.number:
                 obs += self._observe_attempt(s, h)
             if h.relay is not None and h.relay.poll() is not None:
                 h.relay = None
-        obs.append(step.Tick())
+        obs.append(step_types.Tick())
         return obs
 
-    def _observe_attempt(self, s: step.JobStep, h: Handles) -> list[step.Observation]:
-        obs: list[step.Observation] = []
+    def _observe_attempt(self, s: step_types.JobStep, h: Handles) -> list[step_types.Observation]:
+        obs: list[step_types.Observation] = []
         if h.files is not None:
             beat = attempt_files.read_heartbeat(h.files.heartbeat_file)
             if beat is not None:
-                obs.append(step.HeartbeatSeen(beat.step, beat.time, beat.status))
+                obs.append(step_types.HeartbeatSeen(beat.step, beat.time, beat.status))
         now = self.clock()
         if now - h.pids_checked >= PIDS_EVERY_SECONDS or h.exit_reported or h.proc is None:
             h.pids_checked = now
@@ -155,9 +155,9 @@ class Executor:
             code, sig, exited = self._launcher_status(h)
             if exited:
                 h.exit_reported = True
-                obs.append(step.LauncherExited(code, sig))
+                obs.append(step_types.LauncherExited(code, sig))
         if h.exit_reported and h.procs.gone(h.pids):
-            obs.append(step.AllGone())
+            obs.append(step_types.AllGone())
         return obs
 
     def _tag_index(self) -> dict[str, list[int]]:
@@ -181,7 +181,7 @@ class Executor:
             return None, None, False
         return (None, -rc, True) if rc < 0 else (rc, None, True)
 
-    def _observe_staging(self, job: JobRow, h: Handles) -> list[step.Observation]:
+    def _observe_staging(self, job: JobRow, h: Handles) -> list[step_types.Observation]:
         run = h.staging
         assert run is not None
         exited = run.poll()
@@ -197,9 +197,9 @@ class Executor:
         if run.proc.stdout is not None:
             run.proc.stdout.close()
         if run.succeeded:
-            return [step.StagingEnded(True, run.text())]
+            return [step_types.StagingEnded(True, run.text())]
         why = run.text() if run.text().startswith("staging failed") else f"staging failed: copier exited {run.proc.returncode}"
-        return [step.StagingEnded(False, why)]
+        return [step_types.StagingEnded(False, why)]
 
     def _flush_deferred(self, h: Handles) -> bool:
         """Writes the store refused earlier, in order; False while it still refuses them."""
@@ -214,29 +214,29 @@ class Executor:
 
     # --- performing ----------------------------------------------------------------------------------
 
-    def perform(self, job: JobRow, s: step.JobStep, action: step.Action) -> list[step.Observation]:
+    def perform(self, job: JobRow, s: step_types.JobStep, action: step_types.Action) -> list[step_types.Observation]:
         """Do one action; never raises (errors come back as ActionFailed)."""
         try:
             return _PERFORM[type(action)](self, job, s, action)
         except StoreUnavailable as e:
             self.store_error = str(e)
-            return [step.ActionFailed(action, str(e), retry=True)]
+            return [step_types.ActionFailed(action, str(e), retry=True)]
         except Exception as e:  # noqa: BLE001 — contained: the step function decides what it means
-            return [step.ActionFailed(action, f"{type(e).__name__}: {e}")]
+            return [step_types.ActionFailed(action, f"{type(e).__name__}: {e}")]
 
-    def _mark_starting(self, job: JobRow, s: step.JobStep, a: step.MarkStarting) -> list[step.Observation]:
+    def _mark_starting(self, job: JobRow, s: step_types.JobStep, a: step_types.MarkStarting) -> list[step_types.Observation]:
         self.store.transition(job.id, JobState.STARTING, a.reason, self.wall(), gpus=list(a.gpus))
         return []
 
-    def _start_staging(self, job: JobRow, s: step.JobStep, a: step.StartStaging) -> list[step.Observation]:
+    def _start_staging(self, job: JobRow, s: step_types.JobStep, a: step_types.StartStaging) -> list[step_types.Observation]:
         stage = job.spec.data.stage
         assert stage is not None
         h = self.handles[job.id] = Handles(number=s.number, staging_text=job.staging)
         h.staging = start_staging(job.id, stage.source, stage.to, job.owner_uid, attempt_files.staging_log(self.cfg, job))
-        self._log(job, s, step.Log("staging_started", "info", (("source", str(stage.source)), ("to", str(stage.to)))))
+        self._log(job, s, step_types.Log("staging_started", "info", (("source", str(stage.source)), ("to", str(stage.to)))))
         return []
 
-    def _stop_staging(self, job: JobRow, s: step.JobStep, a: step.StopStaging) -> list[step.Observation]:
+    def _stop_staging(self, job: JobRow, s: step_types.JobStep, a: step_types.StopStaging) -> list[step_types.Observation]:
         """Staging is resumable, so stopping it is just a kill; the next start continues it."""
         h = self.handles.get(job.id)
         run = h.staging if h is not None else None
@@ -253,25 +253,25 @@ class Executor:
             run.proc.stdout.close()
         return []
 
-    def _find_checkpoint(self, job: JobRow, s: step.JobStep, a: step.FindCheckpoint) -> list[step.Observation]:
+    def _find_checkpoint(self, job: JobRow, s: step_types.JobStep, a: step_types.FindCheckpoint) -> list[step_types.Observation]:
         cfg = self.cfg
 
-        def work() -> Callable[[], step.Observation]:
+        def work() -> Callable[[], step_types.Observation]:
             files = attempt_files.prepare(cfg, job, a.number)
             ref = attempt_files.latest_checkpoint(job, files, CHECKPOINT_TIMEOUT_SECONDS)
             return lambda: self._checkpoint_found(job, a.number, files, ref)
 
-        self._off_loop(job.id, work, lambda e: step.ActionFailed(a, str(e)))
+        self._off_loop(job.id, work, lambda e: step_types.ActionFailed(a, str(e)))
         return []
 
     def _checkpoint_found(self, job: JobRow, number: int, files: AttemptFiles,
-                          ref: CheckpointRef | None) -> step.Observation:
+                          ref: CheckpointRef | None) -> step_types.Observation:
         current = self.handles.get(job.id)
         if current is None or current.number != number or current.row_id is None:
             self.handles[job.id] = Handles(number=number, files=files)
-        return step.CheckpointFound(str(ref.path) if ref else None, ref.step if ref else None, number)
+        return step_types.CheckpointFound(str(ref.path) if ref else None, ref.step if ref else None, number)
 
-    def _spawn(self, job: JobRow, s: step.JobStep, a: step.Spawn) -> list[step.Observation]:
+    def _spawn(self, job: JobRow, s: step_types.JobStep, a: step_types.Spawn) -> list[step_types.Observation]:
         h = self.handles[job.id]
         files = h.files
         assert files is not None and h.number == a.number
@@ -322,12 +322,12 @@ class Executor:
         except StoreUnavailable as e:  # the attempt runs: the row catches up once the store takes writes
             self.store_error = str(e)
             h.deferred.append(running)
-            self._log(job, s, step.Log("store_write_deferred", "warning", (("error", str(e)),)))
-        self._log(job, s, step.Log("attempt_started", "info", (
+            self._log(job, s, step_types.Log("store_write_deferred", "warning", (("error", str(e)),)))
+        self._log(job, s, step_types.Log("attempt_started", "info", (
             ("pid", spawned.proc.pid), ("gpus", list(s.gpus)), ("port", port),
             ("cgroup", str(h.cgroup) if h.cgroup else None), ("resumed_from", a.resume_from),
             ("resumed_from_step", a.resume_step))), number=a.number)
-        return [step.Spawned(spawned.proc.pid, now)]
+        return [step_types.Spawned(spawned.proc.pid, now)]
 
     def _make_attempt_cgroup(self, job: JobRow, number: int, attempt_id: str) -> Path | None:
         """The attempt's own cgroup, where cgroups are managed. If it cannot be made, the attempt
@@ -342,37 +342,37 @@ class Executor:
             log.warning("attempt_cgroup_failed", job=job.name, attempt=number, cgroup=str(cgroup), error=str(e))
             return None
 
-    def _signal(self, job: JobRow, s: step.JobStep, a: step.SignalTerm | step.SignalKill) -> list[step.Observation]:
+    def _signal(self, job: JobRow, s: step_types.JobStep, a: step_types.SignalTerm | step_types.SignalKill) -> list[step_types.Observation]:
         h = self.handles.get(job.id)
         if h is not None and h.attempt_id is not None:
-            h.procs.signal(signal.SIGTERM if isinstance(a, step.SignalTerm) else signal.SIGKILL)
+            h.procs.signal(signal.SIGTERM if isinstance(a, step_types.SignalTerm) else signal.SIGKILL)
         return []
 
-    def _dump_stacks(self, job: JobRow, s: step.JobStep, a: step.DumpStacks) -> list[step.Observation]:
+    def _dump_stacks(self, job: JobRow, s: step_types.JobStep, a: step_types.DumpStacks) -> list[step_types.Observation]:
         h = self.handles[job.id]
         files, procs = h.files, h.procs
         assert files is not None
 
-        def work() -> Callable[[], step.Observation]:
+        def work() -> Callable[[], step_types.Observation]:
             dump_stacks(files, procs.pids())
-            return lambda: step.StacksDumped(a.number)
+            return lambda: step_types.StacksDumped(a.number)
 
-        self._off_loop(job.id, work, lambda e: step.ActionFailed(a, str(e)))
+        self._off_loop(job.id, work, lambda e: step_types.ActionFailed(a, str(e)))
         return []
 
-    def _diagnose(self, job: JobRow, s: step.JobStep, a: step.Diagnose) -> list[step.Observation]:
+    def _diagnose(self, job: JobRow, s: step_types.JobStep, a: step_types.Diagnose) -> list[step_types.Observation]:
         h = self.handles[job.id]
         files, seen = h.files, set(h.seen_pids)
 
-        def work() -> Callable[[], step.Observation]:
+        def work() -> Callable[[], step_types.Observation]:
             root = root_cause_of(attempt_files.read_log_tail(files, TAIL_BYTES)) if a.root_cause and files else None
             oom = oom_killed(seen) if a.oom else False
-            return lambda: step.Diagnosed(a.number, root, oom)
+            return lambda: step_types.Diagnosed(a.number, root, oom)
 
-        self._off_loop(job.id, work, lambda e: step.ActionFailed(a, str(e)))
+        self._off_loop(job.id, work, lambda e: step_types.ActionFailed(a, str(e)))
         return []
 
-    def _remove_cgroup(self, job: JobRow, s: step.JobStep, a: step.RemoveCgroup) -> list[step.Observation]:
+    def _remove_cgroup(self, job: JobRow, s: step_types.JobStep, a: step_types.RemoveCgroup) -> list[step_types.Observation]:
         h = self.handles.get(job.id)
         if h is not None and h.cgroup is not None:
             if not cgroups.remove(h.cgroup):  # the sweep retries it
@@ -380,13 +380,13 @@ class Executor:
             h.cgroup = None
         return []
 
-    def _note(self, job: JobRow, s: step.JobStep, a: step.Note) -> list[step.Observation]:
+    def _note(self, job: JobRow, s: step_types.JobStep, a: step_types.Note) -> list[step_types.Observation]:
         h = self.handles.get(job.id)
         if h is not None and h.files is not None:
             attempt_files.note(h.files, a.text)
         return []
 
-    def _log(self, job: JobRow, s: step.JobStep, a: step.Log, number: int | None = None) -> list[step.Observation]:
+    def _log(self, job: JobRow, s: step_types.JobStep, a: step_types.Log, number: int | None = None) -> list[step_types.Observation]:
         fields = dict(a.fields)
         if a.event in _WITH_PROCESSES:  # the step knows no pids or cgroups: the executor adds them
             h = self.handles.get(job.id)
@@ -395,7 +395,7 @@ class Executor:
         getattr(log, a.level)(a.event, job=job.name, attempt=number or s.number or None, **fields)
         return []
 
-    def _finish(self, job: JobRow, s: step.JobStep, a: step.FinishAttempt) -> list[step.Observation]:
+    def _finish(self, job: JobRow, s: step_types.JobStep, a: step_types.FinishAttempt) -> list[step_types.Observation]:
         now = self.wall()
         h = self.handles.get(job.id)
         if h is not None and not self._flush_deferred(h):
@@ -416,7 +416,7 @@ class Executor:
             h.row_id, h.proc, h.pids = None, None, []  # the attempt is over; its relay is polled until it exits
         return []
 
-    def _record_stop(self, job: JobRow, s: step.JobStep, a: step.RecordStop) -> list[step.Observation]:
+    def _record_stop(self, job: JobRow, s: step_types.JobStep, a: step_types.RecordStop) -> list[step_types.Observation]:
         h = self.handles.get(job.id)
         if h is not None and h.row_id is not None and h.number == a.number:
             if not self._flush_deferred(h):
@@ -424,7 +424,7 @@ class Executor:
             self.store.attempt_stopping(h.row_id, a.cause)
         return []
 
-    def _record_exit(self, job: JobRow, s: step.JobStep, a: step.RecordExit) -> list[step.Observation]:
+    def _record_exit(self, job: JobRow, s: step_types.JobStep, a: step_types.RecordExit) -> list[step_types.Observation]:
         h = self.handles.get(job.id)
         if h is not None and h.row_id is not None and h.number == a.number:
             if not self._flush_deferred(h):
@@ -432,7 +432,7 @@ class Executor:
             self.store.attempt_exited(h.row_id, a.code, a.signal, a.stop_cause, self.wall())
         return []
 
-    def _save_backoff(self, job: JobRow, s: step.JobStep, a: step.SaveBackoff) -> list[step.Observation]:
+    def _save_backoff(self, job: JobRow, s: step_types.JobStep, a: step_types.SaveBackoff) -> list[step_types.Observation]:
         self.store.update_job(job.id, self.wall(), backoff_remaining=a.remaining)
         return []
 
@@ -506,21 +506,21 @@ def dump_stacks(files: AttemptFiles, pids: list[int]) -> None:
         attempt_files.note(files, f"hang detected; stack of pid {pid}:\n{text}")
 
 
-_PERFORM: dict[type, Callable[[Executor, JobRow, step.JobStep, object], list[step.Observation]]] = {
-    step.MarkStarting: Executor._mark_starting,
-    step.StartStaging: Executor._start_staging,
-    step.StopStaging: Executor._stop_staging,
-    step.FindCheckpoint: Executor._find_checkpoint,
-    step.Spawn: Executor._spawn,
-    step.SignalTerm: Executor._signal,
-    step.SignalKill: Executor._signal,
-    step.DumpStacks: Executor._dump_stacks,
-    step.Diagnose: Executor._diagnose,
-    step.RemoveCgroup: Executor._remove_cgroup,
-    step.Note: Executor._note,
-    step.Log: Executor._log,
-    step.RecordStop: Executor._record_stop,
-    step.RecordExit: Executor._record_exit,
-    step.FinishAttempt: Executor._finish,
-    step.SaveBackoff: Executor._save_backoff,
+_PERFORM: dict[type, Callable[[Executor, JobRow, step_types.JobStep, object], list[step_types.Observation]]] = {
+    step_types.MarkStarting: Executor._mark_starting,
+    step_types.StartStaging: Executor._start_staging,
+    step_types.StopStaging: Executor._stop_staging,
+    step_types.FindCheckpoint: Executor._find_checkpoint,
+    step_types.Spawn: Executor._spawn,
+    step_types.SignalTerm: Executor._signal,
+    step_types.SignalKill: Executor._signal,
+    step_types.DumpStacks: Executor._dump_stacks,
+    step_types.Diagnose: Executor._diagnose,
+    step_types.RemoveCgroup: Executor._remove_cgroup,
+    step_types.Note: Executor._note,
+    step_types.Log: Executor._log,
+    step_types.RecordStop: Executor._record_stop,
+    step_types.RecordExit: Executor._record_exit,
+    step_types.FinishAttempt: Executor._finish,
+    step_types.SaveBackoff: Executor._save_backoff,
 }

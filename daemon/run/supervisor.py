@@ -18,7 +18,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
-from spx.daemon.run import attempt_files, cgroups, launcher, step
+from spx.daemon.run import attempt_files, cgroups, launcher, step, step_types
 from spx.daemon.run.executor import Executor
 from spx.daemon.run.scheduler import Start, Waiting
 from spx.daemon.service.config import DaemonConfig
@@ -32,8 +32,8 @@ log = get_logger()
 MAX_CHAIN = 64
 
 
-def limits_of(job: JobRow, cfg: DaemonConfig) -> step.Limits:
-    return step.Limits(grace_seconds=job.spec.stop.grace_seconds,
+def limits_of(job: JobRow, cfg: DaemonConfig) -> step_types.Limits:
+    return step_types.Limits(grace_seconds=job.spec.stop.grace_seconds,
                        hang_timeout_seconds=job.spec.restart.hang_timeout_seconds,
                        healthy_seconds=cfg.healthy_seconds, restart=job.spec.restart,
                        stages=job.spec.data.stage is not None)
@@ -47,7 +47,7 @@ class Supervisor:
         self.cgroups = cgroup_tree  # None: attempts are found by tag and process group only
         self.clock = clock
         self.executor = Executor(cfg, store, cgroup_tree, wake=wake, clock=clock)
-        self.steps: dict[int, step.JobStep] = {}
+        self.steps: dict[int, step_types.JobStep] = {}
         self.jobs: dict[int, JobRow] = {}  # the row each tracked job was loaded from (its spec, owner)
 
     # --- tracking --------------------------------------------------------------------------------------
@@ -112,9 +112,9 @@ class Supervisor:
                                              backoff_level=job.backoff_level,
                                              no_progress_streak=job.no_progress_streak,
                                              staged=staging_done(job.staging), now=now)
-        self.feed(s.job_id, step.Go(s.gpus))
+        self.feed(s.job_id, step_types.Go(s.gpus))
 
-    def feed(self, job_id: int, obs: step.Observation) -> None:
+    def feed(self, job_id: int, obs: step_types.Observation) -> None:
         job = self.jobs.get(job_id)
         if job is not None:
             self._guarded(job, lambda: self._run(job_id, deque([obs]), []))
@@ -134,19 +134,19 @@ class Supervisor:
     def _turn(self, job: JobRow) -> None:
         self._run(job.id, deque(self.executor.observe(job, self.steps[job.id])), [])
 
-    def _run(self, job_id: int, pending: deque[step.Observation], actions: list[step.Action]) -> None:
+    def _run(self, job_id: int, pending: deque[step_types.Observation], actions: list[step_types.Action]) -> None:
         """Step through `pending` observations, performing each step's actions (whose immediate
         results join the queue), until none is left."""
         job = self.jobs[job_id]
         for _ in range(MAX_CHAIN):
             refused = False
             for a in actions:
-                if refused and isinstance(a, step.STORE_ACTIONS):
+                if refused and isinstance(a, step_types.STORE_ACTIONS):
                     # The store just refused a write: later ones wait behind it, in order.
-                    pending.append(step.ActionFailed(a, "waiting for an earlier write", retry=True))
+                    pending.append(step_types.ActionFailed(a, "waiting for an earlier write", retry=True))
                     continue
                 results = self.executor.perform(job, self.steps[job_id], a)
-                refused = refused or any(isinstance(r, step.ActionFailed) and r.retry for r in results)
+                refused = refused or any(isinstance(r, step_types.ActionFailed) and r.retry for r in results)
                 pending.extend(results)
             if not pending:
                 break
@@ -154,7 +154,7 @@ class Supervisor:
         else:
             raise RuntimeError(f"step function did not settle in {MAX_CHAIN} observations")
         s = self.steps[job_id]
-        if s.phase is step.Phase.DONE and not s.retry:
+        if s.phase is step_types.Phase.DONE and not s.retry:
             self._forget(job_id)
 
     def _forget(self, job_id: int) -> None:
@@ -175,7 +175,7 @@ class Supervisor:
             error = f"{type(e).__name__}: {e}"
             log.error("job_fault_contained", job=job.name, attempt=s.number if s else None, error=error,
                       traceback=traceback.format_exc(limit=8))
-            if s is None or s.phase is step.Phase.DONE:
+            if s is None or s.phase is step_types.Phase.DONE:
                 self._forget(job.id)
                 return
             try:
@@ -195,7 +195,7 @@ class Supervisor:
             log.info("cancelled", job=job.name, attempt=None, by=by)
             return f"cancelled {job.name}"
         had_processes = s.phase.has_processes
-        self.feed(job.id, step.CancelRequested(by))
+        self.feed(job.id, step_types.CancelRequested(by))
         if had_processes:
             return f"cancelling {job.name}: SIGTERM sent, {s.limits.grace_seconds:.0f} s grace to checkpoint"
         return f"cancelled {job.name}"
@@ -203,7 +203,7 @@ class Supervisor:
     def stop_all(self) -> float:
         """Daemon shutdown: every attempt gets SIGTERM and its grace. Returns the longest grace."""
         for job_id in list(self.steps):
-            self.feed(job_id, step.DaemonStopping())
+            self.feed(job_id, step_types.DaemonStopping())
         return max((s.limits.grace_seconds for s in self.steps.values() if s.phase.has_processes), default=0.0)
 
     def close(self, wait: bool = False) -> None:
@@ -214,7 +214,7 @@ class Supervisor:
     @property
     def busy(self) -> int:
         """Jobs whose attempt still has processes (or is being recorded): what a shutdown waits for."""
-        return sum(1 for s in self.steps.values() if s.phase.has_processes or s.phase is step.Phase.DIAGNOSING)
+        return sum(1 for s in self.steps.values() if s.phase.has_processes or s.phase is step_types.Phase.DIAGNOSING)
 
     def waiting(self) -> list[Waiting]:
         return [Waiting(s.job_id, s.gpus) for s in self.steps.values() if s.ready]
