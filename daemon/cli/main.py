@@ -45,6 +45,8 @@ def ask(cfg: DaemonConfig, op: str, name: str | None = None) -> object:
 def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
     if op == "cancel" or not os.access(cfg.store_path, os.R_OK):
         raise CliError(not_running_message(cfg))
+    if op == "gpus":
+        return []  # the GPUs a daemon uses: none while it is not running
     from spx.daemon.state import jobviews  # only on this fallback path: keeps `spx` quick to start
     from spx.daemon.state.store import Store
 
@@ -249,7 +251,7 @@ def cmd_doctor(cfg: DaemonConfig, args: argparse.Namespace) -> int:
 def cmd_top(cfg: DaemonConfig, args: argparse.Namespace, only: str | None = None) -> int:
     from spx.daemon.cli.top_command import run_top_cli
 
-    return run_top_cli(cfg, lambda: ask(cfg, "ls"), only=only, once=getattr(args, "once", False))
+    return run_top_cli(lambda: ask(cfg, "ls"), lambda: ask(cfg, "gpus"), only=only, once=getattr(args, "once", False))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,8 +5,8 @@
 
 `render()` is pure (jobs, GPU rows, time, width → text) so the layout is unit-tested; `run_top()`
 owns the terminal: home the cursor, overwrite each line, clear what is left, hide the cursor while
-it runs and give it back on Ctrl-C. `gpu_rows()` reads fresh NVML values through the GPU backend;
-a value NVML will not give is a blank cell, never a stale one.
+it runs and give it back on Ctrl-C. The GPU rows come from the daemon (`service/gpu_rows.py`): the
+GPUs it uses, with its allocation.
 """
 
 from __future__ import annotations
@@ -15,60 +15,14 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
+from spx.daemon.service.gpu_rows import ACTIVE_STATES, GpuRow
 from spx.daemon.state.views import JobView
 
 GIB = 1 << 30
-ACTIVE_STATES = ("starting", "running", "restarting")
 HOME, CLEAR_EOL, CLEAR_BELOW, CLEAR_ALL = "\x1b[H", "\x1b[K", "\x1b[J", "\x1b[2J"
 HIDE_CURSOR, SHOW_CURSOR = "\x1b[?25l", "\x1b[?25h"
-
-
-@dataclass(frozen=True)
-class GpuRow:
-    """One GPU as `spx top` shows it. None = NVML would not say (the cell is left blank)."""
-
-    index: int
-    name: str
-    utilization: int | None  # percent
-    memory_used: int | None  # bytes
-    memory_total: int | None  # bytes
-    power_watts: float | None
-    job: str | None
-
-
-def gpu_rows(backend: Any, jobs: Sequence[JobView]) -> list[GpuRow]:
-    """Fresh utilization, memory and power of every GPU, with the live job each is allocated to."""
-    if backend is None or backend.nvml is None:
-        return []
-    nvml = backend.nvml
-    owner = {i: j.name for j in jobs if j.state in ACTIVE_STATES for i in j.gpus}
-    rows = []
-    for d in backend.devices():
-        util = used = total = None
-        power = None
-        try:
-            h = nvml.nvmlDeviceGetHandleByIndex(d.index)
-        except nvml.NVMLError:
-            rows.append(GpuRow(d.index, d.name, None, None, None, None, owner.get(d.index)))
-            continue
-        try:
-            util = int(nvml.nvmlDeviceGetUtilizationRates(h).gpu)
-        except nvml.NVMLError:
-            pass
-        try:
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            used, total = int(mem.used), int(mem.total)
-        except nvml.NVMLError:
-            pass
-        try:
-            power = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
-        except nvml.NVMLError:
-            pass
-        rows.append(GpuRow(d.index, d.name, util, used, total, power, owner.get(d.index)))
-    return rows
 
 
 # --- formatting -----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`spx top` / `spx status NAME --watch` glue: jobs from the daemon, GPUs from NVML, drawn by top.py."""
+"""`spx top` / `spx status NAME --watch` glue: jobs and the GPUs the daemon uses, both asked of the
+daemon (control ops "ls" and "gpus"), drawn by top.py."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from spx.daemon.cli.top import GpuRow, gpu_rows, run_top
-from spx.daemon.doctor.command import open_backend_for_doctor
+from spx.daemon.cli.top import run_top
+from spx.daemon.service.gpu_rows import GpuRow
 from spx.daemon.state.views import JobView
 
 _FIELDS = {f.name for f in dataclasses.fields(JobView)} - {"history"}
@@ -19,14 +20,14 @@ def job_from_json(doc: dict[str, Any]) -> JobView:
 
 
 def run_top_cli(
-    cfg: Any,
     fetch_jobs: Callable[[], object],
+    fetch_gpus: Callable[[], object],
     only: str | None = None,
     once: bool = False,
     interval: float = 1.0,
 ) -> int:
-    """Live view of all jobs, or of job `only` and its GPUs. `fetch_jobs` returns `ls --json` dicts."""
-    backend = open_backend_for_doctor(cfg.gpu_backend, cfg.fake_gpus)
+    """Live view of all jobs, or of job `only` and its GPUs. `fetch_jobs` returns `ls --json` dicts,
+    `fetch_gpus` the daemon's GPU rows (`GpuRow.to_json()` dicts)."""
 
     def fetch() -> tuple[list[JobView], list[GpuRow]]:
         docs = fetch_jobs()
@@ -36,12 +37,11 @@ def run_top_cli(
             jobs = [j for j in jobs if j.name == only]
             if not jobs:
                 raise LookupError(f"no job named {only!r}")
-        rows = gpu_rows(backend, jobs)
+        gpus = fetch_gpus()
+        assert isinstance(gpus, list)
+        rows = [GpuRow.from_json(g) for g in gpus]
         if only is not None:
             rows = [r for r in rows if r.index in jobs[0].gpus]
         return jobs, rows
 
-    try:
-        return run_top(fetch, interval, once=once)
-    finally:
-        backend.close()
+    return run_top(fetch, interval, once=once)

@@ -70,7 +70,7 @@ def is_admin(uid: int, admin_group: str | None) -> bool:
 
 class ControlServer:
     """Serves requests until `stop()`, which also ends and joins every connection's thread.
-    `answer(op, name, uid)` returns the reply to a read request (ls, history, status)."""
+    `answer(op, name, uid)` returns the reply to a read request (ls, history, status, gpus)."""
 
     def __init__(
         self,
@@ -180,7 +180,7 @@ class ControlServer:
                 raise TypeError("name")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return {"ok": False, "error": "malformed request: expected {\"op\": ..., \"name\": ...}", "code": 2}
-        if op in ("ls", "history", "status"):
+        if op in ("ls", "history", "status", "gpus"):
             try:
                 return self._answer(op, name, uid)
             except Exception as e:

@@ -30,6 +30,7 @@ from spx.daemon.run import cgroups, proctree, scheduler
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.service.control import Command, ControlServer, is_admin
+from spx.daemon.service.gpu_rows import gpu_rows
 from spx.daemon.service.log import configure, get_logger
 from spx.daemon.service.sd_notify import Notifier
 from spx.daemon.service.status_line import format_status
@@ -220,6 +221,14 @@ class Daemon:
         """Read requests from the control socket (its own thread, its own store connection)."""
         admin = is_admin(uid, self.cfg.admin_group)
         pids = self.supervisor.live_pids()
+        if op == "gpus":
+            # The daemon's own backend and allocation (what `spx top` shows); the job on a GPU is
+            # named only to its owner and admins, as in `ls`.
+            live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
+            rows = gpu_rows(self.backend, live)
+            seen = {v.name for v in live if admin or v.owner_uid == uid}
+            return {"ok": True, "result": [
+                {**r.to_json(), "job": r.job if r.job is None or r.job in seen else "(another user's job)"} for r in rows]}
         if op in ("ls", "history"):
             views = jobviews.all_views(self.store, self.cfg.run_dir, lambda: pids, scope="all" if op == "history" else "recent")
             docs = [v.to_json() for v in views if admin or v.owner_uid == uid]

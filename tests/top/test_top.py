@@ -18,15 +18,14 @@ from spx.daemon.cli.top import (
     HIDE_CURSOR,
     HOME,
     SHOW_CURSOR,
-    GpuRow,
     age,
     gpu_list,
-    gpu_rows,
     render,
     run_top,
 )
 from spx.daemon.cli.top_command import job_from_json
 from spx.daemon.gpu.backend import open_backend
+from spx.daemon.service.gpu_rows import GpuRow, gpu_rows
 from spx.daemon.state.views import JobView
 
 NOW = 1_800_000_000.0
@@ -189,3 +188,20 @@ def test_ctrl_c_ends_the_live_view_and_restores_the_cursor() -> None:
             proc.wait()
         os.close(master)
     assert data.rstrip(b"\r\n").endswith(SHOW_CURSOR.encode())
+
+
+def test_spx_top_shows_the_gpus_the_daemon_uses_not_a_backend_of_its_own(tmp_path) -> None:
+    """The daemon runs on the fake 8×H100 fixture; `spx` itself has no GPU backend configured
+    (its default, auto, finds no NVML here) and still shows the daemon's eight GPUs."""
+    from harness import Daemon
+
+    from spx.daemon.service import control
+
+    d = Daemon(tmp_path / "root", gpu_backend="fake").start()
+    try:
+        rows = control.request(tmp_path / "root" / "run" / "spx.sock", "gpus")["result"]
+        frame = d.spx("top", "--once").stdout
+    finally:
+        d.stop()
+    assert [r["index"] for r in rows] == list(range(8)) and all(r["name"] == "NVIDIA H100 80GB HBM3" for r in rows)
+    assert "8 GPUs, 0 allocated" in frame.splitlines()[0] and "no GPUs" not in frame, frame

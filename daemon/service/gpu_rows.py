@@ -1,0 +1,69 @@
+"""The GPUs the daemon uses, as `spx top` shows them: answered by the daemon (control op "gpus")
+from its own backend and its allocation, so `spx top` shows what the daemon sees (the fake fixture
+under `--gpu-backend fake`, the GPUs a job holds) instead of opening a backend of its own.
+
+Values are read fresh from NVML on each call; a value NVML will not give is None (a blank cell),
+never a stale one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from spx.daemon.state.views import JobView
+
+ACTIVE_STATES = ("starting", "running", "restarting")
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One GPU as `spx top` shows it. None = NVML would not say (the cell is left blank)."""
+
+    index: int
+    name: str
+    utilization: int | None  # percent
+    memory_used: int | None  # bytes
+    memory_total: int | None  # bytes
+    power_watts: float | None
+    job: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> GpuRow:
+        return cls(**{k: doc.get(k) for k in cls.__dataclass_fields__})
+
+
+def gpu_rows(backend: Any, jobs: Sequence[JobView]) -> list[GpuRow]:
+    """Fresh utilization, memory and power of every GPU, with the live job each is allocated to."""
+    if backend is None or backend.nvml is None:
+        return []
+    nvml = backend.nvml
+    owner = {i: j.name for j in jobs if j.state in ACTIVE_STATES for i in j.gpus}
+    rows = []
+    for d in backend.devices():
+        util = used = total = None
+        power = None
+        try:
+            h = nvml.nvmlDeviceGetHandleByIndex(d.index)
+        except nvml.NVMLError:
+            rows.append(GpuRow(d.index, d.name, None, None, None, None, owner.get(d.index)))
+            continue
+        try:
+            util = int(nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+        except nvml.NVMLError:
+            pass
+        try:
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            used, total = int(mem.used), int(mem.total)
+        except nvml.NVMLError:
+            pass
+        try:
+            power = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+        except nvml.NVMLError:
+            pass
+        rows.append(GpuRow(d.index, d.name, util, used, total, power, owner.get(d.index)))
+    return rows
