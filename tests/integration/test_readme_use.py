@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
+import shutil
+import signal
 import subprocess
+from pathlib import Path
 
-from harness import BIN, Daemon
+import pytest
+
+from harness import BIN, Daemon, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_fake_backend_says_once_that_its_faults_are_the_fixtures(tmp_path):
@@ -57,3 +67,90 @@ def test_logs_of_an_earlier_job_of_a_reused_name(tmp_path):
         assert unknown.returncode == 1 and "spx ls --all" in unknown.stderr
     finally:
         d.stop()
+
+
+def readme_use_commands() -> list[str]:
+    """The command lines of the README's "Use" block, as written (comments dropped)."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("\n## Use\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def as_argv(line: str) -> list[str]:
+    """`spx …`/`spx-trainer …` from this venv (a fresh checkout has them in .venv/bin)."""
+    argv = shlex.split(line)
+    return [str(BIN / argv[0]), *argv[1:]]
+
+
+@pytest.mark.slow
+def test_every_command_of_the_readme_use_section_works_from_a_checkout(tmp_path):
+    """A new user's first minutes, in a scratch copy of the checkout: start the daemon, submit the
+    example job (relative paths, as written), list it, see its crash and root cause, follow attempt
+    2's log while cancelling it, look at top and doctor. The one change to the README's lines: the
+    daemon's metrics listen on a free port (`--metrics-address 127.0.0.1:0`), so a test run never
+    collides with a daemon on 9101."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "examples", checkout / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    lines = readme_use_commands()
+    assert [line.split()[:4] for line in lines] == [
+        ["spx-trainer", "--root", "./spx-root", "--gpu-backend"], ["spx", "--root", "./spx-root", "submit"],
+        ["spx", "--root", "./spx-root", "ls"], ["spx", "--root", "./spx-root", "status"],
+        ["spx", "--root", "./spx-root", "logs"], ["spx", "--root", "./spx-root", "cancel"],
+        ["spx", "--root", "./spx-root", "top"], ["spx", "doctor"]], lines
+    start, submit, ls, status, logs, cancel, top, doctor = lines
+    env = {k: v for k, v in os.environ.items() if k != "SPX_ROOT"}
+
+    def run(line: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(as_argv(line), cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout)
+
+    def job() -> dict:
+        res = run(f"{status} --json")
+        return json.loads(res.stdout) if res.stdout.strip() else {}
+
+    daemon_log = (tmp_path / "daemon.log").open("w")
+    daemon = subprocess.Popen([*as_argv(start), "--metrics-address", "127.0.0.1:0"], cwd=checkout, env=env,
+                              stdout=daemon_log, stderr=subprocess.STDOUT)
+    follower = None
+    try:
+        wait_for(lambda: (checkout / "spx-root" / "run" / "spx.sock").exists(), 60, "the daemon's socket")
+        res = run(submit)
+        assert res.returncode == 0 and res.stdout.startswith("ddp-crash-resume: "), res.stderr + res.stdout
+        res = run(ls)
+        assert res.returncode == 0 and "ddp-crash-resume" in res.stdout, res.stderr
+
+        wait_for(lambda: (j := job()).get("attempts", 0) >= 2 and j["state"] == "running", 120, "attempt 2 running")
+        res = run(status)
+        assert res.returncode == 0, res.stderr
+        assert "InjectedCrash: injected crash at step 25" in res.stdout, res.stdout  # the root cause (item 2)
+        assert "resumed from step 20" in res.stdout, res.stdout
+
+        follower = subprocess.Popen(as_argv(logs), cwd=checkout, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: (job().get("last_checkpoint_step") or 0) >= 30, 120, "attempt 2's checkpoint at step 30")
+        res = run(cancel)
+        assert res.returncode == 0 and "SIGTERM" in res.stdout, res.stderr + res.stdout
+        out, err = follower.communicate(timeout=90)  # -f ends when the job does
+        assert follower.returncode == 0 and "[default0]" in out and "step" in out, err
+        follower = None
+
+        wait_for(lambda: job().get("state") == "cancelled", 60, "the job cancelled")
+        res = run(status)
+        attempt2 = next(line for line in res.stdout.splitlines() if "attempt 2:" in line)
+        assert re.search(r"cancelled by root at \d\d:\d\d:\d\d \(checkpoint at step \d+\)", attempt2), res.stdout
+        assert res.stdout.count("root cause:") == 1, res.stdout  # attempt 1's crash only, not the cancel
+
+        res = run(top)
+        assert res.returncode == 0 and "8 GPUs" in res.stdout.splitlines()[0], res.stderr + res.stdout
+        res = run(doctor, timeout=300)
+        assert res.returncode in (0, 1) and "host" in res.stdout and "Traceback" not in res.stderr, res.stderr
+    finally:
+        if follower is not None:
+            follower.kill()
+            follower.communicate()
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        daemon_log.close()
