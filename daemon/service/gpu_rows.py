@@ -34,7 +34,8 @@ class GpuRow:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> GpuRow:
-        return cls(**{k: doc.get(k) for k in cls.__dataclass_fields__})
+        return cls(int(doc["index"]), str(doc["name"]), doc.get("utilization"), doc.get("memory_used"),
+                   doc.get("memory_total"), doc.get("power_watts"), doc.get("job"))
 
 
 def gpu_rows(backend: Any, jobs: Sequence[JobView]) -> list[GpuRow]:
