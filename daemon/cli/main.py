@@ -1,6 +1,6 @@
 """spx: submit and inspect jobs.
 
-    spx submit job.yaml            spx ls [--json]          spx status NAME [--json] [--watch]
+    spx submit job.yaml [--fresh]  spx ls [--json]          spx status NAME [--json] [--watch]
     spx logs NAME [--attempt N] [--job-id ID] [-f]          spx cancel NAME
     spx doctor [--json]            spx top
 
@@ -18,9 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from spx.daemon.intake.spec import MAX_SPEC_BYTES, SpecError, parse_spec, submitted_text
+from spx.daemon.intake.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, submitted_text
 from spx.daemon.service import control
 from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
+from spx.daemon.userfs import as_user
+from spx.daemon.userfs.fsafe import UserPathError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -148,9 +150,12 @@ def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
         raise CliError(f"{source}: not UTF-8 text (byte {e.start}); a job file is YAML text", EXIT_USAGE) from e
     try:
         spec = parse_spec(text, source.parent)
-        text = submitted_text(text, source.parent, str(source))
+        text = submitted_text(text, source.parent, str(source), fresh=args.fresh)
+        if args.fresh:
+            spec = parse_spec(text)
     except SpecError as e:
         raise CliError(e.render(str(source)), EXIT_USAGE) from e
+    _say_what_resumes(cfg, spec)
     final = f"{spec.name}-{time.time_ns()}.yaml"
     tmp = cfg.spool_dir / f".{final}.tmp"
     try:
@@ -161,6 +166,35 @@ def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
     except OSError as e:
         raise CliError(f"cannot drop the job into {cfg.spool_dir}: {e.strerror}") from e
     return _await_intake(cfg, spec.name, final)
+
+
+def _say_what_resumes(cfg: DaemonConfig, spec: JobSpec) -> None:
+    """Whether the job starts from checkpoints already in its dir (a reused name finds the earlier
+    job's): said before it is queued, so resuming is never a surprise. Read as the submitting user
+    (the job's owner); a dir they cannot read says nothing here (intake judges it)."""
+    ckpt_dir = spec.checkpoint_dir(cfg.checkpoints_root)
+    try:  # as the daemon will find it, in a helper with a timeout (a hung mount costs 5 s, not forever)
+        found = as_user.find_latest(as_user.owner(os.getuid()), str(ckpt_dir), spec.checkpoints.pattern, 5.0)
+    except UserPathError:
+        return
+    mode = spec.checkpoints.resume
+    if found is None:
+        if mode == "require":
+            print(f"{spec.name}: checkpoints.resume is require, but {ckpt_dir} holds no complete checkpoint "
+                  "(yet): the job fails at its start unless one is there by then", file=sys.stderr)
+        return
+    step, path = found.get("step"), Path(str(found.get("path")))
+    upto = f"up to step {step}" if isinstance(step, int) else f"({path.name})"
+    try:
+        earlier = control.request(cfg.socket_path, "status", spec.name, timeout=5.0)
+    except OSError:
+        earlier = {}
+    who = f"an earlier job {spec.name}" if earlier.get("ok") else "an earlier job"
+    if mode == "never":
+        print(f"{ckpt_dir} holds checkpoints {upto} from {who}; this job starts fresh (checkpoints.resume: never): "
+              f"they are moved into {ckpt_dir}/.before-job-ID at its start")
+    else:
+        print(f"{ckpt_dir} holds checkpoints {upto} from {who}; this job resumes from them (--fresh to start over)")
 
 
 def _await_intake(cfg: DaemonConfig, name: str, spool_name: str, timeout: float = 5.0) -> int:
@@ -261,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("submit", help="drop a job file into the spool")
     s.add_argument("file")
+    s.add_argument("--fresh", action="store_true",
+                   help="do not resume from checkpoints already in the job's checkpoint dir (checkpoints.resume: never)")
     s = sub.add_parser("ls", help="live jobs, and each name's latest job if it ended in the last 24 h")
     s.add_argument("--json", action="store_true")
     s.add_argument("--all", action="store_true", help="every job ever submitted, however long ago it ended")

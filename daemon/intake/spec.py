@@ -58,6 +58,12 @@ class Checkpoints(_Strict):
         None, description="Glob for scripts with their own naming (`ckpt.pt`, `checkpoint-*/`); default: the step-*/ layout."
     )
 
+    resume: Literal["auto", "never", "require"] = Field(
+        "auto", description="auto: resume from the newest complete checkpoint in dir, whoever wrote it; never: "
+        "set aside (into dir/.before-job-ID) what was there before this job was submitted, then resume only from "
+        "its own; require: fail at start if dir holds no complete checkpoint."
+    )
+
     _abs = field_validator("dir")(lambda v: v if v is None else _absolute(v))
 
     @field_validator("pattern")
@@ -211,15 +217,20 @@ def resolve_relative(data: Any, base_dir: Path) -> Any:
     return out
 
 
-def submitted_text(text: str, base_dir: Path, source: str) -> str:
+def submitted_text(text: str, base_dir: Path, source: str, fresh: bool = False) -> str:
     """What `spx submit` drops into the spool for a job file that `parse_spec(text, base_dir)`
-    accepted: the text itself, or, when a path was relative, the document with those paths made
-    absolute (comments are not kept; a first line says where the file came from)."""
+    accepted: the text itself, or, when a path was relative or `fresh` (`--fresh`: `checkpoints.resume:
+    never`) is asked, the document so changed (comments are not kept; a first line says where the
+    file came from)."""
     _root, data = read_yaml(text)
     resolved = resolve_relative(data, base_dir)
+    if fresh and isinstance(resolved, dict):
+        checkpoints = resolved.get("checkpoints")
+        resolved["checkpoints"] = {**(checkpoints if isinstance(checkpoints, dict) else {}), "resume": "never"}
     if resolved == data:
         return text
-    header = f"# spx submit {source}: relative {'/'.join(SUBMIT_RELATIVE_FIELDS)} resolved against {base_dir}\n"
+    header = (f"# spx submit {source}{' --fresh' if fresh else ''}: relative {'/'.join(SUBMIT_RELATIVE_FIELDS)} "
+              f"resolved against {base_dir}\n")
     return header + yaml.safe_dump(resolved, sort_keys=False, default_flow_style=None, allow_unicode=True)
 
 

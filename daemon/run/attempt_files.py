@@ -248,10 +248,21 @@ def note(files: AttemptFiles, text: str) -> None:
 
 def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float) -> CheckpointRef | None:
     """The latest complete checkpoint, found by a process running as the job's owner (root never
-    walks the user's tree). UserPathError on timeout or failure. Slow: call it off the main loop."""
+    walks the user's tree), after `checkpoints.resume: never` set aside what predates the job;
+    `require` without one is an error (the job fails before an attempt). UserPathError on timeout or
+    failure. Slow: call it off the main loop."""
     user = as_user.owner(job.owner_uid)
+    resume = job.spec.checkpoints.resume
+    if resume == "never":  # what an earlier job left there is not this job's to resume
+        moved = as_user.set_aside(user, str(files.checkpoint_dir), job.submitted, f".before-job-{job.id}", timeout)
+        if moved:
+            log.info("checkpoints_set_aside", job=job.name, attempt=None, moved=moved,
+                     into=str(files.checkpoint_dir / f".before-job-{job.id}"))
     found = as_user.find_latest(user, str(files.checkpoint_dir), job.spec.checkpoints.pattern, timeout)
     if found is None:
+        if resume == "require":
+            raise UserPathError(errno.ENOENT, f"checkpoints.resume is require, but {files.checkpoint_dir} "
+                                              "holds no complete checkpoint")
         return None
     path, step = found.get("path"), found.get("step")
     if not isinstance(path, str) or not (step is None or (isinstance(step, int) and not isinstance(step, bool))):

@@ -127,6 +127,14 @@ def check_access(user: Owner, checks: list[tuple[str, str]],
     return [None if p is None else str(p) for p in result]
 
 
+def set_aside(user: Owner, ckpt_dir: str, before: float, into: str, timeout: float) -> list[str]:
+    """`user_actions._set_aside` run as `user`: the entries moved into `ckpt_dir/into`."""
+    result = run(user, "set_aside", {"dir": ckpt_dir, "before": before, "into": into}, timeout)
+    if not isinstance(result, list):
+        raise UserPathError(errno.EIO, f"setting aside earlier checkpoints as {user.name} gave an odd answer")
+    return [str(r) for r in result]
+
+
 def find_latest(user: Owner, ckpt_dir: str, pattern: str | None, timeout: float) -> dict[str, Any] | None:
     """`checkpoint_layout.find_latest` run as `user`: {"path", "step"} or None."""
     result = run(user, "find_latest", {"dir": ckpt_dir, "pattern": pattern}, timeout)

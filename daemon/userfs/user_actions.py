@@ -101,7 +101,27 @@ def _find_latest(args: dict[str, Any]) -> dict[str, Any] | None:
     return None if ref is None else {"path": str(ref.path), "step": ref.step}
 
 
-ACTIONS = {"mkdirs": _mkdirs, "access": _access, "find_latest": _find_latest}
+def _set_aside(args: dict[str, Any]) -> list[str]:
+    """`checkpoints.resume: never`: move what `dir` held before the job was submitted (mtime before
+    `before`, hidden entries left alone) into `dir/<into>/`, so neither the daemon's discovery nor
+    the trainer's own scan resumes from it. Moved, not deleted: it is the user's data. Returns the
+    names moved (none on a second call: the job's own checkpoints are newer)."""
+    base = Path(args["dir"])
+    try:
+        entries = [e for e in os.scandir(base) if not e.name.startswith(".")]
+    except FileNotFoundError:
+        return []
+    old = [e.name for e in entries if e.stat(follow_symlinks=False).st_mtime < float(args["before"])]
+    if not old:
+        return []
+    into = base / str(args["into"])
+    into.mkdir(mode=0o700, exist_ok=True)
+    for name in old:
+        os.rename(base / name, into / name)
+    return old
+
+
+ACTIONS = {"mkdirs": _mkdirs, "access": _access, "find_latest": _find_latest, "set_aside": _set_aside}
 
 
 def main() -> int:

@@ -215,3 +215,52 @@ def test_a_script_missing_from_the_workdir_is_rejected_at_submit(daemon, tmp_pat
     ds.write_text(f"name: ds\nlauncher: deepspeed\nworkdir: {tmp_path}\nscript: t.py\ndeepspeed_config: ds.json\n")
     res = daemon.spx("submit", str(ds), check=False)
     assert res.returncode == 1 and f"deepspeed_config: {tmp_path}/ds.json does not exist" in res.stderr, res.stderr
+
+
+RESUMER = """\
+import os
+import zipfile
+print("resume=" + os.environ["SPX_RESUME_FROM"], flush=True)
+with zipfile.ZipFile(os.path.join(os.environ["SPX_CHECKPOINT_DIR"], "ckpt-60.pt"), "w") as z:  # as torch.save
+    z.writestr("weights", "1")
+"""
+
+
+def test_a_reused_name_says_it_resumes_and_fresh_sets_the_earlier_checkpoints_aside(daemon, tmp_path):
+    (tmp_path / "resumer.py").write_text(RESUMER)
+    job = tmp_path / "reuse.yaml"
+    job.write_text(f"name: reuse\nlauncher: python\nworkdir: {tmp_path}\nscript: resumer.py\n"
+                   "checkpoints: {pattern: 'ckpt-*.pt'}\n")
+    ckpt = daemon.root / "checkpoints" / "reuse"
+
+    def run(*flags: str) -> str:
+        out = daemon.spx("submit", *flags, str(job)).stdout
+        daemon.wait_state("reuse", "succeeded", 60)
+        return out
+
+    def attempt_log() -> str:
+        return (daemon.root / "log" / "reuse" / "attempt-1.log").read_text()
+
+    assert "holds checkpoints" not in run()
+    assert "resume=\n" in attempt_log()
+    out = run()
+    assert (f"{ckpt} holds checkpoints up to step 60 from an earlier job reuse; this job resumes from them "
+            "(--fresh to start over)") in out, out
+    assert f"resume={ckpt}/ckpt-60.pt" in attempt_log()
+    out = run("--fresh")
+    assert "this job starts fresh (checkpoints.resume: never)" in out, out
+    assert "resume=\n" in attempt_log()
+    fresh_id = daemon.job("reuse")["job_id"]
+    assert (ckpt / f".before-job-{fresh_id}" / "ckpt-60.pt").is_file()
+    assert (ckpt / "ckpt-60.pt").exists()  # the fresh job's own checkpoint
+
+
+def test_resume_require_without_a_checkpoint_fails_before_an_attempt(daemon, tmp_path):
+    (tmp_path / "resumer.py").write_text(RESUMER)
+    job = tmp_path / "req.yaml"
+    job.write_text(f"name: req\nlauncher: python\nworkdir: {tmp_path}\nscript: resumer.py\n"
+                   "checkpoints: {pattern: 'ckpt-*.pt', resume: require}\n")
+    res = daemon.spx("submit", str(job))
+    assert "checkpoints.resume is require, but" in res.stderr
+    failed = daemon.wait_state("req", "failed", 60)
+    assert "checkpoints.resume is require, but" in failed["reason"] and failed["attempts"] == 0, failed

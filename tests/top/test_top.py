@@ -194,7 +194,6 @@ def test_spx_top_shows_the_gpus_the_daemon_uses_not_a_backend_of_its_own(tmp_pat
     """The daemon runs on the fake 8×H100 fixture; `spx` itself has no GPU backend configured
     (its default, auto, finds no NVML here) and still shows the daemon's eight GPUs."""
     from harness import Daemon
-
     from spx.daemon.service import control
 
     d = Daemon(tmp_path / "root", gpu_backend="fake").start()

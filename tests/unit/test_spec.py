@@ -212,3 +212,15 @@ def test_errors_of_a_submitted_file_keep_its_own_lines(tmp_path):
     with pytest.raises(SpecError) as e:
         parse_spec("name: rel\nworkdir: proj\nscript: t.py\ngpus: -1\n", tmp_path)
     assert [(line, field) for line, field, _ in e.value.problems] == [(4, "gpus")]
+
+
+def test_checkpoints_resume_is_auto_never_or_require_and_fresh_sets_never(tmp_path):
+    from spx.daemon.intake.spec import submitted_text
+
+    assert parse_spec(OK).checkpoints.resume == "auto"
+    assert parse_spec("name: ok\nscript: t.py\ncheckpoints: {resume: require}\n").checkpoints.resume == "require"
+    assert "checkpoints.resume: Input should be 'auto', 'never' or 'require'" in errors(
+        "name: ok\nscript: t.py\ncheckpoints: {resume: sometimes}\n")
+    fresh = submitted_text("name: ok\nscript: t.py\ncheckpoints: {keep: 2}\n", tmp_path, "ok.yaml", fresh=True)
+    spec = parse_spec(fresh)
+    assert (spec.checkpoints.resume, spec.checkpoints.keep) == ("never", 2) and "--fresh" in fresh.splitlines()[0]
