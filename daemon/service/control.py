@@ -14,6 +14,7 @@ request gets a JSON reply -- an error one when it is malformed, late, too large 
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spx.daemon.service.log import get_logger
+from spx.daemon.userfs import fsafe
 
 log = get_logger()
 MAX_REQUEST = 64 * 1024
@@ -36,6 +38,7 @@ MAX_PER_UID = 8
 REQUEST_SECONDS = 5.0  # to receive the whole request line
 REPLY_SECONDS = 5.0  # to hand the reply to a client that does not read it
 CANCEL_SECONDS = 30.0  # for the main loop to act on a cancel
+RUN_DIR_MODE = 0o755  # the socket and the per-job heartbeat dirs are reached through it
 
 
 @dataclass
@@ -83,12 +86,18 @@ class ControlServer:
         self._answer = answer
         self._commands = commands
         self._wake = wake
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(str(path))
-        # Anyone may connect; what they may see and do is decided per request from SO_PEERCRED.
-        os.chmod(path, 0o666)
+        # run_dir must be the daemon's alone (anything a user made there is moved aside): the unlink,
+        # bind and chmod below go by name in it, and no one else can put a link at that name.
+        run_fd = fsafe.open_root_dir(path.parent, RUN_DIR_MODE)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.name, dir_fd=run_fd)
+            self._sock.bind(str(path))
+            # Anyone may connect; what they may see and do is decided per request from SO_PEERCRED.
+            os.chmod(path.name, 0o666, dir_fd=run_fd)
+        finally:
+            os.close(run_fd)
         self._sock.listen(64)
         self._sock.settimeout(0.5)
         self._stopping = threading.Event()

@@ -187,3 +187,24 @@ def test_a_cancel_waiting_for_the_main_loop_is_answered_at_stop(tmp_path):
     srv.stop()
     client.join(timeout=5)
     assert replies and replies[0]["ok"] is False and "stopping" in replies[0]["error"]
+
+
+def test_a_run_dir_others_can_write_is_replaced_before_the_socket_is_bound(tmp_path):
+    """The socket's unlink, bind and chmod go by name in run_dir: a directory another uid could
+    write (here: mode 0777 with a link planted at the socket's name) is moved aside, never used."""
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    victim.chmod(0o600)
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    (run / "spx.sock").symlink_to(victim)
+    srv = ControlServer(run / "spx.sock", lambda *a: {"ok": True, "result": []}, queue.SimpleQueue(), queue.SimpleQueue())
+    srv.start()
+    try:
+        assert run.is_dir() and not run.is_symlink() and (run.stat().st_mode & 0o777) == 0o755
+        assert (run / "spx.sock").is_socket()
+        assert victim.read_text() == "root's file\n" and (victim.stat().st_mode & 0o777) == 0o600
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.untrusted-")]
+    finally:
+        srv.stop()

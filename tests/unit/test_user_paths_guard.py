@@ -31,7 +31,9 @@ ALLOWED: dict[str, str] = {
     "userfs/user_actions.py": "runs as the job's owner (identity.become before any path): the kernel checks the user",
     "staging/copier.py": "runs as the job's owner (--become before any path is touched)",
     "staging/copy_engine.py": "runs inside the copier, as the job's owner",
-    "contract/checkpoint_layout.py": "trainer side, as the user; the daemon runs it only in user_actions, as the owner",
+    "contract/checkpoint_layout.py": "its writers (publish, retention: rmtree in the user's tree) run only in workers, "
+                                     "as the user (never called by the daemon: tested below); the daemon runs its "
+                                     "readers only in user_actions, as the owner",
     "contract/worker_env.py": "trainer side: the worker writes its heartbeat as the user; the daemon reads via userfs",
     # root's own places, and every user place reached only by dir fd from a verified root-owned dir
     "run/attempt_files.py": "fsafe for every user path; its own renames/mkdir/unlink are by fd in root-owned dirs",
@@ -52,7 +54,8 @@ ALLOWED: dict[str, str] = {
     "state/integrity.py": "state_dir (root-only)",
     "service/config.py": "the config file the admin names",
     "service/main.py": "creates the configured top-level dirs (state, log, run, checkpoints root, spool) at start",
-    "service/control.py": "the control socket in run_dir (root-owned)",
+    "service/control.py": "the control socket: bound and chmod-ed in run_dir, verified the daemon's own and "
+                          "writable by no one else (fsafe.open_root_dir), unlink/chmod by that dir's fd",
     "doctor/hostprobe.py": "/proc, /sys and /etc, read on the admin's request",
     "doctor/report.py": "/proc/1/comm",
     "doctor/storage_checks.py": "a probe file in a directory the admin configured (checkpoints root, staging)",
@@ -64,6 +67,8 @@ ALLOWED: dict[str, str] = {
 # The trainer-side readers root must not run on a user's tree itself (userfs runs them as the owner).
 USER_TREE_READERS = {"find_latest", "latest_complete", "latest_by_pattern", "read_manifest", "complete_checkpoints"}
 USER_TREE_READER_MODULES = {"userfs/user_actions.py", "contract/checkpoint_layout.py"}
+# The writer side of the checkpoint layout deletes and renames in the user's tree: workers only.
+USER_TREE_WRITERS = {"publish", "apply_retention", "remove_stale_tmp", "fsync_tree", "build_manifest"}
 
 
 def _call_name(node: ast.Call) -> tuple[str | None, str | None]:
@@ -126,6 +131,20 @@ def test_root_never_walks_a_users_checkpoint_tree_itself():
         if hits:
             callers[rel] = hits
     assert not callers, f"checkpoint discovery must run as the owner (userfs.as_user.find_latest): {callers}"
+
+
+def test_root_never_writes_or_deletes_in_a_users_checkpoint_tree():
+    """checkpoint_layout's writers rmtree and rename by path: right for the trainer, which runs as
+    the user, and never to be run by the root daemon, not even as the owner."""
+    callers = {}
+    for rel, tree in _modules().items():
+        if rel == "contract/checkpoint_layout.py":
+            continue
+        hits = [f"{n}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Call)
+                for n in [_call_name(node)[0]] if n in USER_TREE_WRITERS]
+        if hits:
+            callers[rel] = hits
+    assert not callers, f"the daemon must not write checkpoints (that is the trainer's, as the user): {callers}"
 
 
 def test_the_daemon_reads_heartbeats_only_through_userfs():
