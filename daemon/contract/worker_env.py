@@ -65,13 +65,38 @@ def write_heartbeat(path: str | os.PathLike[str], beat: Heartbeat) -> None:
         raise
 
 
-def read_heartbeat(path: str | os.PathLike[str]) -> Heartbeat | None:
-    """The last heartbeat, or None if there is none yet or it does not parse (never raises)."""
+def parse_heartbeat(data: str | bytes) -> Heartbeat | None:
+    """A heartbeat from its file's content, or None if it is not one: not JSON, not an object, or
+    fields of types the daemon cannot compute with (a string step would break hang detection)."""
     try:
-        raw = json.loads(Path(path).read_text())
-        known = {k: raw[k] for k in Heartbeat.__dataclass_fields__ if k in raw}
-        return Heartbeat(**known)
-    except (OSError, ValueError, TypeError):
+        raw = json.loads(data)
+        if not isinstance(raw, dict):
+            return None
+        beat = Heartbeat(**{k: raw[k] for k in Heartbeat.__dataclass_fields__ if k in raw})
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return beat if _well_typed(beat) else None
+
+
+def _well_typed(beat: Heartbeat) -> bool:
+    def integer(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def finite(v: object) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+    return (integer(beat.step) and integer(beat.epoch) and finite(beat.samples_per_second) and finite(beat.time)
+            and isinstance(beat.status, str)
+            and (beat.last_checkpoint_step is None or integer(beat.last_checkpoint_step))
+            and (beat.last_checkpoint_time is None or finite(beat.last_checkpoint_time)))
+
+
+def read_heartbeat(path: str | os.PathLike[str]) -> Heartbeat | None:
+    """The last heartbeat, or None if there is none yet or it does not parse (never raises). The
+    worker's side; the root daemon reads through `spx.daemon.userfs.heartbeat` instead."""
+    try:
+        return parse_heartbeat(Path(path).read_text())
+    except OSError:
         return None
 
 

@@ -8,10 +8,9 @@ heartbeat", never an exception.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from spx.daemon.contract.worker_env import Heartbeat
+from spx.daemon.contract.worker_env import Heartbeat, parse_heartbeat
 from spx.daemon.userfs import fsafe
 
 MAX_HEARTBEAT_BYTES = 64 * 1024
@@ -21,23 +20,6 @@ def read_heartbeat(path: Path, base: Path | None = None) -> Heartbeat | None:
     """The heartbeat at `path`, walked from `base` (default: two levels up, `run/jobs`, the last
     directory only root writes); None if absent, unreadable, odd or not a heartbeat."""
     try:
-        raw = json.loads(fsafe.read_file(path, base or path.parent.parent, MAX_HEARTBEAT_BYTES))
-        if not isinstance(raw, dict):
-            return None
-        beat = Heartbeat(**{k: raw[k] for k in Heartbeat.__dataclass_fields__ if k in raw})
-    except (OSError, ValueError, TypeError, RecursionError):
+        return parse_heartbeat(fsafe.read_file(path, base or path.parent.parent, MAX_HEARTBEAT_BYTES))
+    except OSError:
         return None
-    if not _sane(beat):
-        return None
-    return beat
-
-
-def _sane(beat: Heartbeat) -> bool:
-    """Types the daemon computes with (a string step would break hang detection's arithmetic)."""
-    def num(v: object) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-    return (isinstance(beat.step, int) and not isinstance(beat.step, bool) and isinstance(beat.epoch, int)
-            and num(beat.samples_per_second) and num(beat.time) and isinstance(beat.status, str)
-            and (beat.last_checkpoint_step is None or (isinstance(beat.last_checkpoint_step, int)
-                                                       and not isinstance(beat.last_checkpoint_step, bool)))
-            and (beat.last_checkpoint_time is None or num(beat.last_checkpoint_time)))
