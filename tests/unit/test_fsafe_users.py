@@ -5,13 +5,12 @@ is contained (a reason, never a crash, never a file of root's touched)."""
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from hostile import probe
 from hostile.users import hostile_users, run_as
 
 from spx.daemon.intake.spec import parse_spec
@@ -32,12 +31,11 @@ def users():
 
 
 @pytest.fixture
-def world(tmp_path):
+def world():
     """A directory every test user can reach (tmp_path's parents are 0700)."""
-    base = Path(tempfile.mkdtemp(prefix="spx-fsafe-", dir="/var/tmp"))
-    base.chmod(0o755)
+    base = probe.world()
     yield base
-    shutil.rmtree(base, ignore_errors=True)
+    probe.remove_world(base)
 
 
 def job_row(owner, name="j", job_id=7, extra="") -> JobRow:
