@@ -5,7 +5,6 @@ the loop, the other job's end is recorded once space returns, and nothing runs t
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,20 +12,15 @@ from pathlib import Path
 import pytest
 from ledger import CountedJob, audit, state_of
 
-from harness import Daemon, job_pids, wait_for
+from harness import Daemon, job_pids, small_tmpfs, wait_for
 
 MIB = 1024 * 1024
 
 
 @pytest.fixture
 def small_fs(tmp_path) -> Iterator[Path]:
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with small_tmpfs(tmp_path / "fs", "24m") as mnt:
+        yield mnt
 
 
 def free_bytes(path: Path) -> int:

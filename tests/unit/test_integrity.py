@@ -7,10 +7,12 @@ import os
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from harness import small_tmpfs
 from spx.daemon.intake.spec import JobSpec
 from spx.daemon.state import integrity
 from spx.daemon.state.backup import Backups
@@ -182,14 +184,9 @@ def test_backups_run_at_start_and_then_every_period(state):
 
 
 @pytest.fixture
-def small_fs(tmp_path) -> Path:
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def small_fs(tmp_path) -> Iterator[Path]:
+    with small_tmpfs(tmp_path / "small", "1m") as mnt:
+        yield mnt
 
 
 def test_a_full_disk_is_store_unavailable_with_nothing_written(small_fs):

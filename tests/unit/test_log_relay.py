@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import wait_for
+from harness import small_tmpfs, wait_for
 from spx.daemon.run import launcher
 
 KIB = 1024
@@ -134,15 +134,8 @@ def test_a_writer_that_never_stops_is_never_blocked_and_the_disk_use_stays_cappe
 
 @pytest.fixture
 def small_fs(tmp_path) -> Iterator[Path]:
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "512k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_enospc_drops_and_counts_output_without_blocking_and_notes_it_when_space_returns(relay, small_fs):
