@@ -12,6 +12,7 @@ import json
 import sqlite3
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     no_progress_streak INTEGER NOT NULL DEFAULT 0,
     backoff_level INTEGER NOT NULL DEFAULT 0,
     staging TEXT,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    uid TEXT
 );
 -- Names are unique among live jobs only: a finished job's name may be reused.
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_live_name ON jobs(name)
@@ -85,6 +87,7 @@ _ADDED_COLUMNS = (
     ("attempts", "start_ticks", "INTEGER"),
     ("attempts", "stop_cause", "TEXT"),
     ("attempts", "exited", "REAL"),
+    ("jobs", "uid", "TEXT"),
 )
 
 
@@ -126,6 +129,9 @@ class JobRow:
     # Why this version refuses the spec stored when the job was accepted (its bounds tightened
     # since); None when it validates. Such a job's `spec` holds the stored values unvalidated.
     spec_problem: str | None = None
+    # The job's identity across hosts: 32 hex digits made when it was submitted, kept when another
+    # host adopts it from its checkpoint dir (`spx adopt`), so both name the same job alike.
+    uid: str = ""
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,7 @@ def _job(row: sqlite3.Row) -> JobRow:
         backoff_level=row["backoff_level"],
         staging=row["staging"],
         spec_problem=spec_problem,
+        uid=row["uid"] or "",
     )
 
 
@@ -216,6 +223,10 @@ class Store:
             have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})").fetchall()}
             if column not in have:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        # Jobs recorded before `uid` existed get one, so every job has an identity other hosts can
+        # tell apart (the host-loss record next to its checkpoints carries it; see intake/job_record.py).
+        self._db.execute("UPDATE jobs SET uid = lower(hex(randomblob(16))) WHERE uid IS NULL")
+        self._db.execute("CREATE INDEX IF NOT EXISTS jobs_uid ON jobs(uid)")
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -270,18 +281,23 @@ class Store:
 
     # --- writes -----------------------------------------------------------------------------------
 
-    def add_job(self, spec: JobSpec, owner_uid: int, owner: str, spec_file: str, now: float) -> int:
+    def add_job(self, spec: JobSpec, owner_uid: int, owner: str, spec_file: str, now: float, *,
+                uid: str | None = None, submitted: float | None = None, event: str | None = None) -> int:
+        """A new queued job. `uid`, `submitted` and `event` are given for a job adopted from another
+        host's checkpoint dir (its identity and submission time are kept; the event says from where);
+        a submitted job gets a fresh uid."""
         try:
             with self._tx() as db:
                 cur = db.execute(
                     "INSERT INTO jobs (name, state, owner_uid, owner, spec_json, spec_file, submitted,"
-                    " priority, updated) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
-                    (spec.name, owner_uid, owner, spec.model_dump_json(by_alias=True), spec_file, now, spec.priority, now),
+                    " priority, updated, uid) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (spec.name, owner_uid, owner, spec.model_dump_json(by_alias=True), spec_file,
+                     now if submitted is None else submitted, spec.priority, now, uid or uuid.uuid4().hex),
                 )
                 job_id = int(cur.lastrowid or 0)
                 db.execute(
                     "INSERT INTO events (job_id, time, kind, detail) VALUES (?, ?, 'submitted', ?)",
-                    (job_id, now, f"by {owner} (uid {owner_uid})"),
+                    (job_id, now, event or f"by {owner} (uid {owner_uid})"),
                 )
                 return job_id
         except sqlite3.IntegrityError as e:
@@ -439,6 +455,18 @@ class Store:
 
     def job(self, job_id: int) -> JobRow:
         return _job(self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
+
+    def job_by_uid(self, uid: str) -> JobRow | None:
+        """The job with this identity (see `JobRow.uid`), whatever its state; None if unknown here."""
+        row = self._db.execute("SELECT * FROM jobs WHERE uid = ? ORDER BY id DESC LIMIT 1", (uid,)).fetchone()
+        return _job(row) if row else None
+
+    def ended_since(self, since: float) -> list[JobRow]:
+        """Jobs in a terminal state whose last change was at or after `since` (wall clock)."""
+        rows = self._db.execute(
+            f"SELECT * FROM jobs WHERE state IN ({_TERMINAL_SQL}) AND updated >= ? ORDER BY id", (since,)
+        ).fetchall()
+        return [_job(r) for r in rows]
 
     def job_by_name(self, name: str) -> JobRow | None:
         """The live job of that name, else the most recent finished one."""
