@@ -21,9 +21,10 @@ can signal this root process, so it was a stop by the daemon, and a daemon that 
 record why must not count that end against the job. SIGKILL ends it like the rest. It runs as root
 (the directory is root's), hence `-I -S` and stdlib only, like enter_attempt.py.
 
-The record is one JSON object: {"attempt_id", "launched", "exit_code", "signal", "stop_signal"}:
+The record is one JSON object: {"attempt_id", "launched", "exit_code", "signal", "stop_signal", "end"}:
 launched says the attempt's argv was exec'd (else the shim failed, and its exit is no job's); one of
-exit_code/signal is null; stop_signal is the first stop signal the attempt got, or null.
+exit_code/signal is null; stop_signal is the first stop signal the attempt got, or null; end is when
+the attempt ended (Unix seconds), which a daemon that was down then records as its end.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import os
 import resource
 import signal
 import sys
+import time
 
 
 def write_record(dir_fd: int, name: str, record: dict) -> None:
@@ -131,7 +133,7 @@ def main(argv: list[str]) -> int:
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     killed_by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     record = {"attempt_id": attempt_id, "launched": launched, "exit_code": code, "signal": killed_by,
-              "stop_signal": _stop_signal[0] if _stop_signal else None}
+              "stop_signal": _stop_signal[0] if _stop_signal else None, "end": time.time()}
     try:
         write_record(dir_fd, name, record)
     except OSError as e:  # a full disk: the daemon, if it is alive, still gets the status from us

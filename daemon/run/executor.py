@@ -152,10 +152,10 @@ class Executor:
             h.pids = h.procs.pids(self._tag_index())
             h.seen_pids.update(h.pids)
         if not h.exit_reported:
-            code, sig, exited = self._launcher_status(h)
-            if exited:
+            ended = self._launcher_status(h)
+            if ended is not None:
                 h.exit_reported = True
-                obs.append(step_types.LauncherExited(code, sig))
+                obs.append(ended)
         if h.exit_reported and h.procs.gone(h.pids):
             obs.append(step_types.AllGone())
         return obs
@@ -171,15 +171,16 @@ class Executor:
         self._index = None
 
     @staticmethod
-    def _launcher_status(h: Handles) -> tuple[int | None, int | None, bool]:
-        """(exit code, signal, exited) of the launcher; negative Popen codes are signals. An adopted
-        attempt (not our child) has exited when none of its processes is left."""
+    def _launcher_status(h: Handles) -> step_types.LauncherExited | None:
+        """How the launcher ended, or None while it runs. Ours: Popen's status (negative codes are
+        signals). Adopted (not our child): once none of its processes is left, what its monitor
+        recorded."""
         if h.proc is None:
-            return None, None, not h.pids
+            return None if h.pids else _recorded_end(h)
         rc = h.proc.poll()
         if rc is None:
-            return None, None, False
-        return (None, -rc, True) if rc < 0 else (rc, None, True)
+            return None
+        return step_types.LauncherExited(None, -rc) if rc < 0 else step_types.LauncherExited(rc, None)
 
     def _observe_staging(self, job: JobRow, h: Handles) -> list[step_types.Observation]:
         run = h.staging
@@ -396,7 +397,7 @@ class Executor:
         return []
 
     def _finish(self, job: JobRow, s: step_types.JobStep, a: step_types.FinishAttempt) -> list[step_types.Observation]:
-        now = self.wall()
+        now = a.ended_wall if a.ended_wall is not None else self.wall()
         h = self.handles.get(job.id)
         if h is not None and not self._flush_deferred(h):
             raise StoreUnavailable(self.store_error or "state store refuses writes")
@@ -439,10 +440,11 @@ class Executor:
     # --- adoption ------------------------------------------------------------------------------------
 
     def adopt(self, job: JobRow, number: int, row_id: int, attempt_id: str, pgid: int | None,
-              boot_id: str | None, start_ticks: int | None) -> None:
-        """The open attempt of a previous daemon: its group is signalled only if the stored pgid's
-        leader is provably the process that daemon started (same boot, same start time); the tag
-        and the cgroup find the rest either way."""
+              boot_id: str | None, start_ticks: int | None) -> step_types.LauncherExited | None:
+        """The open attempt of a previous daemon, taken on: None if any of its processes still runs
+        (its monitor is one of them), else how it ended (`_recorded_end`). Its group is signalled
+        only if the stored pgid's leader is provably the process that daemon started (same boot,
+        same start time); the tag and the cgroup find the rest either way."""
         same = pgid is not None and proctree.same_process(pgid, boot_id, start_ticks)
         if pgid is not None and not same:
             log.warning("stored_pgid_not_ours", job=job.name, attempt=number, pgid=pgid,
@@ -456,6 +458,7 @@ class Executor:
                                            cgroup=cgroup)
         h.pids = h.procs.pids()
         h.seen_pids.update(h.pids)
+        return None if h.pids else _recorded_end(h)
 
     def adopt_lost(self, job: JobRow, number: int) -> None:
         """A job stored as running without an open attempt (its row never made it): nothing to find
@@ -483,6 +486,17 @@ class Executor:
 
     def attempt_cgroups(self) -> set[Path]:
         return {h.cgroup for h in list(self.handles.values()) if h.cgroup is not None}
+
+
+def _recorded_end(h: Handles) -> step_types.LauncherExited:
+    """An adopted attempt none of whose processes is left: its end as its monitor recorded it (the
+    monitor writes the record before it exits, so once it is gone the record is there), or lost."""
+    record = (launcher.recorded_exit(h.files.log_dir, h.files.log_name, h.attempt_id)
+              if h.files is not None and h.attempt_id else None)
+    if record is None:
+        return step_types.LauncherExited(None, None, lost=True)
+    return step_types.LauncherExited(record.exit_code, record.signal, launched=record.launched, stopped=record.stopped,
+                                     ended_wall=record.ended)
 
 
 def dump_stacks(files: AttemptFiles, pids: list[int]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import pwd
 import socket
@@ -172,6 +173,7 @@ class ExitRecord:
     exit_code: int | None
     signal: int | None
     stopped: bool
+    ended: float | None = None  # Unix seconds
 
 
 def recorded_exit(log_dir: Path, log_name: str, attempt_id: str) -> ExitRecord | None:
@@ -194,7 +196,10 @@ def recorded_exit(log_dir: Path, log_name: str, attempt_id: str) -> ExitRecord |
     code, sig = record.get("exit_code"), record.get("signal")
     if not (isinstance(code, int) or isinstance(sig, int)):
         return None
-    return ExitRecord(record.get("launched") is True, code, sig, stopped=record.get("stop_signal") is not None)
+    end = record.get("end")
+    ended = float(end) if isinstance(end, int | float) and math.isfinite(end) else None
+    return ExitRecord(record.get("launched") is True, code, sig, stopped=record.get("stop_signal") is not None,
+                      ended=ended)
 
 
 def spawn(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Path | None,

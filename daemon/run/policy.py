@@ -20,9 +20,12 @@ CRASH_LOOP_ATTEMPTS = 3
 class AttemptOutcome:
     """How an attempt ended, as observed.
 
-    `stop_cause` is set when the daemon itself stopped the attempt: "cancel", "daemon-stop" (the
-    daemon is shutting down), "daemon-restart" (a new daemon found it running) or "hang". `progressed` is true if the attempt moved the step past where it resumed (or wrote a
-    new checkpoint, or, for scripts without a heartbeat, stayed up for a healthy stretch).
+    `stop_cause` is set when the daemon itself stopped the attempt, or does not know how it ended:
+    "cancel", "daemon-stop" (the daemon is shutting down), "daemon-restart" (a daemon stopped it and
+    died before storing why), "lost" (adopted after a daemon restart, its monitor gone without a
+    record of its end) or "hang". `progressed` is true if the attempt moved the step past where it
+    resumed (or wrote a new checkpoint, or, for scripts without a heartbeat, stayed up for a healthy
+    stretch).
     """
 
     exit_code: int | None
@@ -82,6 +85,11 @@ def decide(
         # Not the job's fault: resume without counting it as a failure.
         why = "daemon stopped; resumes on next start" if outcome.stop_cause == "daemon-stop" else "daemon restarted"
         return Decision(JobState.RESTARTING, why, "daemon-restart", 0.0, backoff_level, no_progress_streak)
+    if outcome.stop_cause == "lost":
+        # Its monitor is gone without a record (killed with it, or the launch never got going): how
+        # it ended is unknown, so it is not counted; it resumes from its checkpoint.
+        return Decision(JobState.RESTARTING, "lost: the attempt ended while no daemon watched and left no "
+                        "record of how; relaunched from its checkpoint", "lost", 0.0, backoff_level, no_progress_streak)
     if outcome.exit_code == 0 and outcome.stop_cause is None:
         return Decision(JobState.SUCCEEDED, "exit code 0", None)
 

@@ -24,6 +24,10 @@ Phases of the tracked job (the stored `JobState` in brackets):
     EXITED --all processes gone--> DIAGNOSING --diagnosis (or its deadline)--> record the end:
         BACKOFF (a restart) | DONE (succeeded / failed / cancelled, or the daemon stops)
 
+Jobs outlive the daemon: at its start, an attempt a previous daemon left open enters (`adopted`) as
+RUNNING if it still runs, STOPPING if that daemon was stopping it, EXITED if it ended meanwhile
+(the exit its monitor recorded, or "lost" without one).
+
 Store writes are actions too, and each step writes at most one transaction: `FinishAttempt` ends
 the attempt row and moves the job together (only `Spawn` writes twice: its row before exec, so a crash
 leaves the attempt id its processes are found by, then the pgid and "running"). What adoption after a
@@ -91,8 +95,9 @@ DIAGNOSE_DEADLINE_SECONDS = 30.0
 CHECKPOINT_DEADLINE_SECONDS = 120.0
 # A backoff countdown is stored this often (a daemon SIGKILLed mid-backoff loses at most this much).
 BACKOFF_SAVE_SECONDS = 15.0
-# Stop causes that are not the job's fault: its attempt does not count as a restart.
-DAEMON_CAUSES = ("daemon-stop", "daemon-restart")
+# Stop causes that are not the job's fault: its attempt does not count as a restart. "lost": an
+# adopted attempt whose monitor is gone without a record of how it ended.
+DAEMON_CAUSES = ("daemon-stop", "daemon-restart", "lost")
 
 
 
@@ -114,30 +119,29 @@ def placed(job_id: int, name: str, limits: Limits, job_state: JobState, gpus: tu
 
 
 def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: int | None, now: float, *,
-            stop_cause: str | None = None, exit: tuple[int | None, int | None] | None = None,
-            launched: bool = True) -> tuple[JobStep, list[Action]]:
-    """A job whose attempt was open when the previous daemon died.
+            ran_seconds: float = 0.0, stop_cause: str | None = None,
+            ended: LauncherExited | None = None) -> tuple[JobStep, list[Action]]:
+    """A job whose attempt was open when the previous daemon died (or re-exec'd itself), taken on
+    as it is: jobs outlive the daemon.
 
-    - Its launcher's exit was recorded (`exit`, with the `stop_cause` the daemon had then): leftovers
-      get SIGKILL and it is decided on that exit, as if the daemon had never gone.
-    - Otherwise its processes (if any are still the same ones) get SIGTERM, the grace, SIGKILL — as
-      for any stop — and it is relaunched from its checkpoint without counting as a restart; or, if a
-      cancel was recorded (`stop_cause` "cancel"), it ends cancelled.
-    - Its launch was never confirmed (`launched` False: no pgid stored — the daemon died mid-spawn):
-      an exit 0 is the job's (the shim never exits 0 without running it), any other may be the shim's
-      (it got no request) and is not counted against the job.
+    - `ended` is None: the attempt still runs. It is adopted as it is: RUNNING, heartbeat, hang
+      detection and cancel go on (the hang clock restarts at the first heartbeat seen); if the old
+      daemon was stopping it (`stop_cause` cancel, hang or daemon-stop: stored before its SIGTERM),
+      the stop goes on, with a fresh grace and no second SIGTERM.
+    - It ended while no daemon watched (`ended`: the exit the store or its monitor recorded, or
+      `lost`): decided on that exit as if the daemon had never gone — a job that exited 0 meanwhile
+      succeeded and is never run again; a lost one is relaunched from its checkpoint, not counted.
+    `ran_seconds`: how long the attempt had run before (wall clock), so its run length still counts.
     """
-    if not launched and exit != (0, None):
-        exit = None
-    state = replace(base, job_state=JobState.RUNNING, number=number, started=now, started_wall=started_wall,
-                    resumed_from_step=resumed_from_step, clock=now, phase_since=now)
-    if exit is not None:
-        state = replace(state, phase=Phase.EXITED, stop_cause=stop_cause, exit_code=exit[0],
-                        exit_signal=exit[1], exited_at=now, kill_at=now)
-        return state, [Log("adopted_after_restart", "info", (("exited", True),)), SignalKill()]
-    cause = "cancel" if stop_cause == "cancel" else "daemon-restart"
-    state = replace(state, phase=Phase.STOPPING, stop_cause=cause, term_at=now)
-    return state, [RecordStop(number, cause), SignalTerm(), Log("adopted_after_restart", "info", (("exited", False),))]
+    state = replace(base, job_state=JobState.RUNNING, number=number, started=now - max(0.0, ran_seconds),
+                    started_wall=started_wall, resumed_from_step=resumed_from_step, clock=now, phase_since=now,
+                    stop_cause=stop_cause)
+    if ended is not None:
+        state, actions = _launcher_exited(state, ended, now)
+        return state, [Log("adopted_after_restart", "info", (("exited", True), ("lost", ended.lost))), *actions]
+    if stop_cause in ("cancel", "hang", "daemon-stop"):
+        return _term(state, now), [Log("adopted_after_restart", "info", (("exited", False), ("stopping", stop_cause)))]
+    return _to(state, Phase.RUNNING, now, stop_cause=None), [Log("adopted_after_restart", "info", (("exited", False),))]
 
 
 # --- the step ---------------------------------------------------------------------------------------
@@ -270,7 +274,7 @@ def _spawned(s: JobStep, obs: Spawned, now: float) -> tuple[JobStep, list[Action
     # preparing → running: the launcher exec'd; a fresh attempt's clocks start.
     return _to(s, Phase.RUNNING, now, job_state=JobState.RUNNING, started=now, started_wall=obs.wall,
                last_step=None, last_progress=None, last_beat_time=0.0, beat_status=None, stop_cause=None,
-               hang_idle=None, term_at=None, kill_at=None, exited_at=None, warned_at=None, exit_code=None,
+               hang_idle=None, term_at=None, kill_at=None, exited_at=None, exited_wall=None, warned_at=None, exit_code=None,
                exit_signal=None, root_cause=None, oom=False), []
 
 
@@ -299,9 +303,18 @@ def _stacks_dumped(s: JobStep, obs: StacksDumped, now: float) -> tuple[JobStep, 
 def _launcher_exited(s: JobStep, obs: LauncherExited, now: float) -> tuple[JobStep, list[Action]]:
     # running|dumping|stopping → exited: the launcher is gone; anything left of the attempt is a
     # leftover and gets SIGKILL at once (and every second until none remain).
-    s = _to(s, Phase.EXITED, now, exit_code=obs.code, exit_signal=obs.signal, exited_at=now, kill_at=now)
+    cause = s.stop_cause
+    if obs.lost or (not obs.launched and obs.code != 0):
+        # How it ended is unknown (its monitor died with it), or the exit is the shim's, not the
+        # job's (the shim never exits 0 without exec'ing the job): relaunched, not counted.
+        cause = cause or "lost"
+    elif obs.stopped and cause is None:
+        # A daemon stopped it and died before it could store why: not the job's fault.
+        cause = "daemon-restart"
+    s = _to(s, Phase.EXITED, now, exit_code=obs.code, exit_signal=obs.signal, exited_at=now, kill_at=now,
+            stop_cause=cause, exited_wall=obs.ended_wall)
     if obs.code is None and obs.signal is None:
-        return s, [SignalKill()]  # nothing known to store (an adopted attempt's launcher is not our child)
+        return s, [SignalKill()]  # nothing known to store
     return s, [SignalKill(), RecordExit(s.number, obs.code, obs.signal, s.stop_cause)]
 
 
@@ -330,8 +343,8 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     transaction. A restart goes to BACKOFF (or DONE if the daemon is stopping: the stored remaining
     delay resumes at the next start); anything else is terminal."""
     ran = now - (s.started if s.started is not None else now)
-    if s.stop_cause == "daemon-restart" and s.exit_code is None and s.beat_status == "finished":
-        # An adopted attempt whose exit nobody saw, but whose heartbeat says training finished.
+    if s.stop_cause == "lost" and s.exit_code is None and s.beat_status == "finished":
+        # A lost attempt (its exit unknown), but its heartbeat says training finished.
         s = replace(s, stop_cause=None, exit_code=0)
     code = s.exit_code
     outcome = AttemptOutcome(
@@ -349,7 +362,7 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
         number=s.number, state=d.state, reason=d.reason, reason_class=d.reason_class, exit_code=code,
         signal=s.exit_signal, max_step=s.last_step, root_cause=s.root_cause,
         backoff_remaining=d.delay_seconds, backoff_level=d.backoff_level, no_progress_streak=d.no_progress_streak,
-        release_gpus=terminal,
+        release_gpus=terminal, ended_wall=s.exited_wall,
     )
     counted = d.state is JobState.RESTARTING and s.stop_cause not in DAEMON_CAUSES
     log = Log("attempt_ended", "info", (

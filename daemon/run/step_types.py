@@ -77,6 +77,7 @@ class JobStep:
     term_at: float | None = None
     kill_at: float | None = None
     exited_at: float | None = None
+    exited_wall: float | None = None     # the monitor's recorded end, for an exit no daemon saw
     warned_at: float | None = None
     exit_code: int | None = None
     exit_signal: int | None = None
@@ -142,11 +143,19 @@ class HeartbeatSeen:
 
 @dataclass(frozen=True)
 class LauncherExited:
-    """The launcher (process-group leader) exited; (None, None) when its status is unknown
-    (an attempt adopted after a daemon restart is not our child)."""
+    """The launcher (the attempt monitor, process-group leader) exited with `code` or by `signal`.
+
+    For an attempt adopted from an earlier daemon (not our child) this is what its monitor recorded
+    (launcher.recorded_exit): `launched` False when the argv was never exec'd (the shim failed, so the
+    exit is not the job's), `stopped` when a stop signal reached it before it ended. `lost`: the
+    monitor is gone and recorded nothing (it was killed with the attempt) — how it ended is unknown."""
 
     code: int | None
     signal: int | None
+    launched: bool = True
+    stopped: bool = False
+    lost: bool = False
+    ended_wall: float | None = None  # when it ended (Unix seconds), if it ended while no daemon watched
 
 
 @dataclass(frozen=True)
@@ -292,6 +301,7 @@ class FinishAttempt:
     backoff_level: int = 0
     no_progress_streak: int = 0
     release_gpus: bool = False
+    ended_wall: float | None = None  # the attempt's real end (Unix), when it came before the daemon saw it
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
-from spx.daemon.run import attempt_files, cgroups, launcher, step, step_types
+from spx.daemon.run import cgroups, step, step_types
 from spx.daemon.run.executor import Executor
 from spx.daemon.run.scheduler import Start, Waiting
 from spx.daemon.service.config import DaemonConfig
@@ -49,14 +49,17 @@ class Supervisor:
         self.executor = Executor(cfg, store, cgroup_tree, wake=wake, clock=clock)
         self.steps: dict[int, step_types.JobStep] = {}
         self.jobs: dict[int, JobRow] = {}  # the row each tracked job was loaded from (its spec, owner)
+        self.adopted = 0  # attempts the last `recover` found running and took on as they are
 
     # --- tracking --------------------------------------------------------------------------------------
 
     def recover(self) -> None:
         """At daemon start: every starting, running or restarting job of the store is tracked again.
-        An open attempt is adopted and stopped (SIGTERM, grace, SIGKILL) and relaunched from its
-        checkpoint without counting as a restart; a backoff resumes with its stored remaining seconds."""
+        An attempt still running is adopted as it is (`adopted` counts them); one that ended while
+        no daemon watched is decided on the exit its monitor recorded; a backoff resumes with its
+        stored remaining seconds."""
         now = self.clock()
+        self.adopted = 0
         for job in self.store.live_jobs():
             if job.state is JobState.QUEUED:
                 continue
@@ -73,10 +76,11 @@ class Supervisor:
         self.steps[job.id] = base
         open_att = self.store.open_attempt(job.id)
         if open_att is None and job.state is JobState.RUNNING:
-            # Running without an open attempt: an empty stop, then the relaunch (through the step,
-            # so a store that refuses the write now gets it retried).
+            # Running without an open attempt (its row never made it): nothing to find; lost, and
+            # relaunched through the step (so a store that refuses the write now gets it retried).
             self.executor.adopt_lost(job, base.number)
-            state, actions = step.adopted(base, base.number, time.time(), None, now)
+            state, actions = step.adopted(base, base.number, time.time(), None, now,
+                                          ended=step_types.LauncherExited(None, None, lost=True))
             self.steps[job.id] = state
             self._run(job.id, deque(), actions)
             return
@@ -84,19 +88,14 @@ class Supervisor:
             log.info("resumed_after_restart", job=job.name, attempt=None, state=job.state.value,
                      backoff_remaining=round(base.backoff_remaining, 1))
             return
-        self.executor.adopt(job, open_att.number, open_att.id, open_att.attempt_id, open_att.pgid,
-                            open_att.boot_id, open_att.start_ticks)
-        exited = (open_att.exit_code, open_att.signal) if open_att.exited is not None else None
-        stop_cause, launched = open_att.stop_cause, open_att.pgid is not None
-        if exited is None:  # it may have ended while no daemon watched: its monitor recorded how
-            files = attempt_files.paths(self.cfg, job, open_att.number)
-            record = launcher.recorded_exit(files.log_dir, files.log_name, open_att.attempt_id)
-            if record is not None:
-                exited, launched = (record.exit_code, record.signal), launched or record.launched
-                if record.stopped and stop_cause is None:  # a daemon stopped it and died before saying why
-                    stop_cause = "daemon-restart"
+        ended = self.executor.adopt(job, open_att.number, open_att.id, open_att.attempt_id, open_att.pgid,
+                                    open_att.boot_id, open_att.start_ticks)
+        if open_att.exited is not None:  # the old daemon saw its launcher exit and stored how
+            ended = step_types.LauncherExited(open_att.exit_code, open_att.signal, ended_wall=open_att.exited)
+        self.adopted += ended is None
         state, actions = step.adopted(base, open_att.number, open_att.start, open_att.resumed_from_step, now,
-                                      stop_cause=stop_cause, exit=exited, launched=launched)
+                                      ran_seconds=time.time() - open_att.start, stop_cause=open_att.stop_cause,
+                                      ended=ended)
         self.steps[job.id] = state
         self._run(job.id, deque(), actions)
 

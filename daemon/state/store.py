@@ -395,10 +395,10 @@ class Store:
 
     def fault_attempts(self, job_id: int) -> int:
         """Closed attempts that ended by the job's own fault — what `restart.max_restarts` counts. A
-        daemon stop or restart, a cancel and a daemon error are not the job's."""
+        daemon stop or restart, a lost attempt, a cancel and a daemon error are not the job's."""
         row = self._db.execute(
             "SELECT COUNT(*) FROM attempts WHERE job_id = ? AND end IS NOT NULL AND reason_class IS NOT NULL"
-            " AND reason_class NOT IN ('daemon-restart', 'cancelled', 'daemon-error', 'launch')",
+            " AND reason_class NOT IN ('daemon-restart', 'lost', 'cancelled', 'daemon-error', 'launch')",
             (job_id,),
         ).fetchone()
         return int(row[0])

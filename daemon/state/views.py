@@ -31,7 +31,7 @@ class JobView:
     """A job as users and metrics see it (design §10's `--json` fields, plus what metrics need).
 
     `restarts_by_reason` counts relaunches by the class of the failure that caused them ("crash",
-    "signal", "oom", "hang", "preempted", "daemon-restart", "gpu-fault"). Times are Unix seconds.
+    "signal", "oom", "hang", "preempted", "daemon-restart", "lost", "gpu-fault"). Times are Unix seconds.
     """
 
     name: str

@@ -187,24 +187,52 @@ def test_cancel_gives_the_workers_their_grace_to_checkpoint(daemon):
     assert ckpts and (ckpts[-1] / "COMPLETE.json").exists(), "cancel is a SIGTERM: the workers checkpoint first"
 
 
-def test_a_daemon_restart_does_not_count_against_max_restarts(tmp_path):
-    """max_restarts: 1 — attempt 1 is ended by a daemon restart (not the job's fault), attempt 2
-    crashes (the one restart allowed), attempt 3 succeeds."""
-    script = tmp_path / "crash_on_2.py"
+def test_a_running_attempt_outlives_the_daemon_and_is_adopted_as_it_is(tmp_path):
+    """max_restarts: 1 — attempt 1 runs across a daemon kill -9 (same pid, same attempt, not counted),
+    then crashes (the one restart allowed); attempt 2 succeeds."""
+    script = tmp_path / "crash_on_1.py"
+    release = tmp_path / "release"
     script.write_text("import os, sys, time\nn = int(os.environ['SPX_ATTEMPT'])\n"
-                      "if n == 1:\n    time.sleep(120)\nsys.exit(1 if n == 2 else 0)\n")
+                      f"while n == 1 and not os.path.exists({str(release)!r}):\n    time.sleep(0.1)\n"
+                      "sys.exit(1 if n == 1 else 0)\n")
     d = Daemon(tmp_path / "root").start()
     try:
         d.drop("m.yaml", f"name: once\nlauncher: python\nscript: {script}\npython: {PY}\n"
                          "restart: {max_restarts: 1, backoff_seconds: [1, 1]}\nstop: {grace_seconds: 5}\n")
         d.wait_state("once", "running", 30)
+        pids = wait_for(lambda: job_pids("once"), 30, "the job's process")
         d.kill9()
         d.start()
+        adopted = d.wait_event("adopted_after_restart", job="once")
+        assert adopted["exited"] is False and adopted["pids"], adopted
+        assert job_pids("once") == pids and d.job("once")["state"] == "running"
+        release.touch()
         d.wait_state("once", {"succeeded", "failed"}, 60)
         st = d.status("once")
         assert st["state"] == "succeeded", st
-        assert [a["reason"] for a in st["history"]] == ["daemon restarted", "exit code 1", "exit code 0"]
+        assert [a["reason"] for a in st["history"]] == ["exit code 1", "exit code 0"]
         assert job_pids("once") == []
+    finally:
+        d.stop()
+
+
+def test_a_job_that_exits_0_while_the_daemon_is_down_succeeded_with_its_real_exit_time(tmp_path):
+    ran = tmp_path / "ran"
+    script = tmp_path / "once.py"
+    script.write_text(f"import time\ntime.sleep(2)\nopen({str(ran)!r}, 'a').write('x')\n")
+    d = Daemon(tmp_path / "root").start()
+    try:
+        d.drop("e.yaml", f"name: quiet\nlauncher: python\nscript: {script}\npython: {PY}\n")
+        d.wait_state("quiet", "running", 30)
+        d.kill9()
+        wait_for(lambda: ran.exists() and not job_pids("quiet"), 30, "the job to end with no daemon")
+        ended = time.time()
+        time.sleep(1.5)
+        d.start()
+        d.wait_state("quiet", "succeeded", 30)
+        attempt = d.status("quiet")["history"][-1]
+        assert len(d.status("quiet")["history"]) == 1 and ran.read_text() == "x", "its script ran once"
+        assert ended - 1.5 <= attempt["end"] <= ended, "the end is when it ended, not when the daemon saw it"
     finally:
         d.stop()
 

@@ -435,38 +435,59 @@ def test_daemon_stopping_while_ready_leaves_the_job_for_the_next_daemon():
 # --- after a daemon restart ------------------------------------------------------------------------------
 
 
-def test_adopted_attempt_is_stopped_and_relaunched_without_counting_a_restart():
+def test_a_running_attempt_is_adopted_as_it_is_and_supervised_on():
+    """Jobs outlive the daemon: no signal, no store write; heartbeats, hangs and its exit go on."""
     base = ready(JobState.RUNNING, gpus=(0, 1), number=3, restarts=1)
-    s, actions = st.adopted(base, 3, WALL0, 40, now=0.0)
-    assert (s.phase, s.stop_cause, s.term_at) == (Phase.STOPPING, "daemon-restart", 0.0)
-    assert kinds(actions) == [RecordStop, SignalTerm], "the cause is stored before the SIGTERM"
-    s, actions = ended(s, 5.0, code=None, sig=None)
+    s, actions = st.adopted(base, 3, WALL0, 40, now=100.0, ran_seconds=30.0)
+    assert (s.phase, s.stop_cause, s.term_at, s.number, s.started) == (Phase.RUNNING, None, None, 3, 70.0)
+    assert kinds(actions) == [], "nothing signalled, nothing written"
+    s, _ = st.step(s, HeartbeatSeen(41, WALL0 + 1, "running"), 101.0)
+    assert s.last_progress == 101.0, "the hang clock starts at the first heartbeat seen"
+    s, actions = st.step(s, LauncherExited(0, None), 150.0)
+    assert RecordExit(3, 0, None, None) in actions
+    s, actions = st.step(s, AllGone(), 150.5)
     finish = only(actions, FinishAttempt)
-    assert (finish.number, finish.state, finish.reason_class, finish.backoff_remaining) == (
-        3, JobState.RESTARTING, "daemon-restart", 0.0)
-    assert s.phase is Phase.READY and s.restarts == 1, "relaunched at once, not counted"
+    assert (finish.number, finish.state) == (3, JobState.SUCCEEDED)
+
+
+def test_an_adopted_attempt_that_stops_beating_is_a_hang():
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, now=0.0)
+    s, _ = st.step(s, HeartbeatSeen(5, WALL0 + 1, "running"), 1.0)
+    s, actions = st.step(s, Tick(), 1.0 + LIMITS.hang_timeout_seconds + 1)
+    assert s.phase is Phase.DUMPING and RecordStop(1, "hang") in actions
+
+
+def test_an_adopted_attempt_can_be_cancelled():
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, now=0.0)
+    s, actions = st.step(s, CancelRequested("alice"), 1.0)
+    assert s.phase is Phase.STOPPING and SignalTerm() in actions
+    s, actions = ended(s, 2.0, code=None, sig=signal.SIGTERM)
+    assert only(actions, FinishAttempt).state is JobState.CANCELLED
 
 
 def test_adopted_attempt_whose_exit_was_stored_is_decided_on_it():
     """The daemon died after the launcher exited 0 but before the end was recorded: success, not a rerun."""
-    s, actions = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, exit=(0, None))
-    assert s.phase is Phase.EXITED and kinds(actions) == [SignalKill]
+    s, actions = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, ended=LauncherExited(0, None))
+    assert s.phase is Phase.EXITED and SignalKill() in actions
     s, actions = st.step(s, AllGone(), 0.5)
     assert only(actions, FinishAttempt).state is JobState.SUCCEEDED and s.phase is Phase.DONE
 
 
-def test_adopted_attempt_with_a_stored_crash_counts_as_the_jobs_fault():
-    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, exit=(1, None))
+def test_adopted_attempt_with_a_recorded_crash_counts_as_the_jobs_fault():
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, ended=LauncherExited(1, None))
     s, _ = st.step(s, AllGone(), 0.5)
     s, actions = st.step(s, Diagnosed(1, None, False), 1.0)
     finish = only(actions, FinishAttempt)
     assert (finish.state, finish.reason_class, s.restarts) == (JobState.RESTARTING, "crash", 1)
 
 
-def test_adopted_attempt_with_a_stored_cancel_ends_cancelled():
+def test_an_adopted_attempt_the_old_daemon_was_cancelling_is_still_cancelled():
+    """The cancel was stored before its SIGTERM: the stop goes on with a fresh grace, no second SIGTERM."""
     s, actions = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, stop_cause="cancel")
-    assert s.stop_cause == "cancel" and actions[:2] == [RecordStop(1, "cancel"), SignalTerm()]
-    s, actions = ended(s, 2.0, code=None, sig=None)
+    assert (s.phase, s.stop_cause, s.term_at) == (Phase.STOPPING, "cancel", 0.0) and kinds(actions) == []
+    s, actions = st.step(s, Tick(), LIMITS.grace_seconds + 0.1)
+    assert SignalKill() in actions
+    s, actions = ended(s, LIMITS.grace_seconds + 1, code=None, sig=signal.SIGKILL)
     assert only(actions, FinishAttempt).state is JobState.CANCELLED
 
 
@@ -478,37 +499,51 @@ def test_a_hang_is_stored_as_the_stop_cause_before_the_stop():
 
 
 def test_adopted_attempt_stopped_by_the_daemon_before_is_still_not_the_jobs_fault():
-    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, stop_cause="daemon-stop", exit=(None, 15))
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, stop_cause="daemon-stop",
+                      ended=LauncherExited(None, 15))
     s, actions = st.step(s, AllGone(), 0.5)
     finish = only(actions, FinishAttempt)
     assert (finish.state, finish.reason_class, s.restarts) == (JobState.RESTARTING, "daemon-restart", 0)
 
 
-def test_adopted_attempt_whose_launch_was_never_confirmed_is_not_the_jobs_fault():
-    """The daemon died mid-spawn: the shim never got its request and exited 1; not a crash of the job."""
-    s, actions = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, exit=(1, None), launched=False)
-    assert s.stop_cause == "daemon-restart" and kinds(actions) == [RecordStop, SignalTerm]
-    s, actions = ended(s, 0.5, code=None, sig=None)
+def test_a_stop_signal_whose_cause_was_never_stored_is_not_the_jobs_fault():
+    """The monitor saw a stop signal (only root sends one) but no daemon lived to store why."""
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, ended=LauncherExited(None, 15, stopped=True))
+    s, actions = st.step(s, AllGone(), 0.5)
     assert only(actions, FinishAttempt).reason_class == "daemon-restart" and s.restarts == 0
+
+
+def test_adopted_attempt_whose_launch_never_happened_is_not_the_jobs_fault():
+    """The daemon died mid-spawn: the shim never got its request and exited 1; not a crash of the job."""
+    s, actions = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, ended=LauncherExited(1, None, launched=False))
+    assert s.stop_cause == "lost" and RecordExit(1, 1, None, "lost") in actions
+    s, actions = st.step(s, AllGone(), 0.5)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason_class, s.restarts, s.phase) == (JobState.RESTARTING, "lost", 0, Phase.READY)
 
 
 def test_adopted_attempt_whose_unconfirmed_launch_exited_0_succeeded():
     """The daemon died after the exec but before storing the pgid; the job ran to its end meanwhile."""
-    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, exit=(0, None), launched=False)
+    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0, ended=LauncherExited(0, None, launched=False))
     s, actions = st.step(s, AllGone(), 0.5)
     assert only(actions, FinishAttempt).state is JobState.SUCCEEDED
 
 
-def test_an_unknown_exit_is_not_stored():
-    s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0)
-    s, actions = st.step(s, LauncherExited(None, None), 0.5)
-    assert actions == [SignalKill()]
+def test_a_lost_attempt_is_relaunched_at_once_without_counting():
+    """Its monitor is gone without a record: how it ended is unknown; nothing is stored as its exit."""
+    s, actions = st.adopted(ready(JobState.RUNNING, restarts=2), 1, WALL0, None, 0.0, ended=LauncherExited(None, None, lost=True))
+    assert s.stop_cause == "lost" and not any(isinstance(a, RecordExit) for a in actions)
+    s, actions = st.step(s, AllGone(), 0.5)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason_class, finish.backoff_remaining, s.restarts) == (JobState.RESTARTING, "lost", 0.0, 2)
+    assert finish.reason.startswith("lost")
 
 
-def test_adopted_attempt_whose_heartbeat_says_finished_succeeds():
+def test_a_lost_attempt_whose_heartbeat_says_finished_succeeds():
     s, _ = st.adopted(ready(JobState.RUNNING), 1, WALL0, None, 0.0)
     s, _ = st.step(s, HeartbeatSeen(500, WALL0 + 1, "finished"), 0.1)
-    s, actions = ended(s, 0.5, code=None, sig=None)
+    s, actions = st.step(s, LauncherExited(None, None, lost=True), 0.5)
+    s, actions = st.step(s, AllGone(), 0.6)
     assert only(actions, FinishAttempt).state is JobState.SUCCEEDED
 
 
@@ -701,7 +736,7 @@ def test_a_job_stored_running_without_an_attempt_is_relaunched_after_a_restart(s
     sup.recover()
     _tick_until(sup, lambda: any(w.job_id == jid for w in sup.waiting()))
     job = store.job(jid)
-    assert (job.state, job.reason) == (JobState.RESTARTING, "daemon restarted")
+    assert job.state is JobState.RESTARTING and job.reason.startswith("lost")
 
 
 def test_backoff_stores_its_countdown_every_15_seconds_so_a_killed_daemon_loses_little():
