@@ -2,7 +2,7 @@
 
     spx submit job.yaml [--fresh]  spx ls [--json]          spx status NAME [--json] [--watch]
     spx logs NAME [--attempt N] [--job-id ID] [-f]          spx cancel NAME
-    spx doctor [--json]            spx top
+    spx doctor [--json]            spx top                  spx adopt DIR   (root: host loss)
 
 Works for any user and never writes the state store: `submit` drops a file into the spool (its
 owner is who submits), everything else asks the daemon over its control socket, which checks the
@@ -25,6 +25,7 @@ from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+ADOPT_TIMEOUT_SECONDS = 600.0  # a walk of a large volume, one helper process per job found
 
 
 class CliError(Exception):
@@ -276,6 +277,25 @@ def _missing_log_message(cfg: DaemonConfig, name: str, doc: dict, path: Path, e:
     return message
 
 
+def cmd_adopt(cfg: DaemonConfig, args: argparse.Namespace) -> int:
+    """One line per job record found under DIR: queued, or why not (already here, ended, held by a
+    live host, refused). Exit 1 if any record was refused."""
+    try:
+        reply = control.request(cfg.socket_path, "adopt", str(args.dir.absolute()), timeout=ADOPT_TIMEOUT_SECONDS)
+    except OSError as e:
+        raise CliError(not_running_message(cfg)) from e
+    if not reply.get("ok"):
+        raise CliError(reply.get("error", "adopt failed"), reply.get("code", EXIT_FAIL))
+    results = reply["result"]
+    if args.json:
+        print(json.dumps(results, indent=1))
+    elif not results:
+        print(f"no job records (*/.spx/job.yaml) under {args.dir}")
+    for r in [] if args.json else results:
+        print(f"{r['result']:8}  {r.get('name') or '-'}  {r['dir']}: {r['detail']}")
+    return EXIT_FAIL if any(r["result"] == "refused" for r in results) else EXIT_OK
+
+
 def cmd_doctor(cfg: DaemonConfig, args: argparse.Namespace) -> int:
     from spx.daemon.doctor.command import run_doctor
 
@@ -311,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-f", "--follow", action="store_true")
     s = sub.add_parser("cancel", help="stop a job (it gets its grace period to checkpoint)")
     s.add_argument("name")
+    s = sub.add_parser("adopt", help="root: queue the unfinished jobs another (lost) host left under DIR "
+                                     "(CHECKPOINT_DIR/.spx/job.yaml); each resumes from its latest checkpoint")
+    s.add_argument("dir", type=Path)
+    s.add_argument("--json", action="store_true")
     s = sub.add_parser("doctor", help="check this host against what training needs")
     s.add_argument("--json", action="store_true")
     s.add_argument("--gpu-backend", choices=["auto", "nvml", "fake", "none"], help="as for spx-trainer")
@@ -348,6 +372,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.command == "doctor":
         return cmd_doctor(cfg, args)
+    if args.command == "adopt":
+        return cmd_adopt(cfg, args)
     return cmd_top(cfg, args)
 
 

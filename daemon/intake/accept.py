@@ -71,7 +71,7 @@ class Intake:
 
     def _accept(self, acc: Accepted) -> Rejected | None:
         spec = acc.spec
-        problem = self._access_problem(spec, acc.owner_uid)
+        problem = self.access_problem(spec, acc.owner_uid)
         if problem:
             return Rejected(acc.name, problem, acc.owner_uid)
         live = self.store.job_by_name(spec.name)
@@ -93,7 +93,7 @@ class Intake:
         self._record(spec, acc.owner_uid, acc.owner, copy, acc.name)
         return None
 
-    def _access_problem(self, spec: JobSpec, uid: int) -> str | None:
+    def access_problem(self, spec: JobSpec, uid: int) -> str | None:
         """What the owner cannot do that the job needs, decided by the kernel for the owner — a
         process with their uid, gid and supplementary groups (`as_user`) — never guessed by root:
         enter the workdir, read the script (and DeepSpeed config) there, read the staging source,

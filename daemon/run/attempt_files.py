@@ -29,6 +29,7 @@ from pathlib import Path
 
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
 from spx.daemon.contract.worker_env import Heartbeat
+from spx.daemon.intake import job_record
 from spx.daemon.service.config import DaemonConfig
 from spx.daemon.service.log import get_logger
 from spx.daemon.state import jobviews
@@ -101,7 +102,27 @@ def prepare(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
     finally:
         os.close(jobs_fd)
     _prepare_checkpoint_dir(cfg, user, files.checkpoint_dir)
+    _publish_record(cfg, user, job, files.checkpoint_dir)
     return files
+
+
+def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_dir: Path) -> None:
+    """Host loss: take the job's lease and write `.spx/job.yaml` in its checkpoint dir, as the owner
+    (intake/job_record.py). A lease another live daemon holds means that daemon runs a job in this
+    dir now (it adopted this one, or another job shares the dir): this attempt does not start."""
+    if not job.uid:
+        return
+    host, now = job_record.host_id(cfg.state_dir), time.time()
+    reply = as_user.run(user, "spx_publish", {
+        "dir": str(ckpt_dir), "record": job_record.render(job, host), "now": now,
+        "lease": job_record.lease_doc(host, job.uid, cfg.adopt_lease_seconds, now)})
+    if not isinstance(reply, dict) or reply.get("held"):
+        return
+    holder = reply.get("holder") or {}
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(holder.get("expires", now))))
+    same = "this job" if holder.get("job") == job.uid else f"job {holder.get('job')}"
+    raise UserPathError(errno.EBUSY, f"checkpoint dir {ckpt_dir} is in use: {same} runs on {holder.get('host')} "
+                                     f"(its lease lasts until {until})")
 
 
 def staging_log(cfg: DaemonConfig, job: JobRow) -> Path:

@@ -51,6 +51,15 @@ class DaemonConfig(BaseModel):
     backup_every_seconds: float = Field(900.0, gt=0, description=(
         "How often the state store is backed up (SQLite online backup) into state_dir/backup/."))
     backup_keep: int = Field(8, ge=1, description="How many state store backups to keep (oldest removed first).")
+    adopt_checkpoint_roots: list[Path] = Field(default_factory=list, description=(
+        "Host loss (spot reclaim): directories on a persistent volume scanned at start, and again every "
+        "adopt_lease_seconds, for jobs other hosts left there (CHECKPOINT_DIR/.spx/job.yaml, up to 3 levels "
+        "down); every unfinished one no live host holds is queued here and resumes from its latest complete "
+        "checkpoint (as `spx adopt DIR` does)."))
+    adopt_lease_seconds: float = Field(120.0, ge=2, le=86400, description=(
+        "How long a job's lease in CHECKPOINT_DIR/.spx/lease lasts without renewal (renewed every third of it "
+        "while the job is live here). Another host adopts the job only once it expired: after a host loss, "
+        "its jobs wait at most this long."))
     cgroups: CgroupMode = Field("auto", description=(
         "One cgroup v2 per attempt, so no process of it escapes a stop. auto = where systemd delegated the "
         "daemon's cgroup (Delegate=yes); on = the daemon's cgroup is its own, fail to start otherwise; off = never "

@@ -73,7 +73,8 @@ def is_admin(uid: int, admin_group: str | None) -> bool:
 
 class ControlServer:
     """Serves requests until `stop()`, which also ends and joins every connection's thread.
-    `answer(op, name, uid)` returns the reply to a read request (ls, history, status, gpus)."""
+    `answer(op, name, uid)` returns the reply to a read request (ls, history, status, gpus), and to
+"adopt" (root only; `name` is the directory), which queues jobs through the main loop itself."""
 
     def __init__(
         self,
@@ -189,7 +190,7 @@ class ControlServer:
                 raise TypeError("name")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return {"ok": False, "error": "malformed request: expected {\"op\": ..., \"name\": ...}", "code": 2}
-        if op in ("ls", "history", "status", "gpus"):
+        if op in ("ls", "history", "status", "gpus", "adopt"):
             try:
                 return self._answer(op, name, uid)
             except Exception as e:

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from spx.daemon.gpu.backend import GpuBackend, open_backend
 from spx.daemon.intake.accept import Intake
+from spx.daemon.intake.adopt import Adopter
 from spx.daemon.run import cgroups, proctree, scheduler
+from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.service.control import Command, ControlServer, is_admin
@@ -68,6 +70,8 @@ class Daemon:
         self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake)
+        self.adopter = Adopter(cfg, self.store, self.intake, lambda: self.wake.put("adopt"))  # host loss
+        self.leases = LeaseKeeper(cfg, self.store)
         self.control = ControlServer(cfg.socket_path, self._answer, self.commands, self.wake)
         self.metrics = None
 
@@ -98,6 +102,8 @@ class Daemon:
         self.supervisor.recover()
         self.supervisor.sweep_cgroups()
         self.intake.start()
+        self.leases.start()
+        self.adopter.start()
         self.control.start()
         registry = build_registry(self.backend, self.views, _version(), job_labels=self.cfg.metrics_job_labels)
         metrics = self.metrics = serve(registry, self.cfg.metrics_address)
@@ -127,6 +133,7 @@ class Daemon:
             self._stage("backup", functools.partial(self.backups.tick, now))
             self._stage("intake", functools.partial(self.intake.claim_due, now))
             self._stage("commands", self._run_commands)
+            self._stage("adopt", self.adopter.drain)
             self._stage("supervise", self.supervisor.tick)
             if not self.stopping:
                 self._stage("schedule", self._schedule)
@@ -220,6 +227,8 @@ class Daemon:
     def _answer(self, op: str, name: str | None, uid: int) -> dict:
         """Read requests from the control socket (its own thread, its own store connection)."""
         admin = is_admin(uid, self.cfg.admin_group)
+        if op == "adopt":  # slow (a walk of the volume): on this client's thread; drain() records
+            return self.adopter.request(name, uid)
         pids = self.supervisor.live_pids()
         if op == "gpus":
             # The daemon's own backend and allocation (what `spx top` shows); the job on a GPU is
@@ -271,6 +280,8 @@ class Daemon:
         self.supervisor.close()
         self.intake.stop()
         self.control.stop()
+        self.adopter.stop()
+        self.leases.stop()
         if self.metrics is not None:
             self.metrics.shutdown()
         self.backend.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spx.daemon.contract import checkpoint_layout
+from spx.daemon.userfs import spx_dir
 from spx.daemon.userfs.identity import become
 
 
@@ -121,7 +122,10 @@ def _set_aside(args: dict[str, Any]) -> list[str]:
     return old
 
 
-ACTIONS = {"mkdirs": _mkdirs, "access": _access, "find_latest": _find_latest, "set_aside": _set_aside}
+ACTIONS = {"mkdirs": _mkdirs, "access": _access, "find_latest": _find_latest, "set_aside": _set_aside,
+           # the job's .spx/ record, lease and end marker (host loss: intake/job_record.py)
+           "spx_publish": spx_dir.publish, "spx_renew": spx_dir.renew, "spx_mark_ended": spx_dir.mark_ended,
+           "spx_claim": spx_dir.claim}
 
 
 def main() -> int:

@@ -29,6 +29,7 @@ ALLOWED: dict[str, str] = {
     # the safe module and what runs as the user
     "userfs/fsafe.py": "the safe module itself: dir-fd walks, O_NOFOLLOW|O_NONBLOCK, O_EXCL, fchown/fchmod",
     "userfs/user_actions.py": "runs as the job's owner (identity.become before any path): the kernel checks the user",
+    "userfs/spx_dir.py": "runs only inside user_actions, as the job's owner: the .spx/ record, lease and end marker",
     "staging/copier.py": "runs as the job's owner (--become before any path is touched)",
     "staging/copy_engine.py": "runs inside the copier, as the job's owner",
     "contract/checkpoint_layout.py": "its writers (publish, retention: rmtree in the user's tree) run only in workers, "
@@ -39,6 +40,7 @@ ALLOWED: dict[str, str] = {
     "run/attempt_files.py": "fsafe for every user path; its own renames/mkdir/unlink are by fd in root-owned dirs",
     "intake/spool.py": "claims by the spool's dir fd (O_NOFOLLOW|O_NONBLOCK, fstat); rejected/ through fsafe",
     "intake/accept.py": "state_dir/jobs: root-only (state_dir is 0700)",
+    "intake/adopt.py": "state_dir/jobs: root-only (state_dir is 0700); the volume is walked by adopt_scan via fsafe",
     "run/log_relay.py": "writes attempt-N.log by the fd of root-owned log/NAME (attempt_files.open_log_dir), "
                         "O_NOFOLLOW, regular files only, fchown on the fd",
     "run/attempt_monitor.py": "writes the exit record by the fd of root-owned log/NAME (O_NOFOLLOW, temp + rename "
@@ -54,6 +56,8 @@ ALLOWED: dict[str, str] = {
     "state/integrity.py": "state_dir (root-only)",
     "service/config.py": "the config file the admin names",
     "service/main.py": "creates the configured top-level dirs (state, log, run, checkpoints root, spool) at start",
+    "service/handover.py": "the reload and stop markers in run_dir (verified the daemon's own by "
+                           "fsafe.open_root_dir, written/read/unlinked by its fd, O_NOFOLLOW); /proc/self",
     "service/control.py": "the control socket: bound and chmod-ed in run_dir, verified the daemon's own and "
                           "writable by no one else (fsafe.open_root_dir), unlink/chmod by that dir's fd",
     "doctor/hostprobe.py": "/proc, /sys and /etc, read on the admin's request",

@@ -1,0 +1,154 @@
+"""What a job leaves next to its checkpoints so that another host can take it over (host loss).
+
+A spot host can be reclaimed whole: its spool, state store and logs go with it; the checkpoint
+volume survives. So every job keeps, in `CHECKPOINT_DIR/.spx/` (written as its owner, see
+userfs/spx_dir.py):
+
+- `job.yaml` — this module's `render`: the job's uid (its identity on every host), name, owner name,
+  submission time, the host that wrote it and the accepted spec. Written at each preparation of an
+  attempt (so it also records where the job runs now).
+- `lease` — `lease_doc`: which daemon (`host_id`) runs the job, until when; renewed while the job is
+  live there (run/lease_keeper.py). A daemon adopts a job only while nobody else holds it.
+- `state` — `state_doc`: the terminal state, written when the job ends: `spx adopt` never re-runs a
+  finished, failed or cancelled job.
+
+`parse` is the adopting daemon's reader: the file is in a user's tree and is hostile (it arrives
+capped and opened safely by intake/adopt_scan.py); it is read as YAML without aliases or deep
+nesting and validated like a spool file. What it says about the owner is only checked, never
+believed: the owner is the file's owner (see adopt_scan).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from spx.daemon.intake.spec import JobSpec
+from spx.daemon.intake.spec_yaml import SpecError, read_yaml
+from spx.daemon.state.store import JobRow
+from spx.daemon.userfs import fsafe
+
+FORMAT = 1
+MACHINE_ID = Path("/etc/machine-id")
+_UID = re.compile(r"^[0-9a-f]{32}$")
+TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+class RecordError(ValueError):
+    """`.spx/job.yaml` is not a record this daemon can adopt; the message says why."""
+
+
+@dataclass(frozen=True)
+class Record:
+    uid: str
+    name: str
+    owner: str
+    submitted: float
+    host: str
+    spec: JobSpec
+
+
+def host_id(state_dir: Path) -> str:
+    """Who holds a lease: this machine (/etc/machine-id) and this daemon's state dir, so two daemons
+    on one machine (two --root) are two holders, and a daemon restarted on its own root is the same."""
+    return f"{_machine_id()}:{state_dir.absolute()}"
+
+
+@functools.cache
+def _machine_id() -> str:
+    try:
+        machine = fsafe.read_file(MACHINE_ID, MACHINE_ID.parent, 256).decode("ascii", "replace").strip()
+    except OSError:
+        machine = ""
+    return machine or f"no-machine-id-{socket.gethostname()}"
+
+
+def render(job: JobRow, host: str) -> str:
+    """The text of `.spx/job.yaml` for `job`. The uid line comes first and always quoted: the owner's
+    helper finds it with a regex (stdlib only, see spx_dir.record_uid)."""
+    body = {
+        "name": job.name,
+        "owner": job.owner,
+        "owner_uid": job.owner_uid,
+        "submitted": job.submitted,
+        "host": host,
+        "spec": job.spec.model_dump(mode="json", by_alias=True),
+    }
+    return (f"# spx-trainer job record (host loss: `spx adopt` re-queues the job from here); written by the daemon\n"
+            f'uid: "{job.uid}"\nformat: {FORMAT}\n'
+            + yaml.safe_dump(body, sort_keys=False, default_flow_style=False, allow_unicode=True))
+
+
+def parse(raw: bytes) -> Record:
+    """The record in `raw` (at most 64 KiB, read safely by the caller); RecordError if it is not one."""
+    try:
+        _root, data = read_yaml(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RecordError("not UTF-8 text") from None
+    except SpecError as e:
+        raise RecordError(f"not a readable record: {e.render('job.yaml')}") from None
+    if not isinstance(data, dict):
+        raise RecordError("not a mapping")
+    if data.get("format") != FORMAT:
+        raise RecordError(f"format {data.get('format')!r}, this daemon reads format {FORMAT}")
+    uid, name, owner, host = data.get("uid"), data.get("name"), data.get("owner"), data.get("host")
+    submitted = data.get("submitted")
+    if not isinstance(uid, str) or not _UID.match(uid):
+        raise RecordError("uid: missing or not 32 hex digits")
+    if not isinstance(owner, str) or not owner or not isinstance(host, str):
+        raise RecordError("owner/host: missing")
+    if not isinstance(submitted, (int, float)) or isinstance(submitted, bool) or not 0 < submitted < 1e11:
+        raise RecordError("submitted: missing or not a time")
+    try:
+        spec = JobSpec.model_validate(data.get("spec"))
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:5])
+        raise RecordError(f"spec: {problems}") from None
+    if name != spec.name:
+        raise RecordError(f"name {name!r} differs from the spec's {spec.name!r}")
+    return Record(uid, spec.name, owner, float(submitted), host, spec)
+
+
+def lease_doc(host: str, job_uid: str, seconds: float, now: float) -> dict[str, Any]:
+    return {"host": host, "job": job_uid, "expires": now + seconds, "written": now}
+
+
+def state_doc(job: JobRow, host: str, now: float) -> dict[str, Any]:
+    return {"job": job.uid, "state": job.state.value, "reason": job.reason, "host": host, "time": now}
+
+
+def ended_state(raw: bytes | None, job_uid: str) -> str | None:
+    """The terminal state `.spx/state` (content `raw`) records for `job_uid`; None if none (absent,
+    unreadable, or about another job that used the same directory)."""
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("job") != job_uid or doc.get("state") not in TERMINAL_STATES:
+        return None
+    return str(doc["state"])
+
+
+def lease_of(raw: bytes | None) -> dict[str, Any] | None:
+    """The lease in `raw`, None if absent or not a lease."""
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("host"), str):
+        return None
+    if not isinstance(doc.get("expires"), (int, float)) or isinstance(doc.get("expires"), bool):
+        return None
+    return doc
