@@ -1,0 +1,153 @@
+"""Host loss (spot reclaim): daemon A runs a real spx.trainer DDP job with its checkpoints on a shared
+directory, and is lost with it (kill -9 of the daemon and every process of the job, its root
+deleted). Daemons B and C (other roots, same directory) are asked to `spx adopt` it at once: it runs
+once, on one of them, resumes from A's last complete checkpoint and ends with the final model hash
+of an uninterrupted run. A finished job is never adopted again."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import EXAMPLES, Daemon, job_pids, wait_for
+from spx.daemon.contract import checkpoint_layout
+from spx.daemon.run import proctree
+from spx.daemon.state.store import Store
+
+PY = sys.executable
+LEASE_SECONDS = 6
+NAME = "reclaimed"
+HASH = re.compile(r"final_state_sha256=([0-9a-f]{64})")
+
+
+def job_text(name: str, ckpt: Path) -> str:
+    argv = ", ".join(f'"{a}"' for a in ("--batch_size", "4", "--model-size", "tiny", "--seed", "11", "--steps", "40",
+                                        "--checkpoint-every", "10", "--sleep-per-step", "0.15"))
+    return (f"name: {name}\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\npython: {PY}\n"
+            f"args: [{argv}]\ngpus: 0\nprocs: 2\nrestart: {{max_restarts: 3, backoff_seconds: [1, 10]}}\n"
+            f"stop: {{grace_seconds: 30}}\ncheckpoints: {{dir: {ckpt}}}\n")
+
+
+def final_hash(d: Daemon, name: str, attempt: int) -> str:
+    found = HASH.findall((d.root / "log" / name / f"attempt-{attempt}.log").read_text(errors="replace"))
+    assert len(found) == 1, f"expected one final hash in {name} attempt {attempt}: {found}"
+    return found[0]
+
+
+def adopt(d: Daemon, volume: Path) -> list[dict]:
+    res = d.spx("adopt", str(volume), "--json", check=False)
+    assert res.returncode in (0, 1), res.stderr
+    return json.loads(res.stdout)
+
+
+def results_for(results: list[dict], name: str) -> list[str]:
+    return [r["result"] for r in results if r.get("name") == name]
+
+
+def kill_attempts(d: Daemon, name: str) -> None:
+    """SIGKILL every process of every attempt of `name` the (dead) daemon `d` started: its monitor,
+    launcher and workers, found by their attempt tag, as a host going away would end them."""
+    store = Store(d.root / "state" / "spx.sqlite", readonly=True)
+    try:
+        job = store.job_by_name(name)
+        assert job is not None
+        attempts = store.attempts(job.id)
+    finally:
+        store.close()
+    for att in attempts:
+        proctree.signal_attempt(att.attempt_id, att.pgid, signal.SIGKILL)
+    wait_for(lambda: not any(proctree.attempt_pids(att.attempt_id) for att in attempts), 30,
+             f"every process of {name} on the lost host to be gone")
+    kill_job(name)
+
+
+def kill_job(name: str) -> None:
+    for pid in job_pids(name):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_for(lambda: not job_pids(name), 30, f"every process of {name} to be gone")
+
+
+@pytest.mark.slow
+def test_a_job_of_a_lost_host_is_adopted_once_and_finishes_with_the_uninterrupted_hash(tmp_path):
+    volume = tmp_path / "volume"  # the persistent checkpoint volume every host mounts
+    volume.mkdir()
+    config = {"adopt_lease_seconds": LEASE_SECONDS}
+    a = Daemon(tmp_path / "A", config=config).start()
+    b = c = None
+    try:
+        a.drop("j.yaml", job_text(NAME, volume / NAME))
+        wait_for(lambda: ((a.job(NAME) or {}).get("last_checkpoint_step") or 0) >= 10
+                 and (a.job(NAME) or {}).get("step", 0) >= 14, 240, "a checkpoint at step 10 on host A")
+        spx_dir = volume / NAME / ".spx"
+        assert (spx_dir / "job.yaml").stat().st_mode & 0o077 == 0, "the record is the owner's alone"
+        lease = json.loads((spx_dir / "lease").read_text())
+        assert lease["host"].endswith(str(tmp_path / "A" / "state"))
+        b = Daemon(tmp_path / "B", config=config).start()  # the replacement hosts, already up
+        c = Daemon(tmp_path / "C", config=config).start()
+
+        # The host is reclaimed: the daemon and the job die at once, its local disk goes with them.
+        a.kill9()
+        kill_attempts(a, NAME)
+        shutil.rmtree(a.root)
+        last = checkpoint_layout.find_latest(volume / NAME)
+        assert last is not None and last.step is not None and last.step >= 10
+
+        # A's lease has not expired yet: for all B knows, A is alive behind a partition.
+        lease = json.loads((spx_dir / "lease").read_text())
+        assert time.time() < lease["expires"], "renewed every third of its length while A lived"
+        assert results_for(adopt(b, volume), NAME) == ["held"]
+        assert b.job(NAME) is None
+        time.sleep(max(0.0, lease["expires"] - time.time()) + 0.5)
+
+        # B and C adopt at the same moment: one of them takes it.
+        answers: dict[str, list[dict]] = {}
+        threads = [threading.Thread(target=lambda d=d, k=k: answers.__setitem__(k, adopt(d, volume)))
+                   for k, d in (("B", b), ("C", c))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        got = {k: results_for(v, NAME) for k, v in answers.items()}
+        winners = [k for k, v in got.items() if v == ["queued"]]
+        assert len(winners) == 1 and sorted(got.values()) == [["held"], ["queued"]], got
+        winner, loser = (b, c) if winners == ["B"] else (c, b)
+        # Asked again, on both: nothing more is queued anywhere.
+        assert results_for(adopt(winner, volume), NAME) == ["known"]
+        assert results_for(adopt(loser, volume), NAME) == ["held"]
+
+        winner.wait_state(NAME, {"succeeded", "failed"}, 400)
+        st = winner.status(NAME)
+        assert st["state"] == "succeeded", st
+        assert len(st["history"]) == 1, "one attempt on the new host"
+        assert st["history"][0]["resumed_from_step"] == last.step, "resumed from A's last complete checkpoint"
+        assert loser.job(NAME) is None, "the other daemon never ran it"
+        adopted_hash = final_hash(winner, NAME, 1)
+
+        # Finished: its end is recorded on the volume, and no host adopts it again.
+        wait_for(lambda: (spx_dir / "state").exists(), 30, "the end marker")
+        assert json.loads((spx_dir / "state").read_text())["state"] == "succeeded"
+        assert results_for(adopt(loser, volume), NAME) == ["ended"]
+        assert not (spx_dir / "lease").exists(), "the lease was given up at the end"
+
+        # The same job, uninterrupted, on the daemon that did not run it.
+        loser.drop("base.yaml", job_text("baseline", tmp_path / "baseline-ckpt"))
+        loser.wait_state("baseline", {"succeeded", "failed"}, 400)
+        assert loser.status("baseline")["state"] == "succeeded"
+        assert adopted_hash == final_hash(loser, "baseline", 1), "the adopted job trained exactly as an uninterrupted one"
+    finally:
+        for d in (c, b, a):
+            if d is not None and d.alive():
+                d.stop()
+        kill_job(NAME)
