@@ -151,3 +151,39 @@ def test_a_job_of_a_lost_host_is_adopted_once_and_finishes_with_the_uninterrupte
             if d is not None and d.alive():
                 d.stop()
         kill_job(NAME)
+
+
+def test_adopt_checkpoint_roots_takes_a_lost_hosts_job_over_once_its_lease_expired(tmp_path):
+    """No one runs `spx adopt`: daemon B, configured with the volume as an adopt root, queues the job
+    once A's lease has expired, and it runs to its end there (its script ran twice: killed with A,
+    then once on B)."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    runs = tmp_path / "runs"
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys, time\n"
+                      f"open({str(runs)!r}, 'a').write(os.environ['SPX_ATTEMPT'] + '\\n')\n"
+                      f"sys.exit(0) if len(open({str(runs)!r}).read().split()) > 1 else time.sleep(600)\n")
+    a = Daemon(tmp_path / "A", config={"adopt_lease_seconds": 3}).start()
+    b = None
+    try:
+        a.drop("j.yaml", f"name: roots\nlauncher: python\nscript: {script}\npython: {PY}\n"
+                         f"checkpoints: {{dir: {volume / 'roots'}}}\n")
+        wait_for(lambda: runs.exists() and (volume / "roots" / ".spx" / "lease").exists(), 30, "the job on A")
+        a.kill9()
+        kill_attempts(a, "roots")
+        shutil.rmtree(a.root)
+        b = Daemon(tmp_path / "B", config={"adopt_lease_seconds": 3, "adopt_checkpoint_roots": [str(volume)]}).start()
+        adopted = b.wait_event("job_adopted", timeout=30, job="roots")
+        assert adopted["by"] == "adopt_checkpoint_roots"
+        b.wait_state("roots", {"succeeded", "failed"}, 60)
+        assert b.status("roots")["state"] == "succeeded"
+        assert runs.read_text().split() == ["1", "1"], "once on A (killed), once on B"
+        wait_for(lambda: (volume / "roots" / ".spx" / "state").exists(), 30, "the end marker")
+        time.sleep(4)  # past a rescan of the root: the ended job is not queued again
+        assert len(b.events("job_adopted", job="roots")) == 1
+        assert [j["name"] for j in b.ls()] == ["roots"]
+    finally:
+        for d in (b, a):
+            if d is not None and d.alive():
+                d.stop()
