@@ -2,11 +2,16 @@
 
     spx-trainer --root ./spx-root --gpu-backend fake      # try it without root
     spx-trainer --config /etc/spx/config.yaml             # what systemd runs
+    spx-trainer --config /etc/spx/config.yaml --reload PID  # ExecReload=: re-exec PID, wait for it
 
 One main loop on one thread owns the state store: it claims spool files, schedules, supervises
 attempts and answers change requests. Other threads (inotify, the control socket, the metrics
 server, the XID watcher) only read or hand work to it through queues. This module never imports
 torch (a test enforces it): the daemon must start fast and survive a broken CUDA install.
+
+Jobs outlive the daemon: SIGHUP (`systemctl reload`) makes it re-execute itself in place with the
+code now installed (same pid; its attempts keep running and are adopted by the new image's start),
+and under systemd a crash leaves them running for the restarted daemon (handover.py).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import pwd
 import queue
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -27,9 +33,10 @@ from pathlib import Path
 from spx.daemon.gpu.backend import GpuBackend, open_backend
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt import Adopter
-from spx.daemon.run import cgroups, proctree, scheduler
+from spx.daemon.run import cgroups, proctree, scheduler, step_types
 from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.run.supervisor import Supervisor
+from spx.daemon.service import handover
 from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.service.control import Command, ControlServer, is_admin
 from spx.daemon.service.gpu_rows import gpu_rows
@@ -45,6 +52,11 @@ log = get_logger()
 TICK_SECONDS = 0.25
 REAP_EVERY_SECONDS = 2.0
 STATUS_EVERY_SECONDS = 2.0
+# The reload waiter's patience: under systemd's default 90 s TimeoutStartSec, which bounds ExecReload=.
+RELOAD_WAIT_SECONDS = 85.0
+# Phases a re-exec may leave a job in: nothing of it is in flight on the loop's pool or in a stop, so
+# the new image's recover() takes it on exactly (an attempt running, a backoff, a wait for GPUs).
+REEXEC_SAFE = {step_types.Phase.RUNNING, step_types.Phase.BACKOFF, step_types.Phase.READY, step_types.Phase.DONE}
 
 
 def _version() -> str:
@@ -63,6 +75,8 @@ class Daemon:
         self.wake: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self.stopping = False
+        self.reload_requested = False
+        self._reload_deferred_for: tuple[str, ...] = ()
         self._prepare_dirs()
         self.store = Store(cfg.store_path)
         self.backups = Backups(cfg.store_path, cfg.backup_dir, cfg.backup_every_seconds, cfg.backup_keep)
@@ -99,6 +113,7 @@ class Daemon:
         proctree.become_subreaper()
         for job in self.store.fail_unusable_specs(time.time()):
             log.error("job_spec_invalid_after_upgrade", job=job.name, reason=job.spec_problem)
+        handover.clear_stopping(self.cfg.run_dir)
         self.supervisor.recover()
         self.supervisor.sweep_cgroups()
         self.intake.start()
@@ -110,7 +125,8 @@ class Daemon:
         host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=_version(), root=str(self.cfg.spool_dir.parent),
                  gpu_backend=self.backend.description, metrics=f"{host}:{metrics.port}",
-                 spool=str(self.cfg.spool_dir), pid=os.getpid())
+                 spool=str(self.cfg.spool_dir), pid=os.getpid(), adopted=self.supervisor.adopted)
+        handover.mark_ready(self.cfg.run_dir, _version(), self.supervisor.adopted)
         self.notifier.ready(self.status_text())
 
     def views(self):
@@ -119,7 +135,7 @@ class Daemon:
     def status_text(self) -> str:
         live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
         return format_status(live, len(self.backend.devices()), self.supervisor.last_restart, time.time(),
-                             self.store_problem())
+                             self.store_problem(), adopted=self.supervisor.adopted)
 
     def run(self) -> int:
         self.start()
@@ -144,8 +160,14 @@ class Daemon:
             if now >= next_status:
                 self._stage("status", self._send_status)
                 next_status = now + STATUS_EVERY_SECONDS
+            if self.reload_requested and not self.stopping:
+                exit_code = self._reload()  # returns only if it did not re-execute
+                if exit_code is not None:
+                    return exit_code
             if self.stopping:
                 if stop_deadline is None:
+                    # First, so that a daemon killed while stopping still has its jobs ended (handover).
+                    self._stage("stopping_marker", functools.partial(handover.mark_stopping, self.cfg.run_dir))
                     stop_deadline = now + self.supervisor.stop_all() + 30.0
                     # STOPPING=1 as the stop begins, not once the jobs are down; the extension (renewed
                     # with each STATUS) keeps TimeoutStopSec from cutting their checkpoints off.
@@ -198,8 +220,11 @@ class Daemon:
 
     def _test_wedge_hook(self) -> None:
         """Test hook (SPX_TEST_HOOKS=1): a file `run_dir/wedge-main-loop` blocks the loop, so tests
-        can prove the systemd watchdog restarts a wedged daemon."""
-        if os.environ.get("SPX_TEST_HOOKS") == "1" and (self.cfg.run_dir / "wedge-main-loop").exists():
+        can prove the systemd watchdog restarts a wedged daemon. One-shot (the file is removed):
+        run_dir outlives the restart (RuntimeDirectoryPreserve=restart)."""
+        wedge = self.cfg.run_dir / "wedge-main-loop"
+        if os.environ.get("SPX_TEST_HOOKS") == "1" and wedge.exists():
+            wedge.unlink(missing_ok=True)
             log.warning("main_loop_wedged_by_test_hook")
             while True:
                 time.sleep(3600)
@@ -274,9 +299,18 @@ class Daemon:
             self.stopping = True
             self.wake.put("stop")
 
+    def request_reload(self, signum: int, _frame: object) -> None:
+        self.reload_requested = True
+        self.wake.put("reload")
+
     def shutdown(self) -> None:
         self.notifier.stopping("stopping: jobs stopped, shutting down")
         log.info("daemon_stopping", live_attempts=self.supervisor.busy)
+        self._close()
+        log.info("daemon_stopped")
+
+    def _close(self) -> None:
+        """Everything this process holds, except its jobs: they are stopped (shutdown) or kept (reload)."""
         self.supervisor.close()
         self.intake.stop()
         self.control.stop()
@@ -286,7 +320,65 @@ class Daemon:
             self.metrics.shutdown()
         self.backend.close()
         self.store.close()
-        log.info("daemon_stopped")
+
+    # --- reload: re-execute in place ---------------------------------------------------------------------
+
+    def _reload(self) -> int | None:
+        """SIGHUP: become the code now installed, keeping the jobs. Deferred while a job is between
+        phases (its attempt preparing, stopping or being diagnosed, its data staging: work of this
+        image that the next could not take over); refused, with this image running on, when the new
+        code does not pass `--check`. Otherwise RELOADING=1, everything but the jobs is closed and
+        the process execs itself; the new image's start adopts the running attempts (its own
+        children still: same pid) and sends READY=1. Returns an exit status only if the exec failed
+        after the close (systemd then restarts the daemon; the jobs are kept)."""
+        between = tuple(sorted(f"{s.name}: {s.phase.value}" for s in self.supervisor.steps.values()
+                               if s.phase not in REEXEC_SAFE))
+        if between:
+            if between != self._reload_deferred_for:
+                log.info("reload_deferred", jobs=list(between))
+                self._reload_deferred_for = between
+            return None
+        self.reload_requested = False
+        self._reload_deferred_for = ()
+        argv = reexec_argv()
+        problem = check_new_image(argv)
+        if problem is not None:
+            log.error("reload_refused", argv=argv, error=problem)
+            self._stage("reload_refused", functools.partial(handover.mark_refused, self.cfg.run_dir, problem))
+            return None
+        self.notifier.reloading(f"reloading: re-executing; {self.supervisor.busy} running jobs kept")
+        log.info("daemon_reexec", version=_version(), argv=argv, running_jobs=self.supervisor.busy)
+        self._close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execv(argv[0], argv)
+        except OSError as e:
+            log.error("reexec_failed", argv=argv, error=str(e))
+        return 1
+
+
+def reexec_argv() -> list[str]:
+    """This process's command line, to exec again: the entry-point script itself when it was run as
+    one (its #! line then names the interpreter of the install now in place), else the interpreter
+    with its original arguments (`python -m spx.daemon.service.main ...`)."""
+    script = sys.argv[0]
+    if os.path.isabs(script) and not script.endswith(".py") and os.access(script, os.X_OK):
+        return [script, *sys.argv[1:]]
+    return [sys.executable, *sys.orig_argv[1:]]
+
+
+def check_new_image(argv: list[str]) -> str | None:
+    """Run the installed code with `--check` (it imports the daemon and loads the config): why a
+    re-exec into it would fail, or None."""
+    try:
+        r = subprocess.run([*argv, "--check"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=60, close_fds=True)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{argv[0]} --check: {e}"
+    if r.returncode != 0:
+        return f"{argv[0]} --check exited {r.returncode}: {(r.stderr or r.stdout).strip()[-500:]}"
+    return None
 
 
 def _user_name(uid: int) -> str:
@@ -305,12 +397,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fake-gpus", type=Path, help="fixture for --gpu-backend fake")
     p.add_argument("--metrics-address", help="HOST:PORT for /metrics (default 127.0.0.1:9101)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    once = p.add_mutually_exclusive_group()
+    once.add_argument("--check", action="store_true",
+                      help="load the config and exit (0: this code and config start); a reload runs it first")
+    once.add_argument("--reload", type=int, metavar="PID",
+                      help="(ExecReload=) make daemon PID re-execute itself; wait until it did (or refused)")
+    once.add_argument("--stop-post", action="store_true",
+                      help="(ExecStopPost=) after a stop, kill what is left in the unit's cgroup; after a "
+                           "crash ($SERVICE_RESULT), leave the jobs running for the next start to adopt")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure(args.log_level)
+    if args.stop_post or args.reload is not None or args.check:
+        return _helper(args)
     try:
         cfg = load_config(args.config, args.root, gpu_backend=args.gpu_backend, fake_gpus=args.fake_gpus,
                           metrics_address=args.metrics_address)
@@ -334,7 +436,28 @@ def main(argv: list[str] | None = None) -> int:
     daemon = Daemon(cfg, backend, Notifier.from_env(), cgroup_tree)
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
+    signal.signal(signal.SIGHUP, daemon.request_reload)
     return daemon.run()
+
+
+def _helper(args: argparse.Namespace) -> int:
+    """The one-shot modes: --check, and the unit's ExecReload= and ExecStopPost= commands."""
+    try:
+        cfg = load_config(args.config, args.root, gpu_backend=args.gpu_backend, fake_gpus=args.fake_gpus,
+                          metrics_address=args.metrics_address)
+    except ConfigError as e:
+        log.error("cannot_start", error=str(e))
+        if args.stop_post:  # the stop guard runs whatever the config says: it needs only its cgroup
+            return handover.stop_post(None, os.environ.get("SERVICE_RESULT", ""))
+        return 2
+    if args.stop_post:
+        return handover.stop_post(cfg.run_dir, os.environ.get("SERVICE_RESULT", ""))
+    if args.reload is not None:
+        done, what = handover.request_reload(cfg.run_dir, args.reload, RELOAD_WAIT_SECONDS)
+        (log.info if done else log.error)("reload_done" if done else "reload_failed", detail=what)
+        return 0 if done else 1
+    log.info("check_ok", version=_version(), config=str(args.config) if args.config else None)
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 
 class Notifier:
@@ -39,6 +40,12 @@ class Notifier:
 
     def ready(self, status: str) -> None:
         self._send(READY="1", STATUS=status, MAINPID=str(os.getpid()))
+
+    def reloading(self, status: str) -> None:
+        """A reload begins (`systemctl reload`: the daemon re-executes itself); READY=1 from the new
+        image ends it. MONOTONIC_USEC tells systemd which reload this is (it ignores it before v253)."""
+        self._send(RELOADING="1", MONOTONIC_USEC=str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000),
+                   STATUS=status)
 
     def status(self, text: str) -> None:
         self._send(STATUS=text)

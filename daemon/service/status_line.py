@@ -17,10 +17,12 @@ def _ago(seconds: float) -> str:
 
 def format_status(
     jobs: list[JobView], gpus_total: int, last_restart: tuple[str, float, str] | None, now: float,
-    store_problem: str | None = None,
+    store_problem: str | None = None, adopted: int = 0,
 ) -> str:
-    """E.g. "2 running, 1 queued, 6/8 GPUs busy; llama-ft restarted 3 min ago (crash)" — and, while
-    the state store refuses writes, "; STATE STORE NOT WRITABLE: <why>" (jobs go on; writes are retried)."""
+    """E.g. "2 running, 1 queued, 6/8 GPUs busy; adopted 2 running jobs; llama-ft restarted 3 min ago
+    (crash)" — "adopted N" while this daemon runs, for the attempts it found running when it started
+    (after a crash, a watchdog kill or `systemctl reload`) and took on as they were — and, while the
+    state store refuses writes, "; STATE STORE NOT WRITABLE: <why>" (jobs go on; writes are retried)."""
     states = Counter(j.state for j in jobs)
     parts = [f"{states.get('running', 0)} running"]
     for state in ("starting", "restarting", "queued"):
@@ -28,6 +30,8 @@ def format_status(
             parts.append(f"{states[state]} {state}")
     busy = len({g for j in jobs if j.state in ("starting", "running", "restarting") for g in j.gpus})
     text = ", ".join(parts) + (f", {busy}/{gpus_total} GPUs busy" if gpus_total else ", no GPUs (CPU jobs only)")
+    if adopted:
+        text += f"; adopted {adopted} running job{'' if adopted == 1 else 's'}"
     if last_restart is not None:
         name, when, why = last_restart
         text += f"; {name} restarted {_ago(max(0.0, now - when))} ({why})"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from systemd_sandbox import Sandbox, cannot_run_reason, python_dirs
@@ -37,17 +36,11 @@ def sandbox(tmp_path_factory) -> Iterator[Sandbox]:
         sb.run("useradd", "--create-home", "--shell", "/bin/sh", JOB_USER)
         sb.write("/etc/spx/config.yaml", TEST_CONFIG)
         sb.install_log = sb.run("bash", str(REPO / "systemd" / "install.sh"), "--venv", sys.prefix).stdout
-        sb.write(f"/etc/systemd/system/{UNIT}.d/test.conf", TEST_DROPIN + _private_tmp_binds(KEEP))
+        sb.write(f"/etc/systemd/system/{UNIT}.d/test.conf", TEST_DROPIN)
         sb.systemctl("daemon-reload")
         yield sb
     finally:
         sb.close()
-
-
-def _private_tmp_binds(dirs: list[Path]) -> str:
-    """The unit has PrivateTmp=yes, so a checkout or venv under /tmp (a CI clone) does not exist in
-    its view: bind those back in, read-only. (On a host the venv is under /opt.)"""
-    return "".join(f"BindReadOnlyPaths={d}\n" for d in dirs if d.is_relative_to("/tmp") or d.is_relative_to("/var/tmp"))
 
 
 @pytest.fixture

@@ -79,8 +79,10 @@ def show_times(sb, *props: str) -> dict[str, float]:
 
 
 def daemon_event(sb, event: str, pid: str) -> dict:
-    hits = [e["spx"] for e in sb.journal_json(UNIT) if e.get("spx", {}).get("event") == event and e.get("_PID") == pid]
-    assert hits, f"no {event} in the journal of pid {pid}"
+    """The last `event` the daemon process `pid` logged ("": any process of the unit, e.g. its stop guard)."""
+    hits = [e["spx"] for e in sb.journal_json(UNIT)
+            if e.get("spx", {}).get("event") == event and (not pid or e.get("_PID") == pid)]
+    assert hits, f"no {event} in the journal of pid {pid or 'any'}"
     return hits[-1]
 
 
@@ -196,7 +198,7 @@ def test_start_ready_status_then_stop_checkpoints_and_start_resumes(unit):
 # --- failures -------------------------------------------------------------------------------------
 
 
-def test_kill9_of_the_daemon_restarts_it_and_the_job_resumes(unit):
+def test_kill9_of_the_daemon_restarts_it_and_the_job_runs_on_in_its_attempt(unit):
     sb = unit
     sb.systemctl("start", UNIT)
     submit(sb, "sd-kill", "--steps", "400", "--checkpoint-every", "5", "--sleep-per-step", "0.3", grace=10)
@@ -205,21 +207,49 @@ def test_kill9_of_the_daemon_restarts_it_and_the_job_resumes(unit):
     workers = job_pids("sd-kill")
     sb.run("kill", "-9", old["MainPID"])
     wait_for(lambda: sb.show(UNIT, "NRestarts")["NRestarts"] == str(int(old["NRestarts"]) + 1), 30, "a restart")
-    # KillMode=mixed: systemd SIGKILLed what was left of the unit before restarting it.
-    assert not set(workers) & set(job_pids("sd-kill"))
-    ckpt = latest_checkpoint(sb, "sd-kill")
+    # KillMode=process: systemd killed the daemon only; the job trains on, in its attempt's cgroup.
+    assert job_pids("sd-kill") == workers
     wait_for(lambda: sb.show(UNIT, "ActiveState", "SubState") == {"ActiveState": "active", "SubState": "running"},
              30, "the restarted daemon to be ready")
-    assert sb.show(UNIT, "MainPID")["MainPID"] != old["MainPID"]
-    assert "code=killed, status=9/KILL" in sb.journal(UNIT)
-    s = wait_status(sb, "sd-kill", "relaunch", lambda s: s["attempts"] == 2 and s["state"] == "running")
-    assert s["history"][1]["resumed_from_step"] == ckpt and ckpt >= 5, s["history"]
+    new_pid = sb.show(UNIT, "MainPID")["MainPID"]
+    assert new_pid != old["MainPID"]
+    journal = sb.journal(UNIT)
+    assert "code=killed, status=9/KILL" in journal
+    assert daemon_event(sb, "jobs_kept_running", "")["service_result"] == "signal", "the stop guard kept the job"
+    assert daemon_event(sb, "daemon_ready", new_pid)["adopted"] == 1
+    s = status(sb, "sd-kill")
+    assert s["attempts"] == 1 and s["state"] == "running", s["history"]
     attempt_cgs = cgroups.CgroupTree(sb.path(UNIT_CGROUP)).attempt_cgroups()
-    assert [cg.name.rsplit("-", 1)[0] for cg in attempt_cgs] == ["sd-kill-2"], "no cgroup of attempt 1 is left"
-    assert s["history"][0]["end"] is not None and s["history"][0]["reason"] == "daemon restarted"
-    wait_status(sb, "sd-kill", "training past the checkpoint", lambda s: (s["step"] or 0) > ckpt)
+    assert [cg.name.rsplit("-", 1)[0] for cg in attempt_cgs] == ["sd-kill-1"]
+    assert set(workers) <= set(cgroups.procs(attempt_cgs[0]))
+    assert "adopted 1 running job" in sb.systemctl("status", UNIT, check=False).stdout
+    step = s["step"] or 0
+    wait_status(sb, "sd-kill", "training on under the new daemon", lambda s: (s["step"] or 0) > step)
+    assert job_pids("sd-kill") == workers
     sb.run(SPX, "cancel", "sd-kill", user=JOB_USER)
     wait_status(sb, "sd-kill", "cancelled", lambda s: s["state"] == "cancelled", timeout=60)
+
+
+def test_daemon_killed_while_stopping_still_leaves_nothing_running(unit):
+    """The stop guard (ExecStopPost=): a daemon that dies in the middle of a stop cannot end its jobs;
+    the guard sees the stop it had begun and kills what is left, so the stop still leaves nothing."""
+    sb = unit
+    sb.systemctl("start", UNIT)
+    submit(sb, "sd-stopkill", "--steps", "400", "--checkpoint-every", "0", "--sleep-per-step", "5", grace=60)
+    wait_status(sb, "sd-stopkill", "training", lambda s: s["state"] == "running" and (s["step"] or 0) >= 1)
+    workers = job_pids("sd-stopkill")
+    main = sb.show(UNIT, "MainPID")["MainPID"]
+    sb.systemctl("stop", "--no-block", UNIT)
+    wait_for(lambda: sb.path("/run/spx/stopping").exists(), 10, "the daemon to begin its stop", interval=0.02)
+    assert all(Path(f"/proc/{p}").exists() for p in workers), "the job is still checkpointing"
+    sb.run("kill", "-9", main)
+    wait_for(lambda: sb.show(UNIT, "ActiveState")["ActiveState"] in ("inactive", "failed"), 30, "the unit to stop")
+    time.sleep(2)  # over RestartSec: a stop is not followed by a restart, whatever the daemon died of
+    assert sb.show(UNIT, "ActiveState")["ActiveState"] in ("inactive", "failed")
+    assert not job_pids("sd-stopkill"), "a job process outlived the stop"
+    assert not cgroups.populated(sb.path(UNIT_CGROUP)), "the unit's cgroup tree is empty"
+    killed = daemon_event(sb, "left_over_processes_killed", "")
+    assert killed["stopping"] is True and killed["service_result"] == "signal", killed
 
 
 def test_wedged_main_loop_is_killed_by_the_watchdog_and_restarted(unit):
@@ -241,7 +271,7 @@ def test_wedged_main_loop_is_killed_by_the_watchdog_and_restarted(unit):
         assert new_pid != old["MainPID"]
         daemon_event(sb, "main_loop_wedged_by_test_hook", old["MainPID"])
         assert isinstance(json.loads(sb.run(SPX, "ls", "--json").stdout), list)  # it answers again
-        assert not sb.path("/run/spx/wedge-main-loop").exists(), "RuntimeDirectory= starts empty"
+        assert not sb.path("/run/spx/wedge-main-loop").exists(), "the wedge hook is one-shot"
     finally:
         sb.systemctl("stop", UNIT, check=False)
         dropin(sb, "watchdog", None)
