@@ -413,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     configure(args.log_level)
     if args.stop_post or args.reload is not None or args.check:
         return _helper(args)
+    # Until the daemon exists: a stop is remembered (its jobs, adopted or not, still get their grace),
+    # and a reload is already done (this start runs the code installed now; it writes daemon.ready).
+    early_stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: early_stop.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _frame: early_stop.append(signum))
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: None)
     try:
         cfg = load_config(args.config, args.root, gpu_backend=args.gpu_backend, fake_gpus=args.fake_gpus,
                           metrics_address=args.metrics_address)
@@ -437,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     signal.signal(signal.SIGHUP, daemon.request_reload)
+    if early_stop:
+        daemon.request_stop(early_stop[0], None)
     return daemon.run()
 
 

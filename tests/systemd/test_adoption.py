@@ -48,8 +48,10 @@ def _status(sb) -> dict:
 
 def _submit(sb) -> None:
     argv = ", ".join(f'"{a}"' for a in [*TRAIN_ARGS, *SLOW])
-    spec = (f"name: {NAME}\nlauncher: torchrun\nscript: /opt/spx-trainer/src/examples/train_ddp.py\n"
-            f"python: /opt/spx-trainer/venv/bin/python\nargs: [{argv}]\ngpus: 2\nprocs: 2\n"
+    # The checkout's interpreter and script, not /opt/spx-trainer's: the upgrade below swaps the venv
+    # and src there, under the running job (whose later imports would then find another tree).
+    spec = (f"name: {NAME}\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\n"
+            f"python: {sys.prefix}/bin/python\nargs: [{argv}]\ngpus: 2\nprocs: 2\n"
             "restart: {max_restarts: 0, hang_timeout_seconds: 120}\nstop: {grace_seconds: 20}\n")
     sb.run("sh", "-c", f"cat > ~/{NAME}.yaml", user=JOB_USER, input=spec)
     sb.run(SPX, "submit", f"/home/{JOB_USER}/{NAME}.yaml", user=JOB_USER)

@@ -252,6 +252,31 @@ def test_daemon_killed_while_stopping_still_leaves_nothing_running(unit):
     assert killed["stopping"] is True and killed["service_result"] == "signal", killed
 
 
+def test_reload_into_code_or_config_that_cannot_start_is_refused_and_the_daemon_runs_on(unit):
+    """A reload into code or a config that cannot start is refused before the daemon closes anything
+    (ExecReload= runs the installed code on the config, and the daemon runs it with `--check` again
+    before it re-executes): `systemctl reload` fails and says why, and the daemon goes on as it was."""
+    sb = unit
+    sb.systemctl("start", UNIT)
+    pid = sb.show(UNIT, "MainPID")["MainPID"]
+    good = sb.path("/etc/spx/config.yaml").read_text()
+    sb.write("/etc/spx/config.yaml", good + "no_such_key: 1\n")
+    try:
+        r = sb.systemctl("reload", UNIT, check=False)
+    finally:
+        sb.write("/etc/spx/config.yaml", good)
+    assert r.returncode != 0
+    assert sb.show(UNIT, "MainPID", "ActiveState", "SubState") == {
+        "MainPID": pid, "ActiveState": "active", "SubState": "running"}
+    # ExecReload= runs the installed code on the config first: it says why, and signals nothing.
+    assert "no_such_key" in daemon_event(sb, "cannot_start", "")["error"]
+    assert not [e for e in sb.journal_json(UNIT) if e.get("spx", {}).get("event") == "daemon_reexec"]
+    assert isinstance(json.loads(sb.run(SPX, "ls", "--json").stdout), list)  # it answers, unchanged
+    sb.systemctl("reload", UNIT)  # the config is good again: the same pid re-executes
+    assert sb.show(UNIT, "MainPID")["MainPID"] == pid
+    assert daemon_event(sb, "daemon_reexec", pid)["argv"][0] == "/opt/spx-trainer/venv/bin/spx-trainer"
+
+
 def test_wedged_main_loop_is_killed_by_the_watchdog_and_restarted(unit):
     sb = unit
     dropin(sb, "watchdog", "[Service]\nWatchdogSec=3s\n")
