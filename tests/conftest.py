@@ -1,5 +1,7 @@
-"""Suite-wide guards: a test that leaks a thread or a child process fails (watchdog's conftest
-idea). Long-lived processes must be stopped by the test that started them."""
+"""Suite-wide: a test that leaks a thread or a child process fails (watchdog's conftest idea;
+long-lived processes must be stopped by the test that started them); the hostile-probe and
+fault-injection summary lines (run_summaries.py); and what may run in parallel (tests/run.sh runs
+the suite on pytest-xdist workers)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,36 @@ from collections.abc import Callable
 
 import psutil
 import pytest
+import run_summaries
+
+# Tests that add or remove real users (useradd/userdel, here or inside the systemd sandbox, whose /etc
+# is the machine's): /etc/passwd is one file for the whole machine, and the hostile probes' users are
+# fixed names created and removed per module, so these run one after another, on one worker.
+USER_DB_TESTS = (
+    "tests/hostile/", "tests/systemd/", "tests/faults/test_owner_deleted.py", "tests/integration/test_intake.py",
+    "tests/integration/test_isolation.py", "tests/staging/test_staging_groups.py", "tests/unit/test_fsafe_users.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Parallel runs (pytest-xdist): every test is its own unit of work, except the USER_DB_TESTS,
+    which form one unit that runs on one worker, in order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UsersTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "users" if nodeid.startswith(USER_DB_TESTS) else nodeid
+
+    return UsersTogether(config, log)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    run_summaries.record(report)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    run_summaries.write(terminalreporter)
 
 
 def _children() -> set[int]:
@@ -55,3 +87,4 @@ def no_leaked_threads_or_children(leak_exempt_pids):
         problems.append(f"leaked child processes (killed now): {sorted(leaked_children)}")
     if problems:
         pytest.fail("; ".join(problems))
+

@@ -190,24 +190,28 @@ def fake_backend(fake: Any) -> GpuBackend:
     return backend
 
 
-def _open_fake(fixture: Path | None) -> GpuBackend:
+def _open_fake(fixture: Path | None, scope: Path | None) -> GpuBackend:
     from spx.daemon.gpu.fake import DEFAULT_FIXTURE, FakeNvml
+    from spx.daemon.gpu.fake_procs import run_dir_filter
 
-    return fake_backend(FakeNvml.from_fixture(fixture or DEFAULT_FIXTURE))
+    process_filter = run_dir_filter(scope) if scope is not None else None
+    return fake_backend(FakeNvml.from_fixture(fixture or DEFAULT_FIXTURE, process_filter=process_filter))
 
 
-def open_backend(kind: str, fake_fixture: Path | None = None) -> GpuBackend:
+def open_backend(kind: str, fake_fixture: Path | None = None, fake_scope: Path | None = None) -> GpuBackend:
     """Open the GPU backend named by `--gpu-backend`.
 
     auto: NVML if `nvmlInit` works, else "none" with the reason in `description`.
     nvml: NVML or a `GpuBackendError` saying why not (no silent fallback: the operator asked for GPUs).
     fake: the bundled 8×H100 SXM5 fixture, or `fake_fixture`. Only ever chosen explicitly.
+      `fake_scope`: a daemon's run dir; the fake then sees only that daemon's job processes as
+      using its GPUs, so each daemon on a test machine has a host of its own (see fake_procs).
     none: no GPUs; CPU jobs only.
     """
     if kind not in BACKEND_KINDS:
         raise GpuBackendError(f"unknown GPU backend {kind!r}; use one of {', '.join(BACKEND_KINDS)}")
     if kind == "fake":
-        return _open_fake(fake_fixture)
+        return _open_fake(fake_fixture, fake_scope)
     if kind == "none":
         return GpuBackend("none", "none: GPU backend disabled (--gpu-backend none)", None)
     import pynvml

@@ -6,6 +6,10 @@ the one GPU it uses; any other process of a job (a `python` launcher job, or tor
 on real hardware holds none) is reported on every GPU it can see, erring towards "busy". That makes
 "GPUs are free after the job was killed" and per-process memory attribution real checks with the
 fake. Zombies have an empty environ, so a dead but unreaped worker counts as gone, as with a driver.
+
+A daemon's fake is scoped to its own jobs (`run_dir_filter`): several daemons on one test machine
+(tests run in parallel, sandboxed systemd daemons) each simulate a host of their own, instead of
+seeing each other's workers on "their" GPUs.
 """
 
 from __future__ import annotations
@@ -29,9 +33,16 @@ def _environ(pid: int, proc: Path) -> dict[str, str] | None:
     env: dict[str, str] = {}
     for item in raw.split(b"\0"):
         key, sep, value = item.partition(b"=")
-        if sep and key in (b"SPX_JOB", b"CUDA_VISIBLE_DEVICES", b"LOCAL_RANK", b"SPX_ATTEMPT_ID"):
+        if sep and key in (b"SPX_JOB", b"CUDA_VISIBLE_DEVICES", b"LOCAL_RANK", b"SPX_ATTEMPT_ID", b"SPX_HEARTBEAT_FILE"):
             env[key.decode(errors="replace")] = value.decode(errors="replace")
     return env
+
+
+def run_dir_filter(run_dir: Path) -> ProcessFilter:
+    """Only the job processes of the daemon whose run dir this is: their heartbeat file lies in it
+    (every process of an attempt inherits SPX_HEARTBEAT_FILE)."""
+    prefix = f"{run_dir.absolute()}/"
+    return lambda _pid, env: env.get("SPX_HEARTBEAT_FILE", "").startswith(prefix)
 
 
 def _visible(value: str, uuids: list[str]) -> list[int]:

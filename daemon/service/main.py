@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.root, gpu_backend=args.gpu_backend, fake_gpus=args.fake_gpus,
                           metrics_address=args.metrics_address)
-        backend = open_backend(cfg.gpu_backend, cfg.fake_gpus)
+        backend = open_backend(cfg.gpu_backend, cfg.fake_gpus, fake_scope=cfg.run_dir)
         # Before any thread starts: the daemon moves itself into its supervisor leaf here.
         cgroup_tree, why = cgroups.manage_own(cfg.cgroups)
     except (ConfigError, RuntimeError, cgroups.CgroupError) as e:

@@ -10,36 +10,22 @@ state store) refusing to start with its one clear line and running nothing.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from run_summaries import SCENARIO_PROPERTY, Scenario
 
 from harness import Daemon
 
 
-@dataclass
-class Scenario:
-    name: str
-    survived: bool = False
-    lost: list[str] = field(default_factory=list)
-    twice: list[str] = field(default_factory=list)
-
-    def record(self, audit) -> None:
-        """Add an audit's lost and run-twice jobs to this scenario."""
-        self.lost += audit.lost
-        self.twice += audit.twice
-
-
-_SCENARIOS: list[Scenario] = []
-
-
 @pytest.fixture
-def scenario(request) -> Scenario:
-    """The record of this test's scenario; the test sets `survived` once the daemon came through."""
+def scenario(request) -> Iterator[Scenario]:
+    """The record of this test's scenario; the test sets `survived` once the daemon came through.
+    It leaves with the test's teardown report, for the summary line (tests/run_summaries.py)."""
     s = Scenario(request.node.name)
-    _SCENARIOS.append(s)
-    return s
+    yield s
+    request.node.user_properties.append((SCENARIO_PROPERTY, asdict(s)))
 
 
 @pytest.fixture
@@ -55,17 +41,3 @@ def daemons(tmp_path) -> Iterator[list[Daemon]]:
 @pytest.fixture
 def root(tmp_path) -> Path:
     return tmp_path / "root"
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    if not _SCENARIOS:
-        return
-    survived = sum(s.survived for s in _SCENARIOS)
-    lost = sum(len(s.lost) for s in _SCENARIOS)
-    twice = sum(len(s.twice) for s in _SCENARIOS)
-    terminalreporter.section("fault injection")
-    for s in _SCENARIOS:
-        if not s.survived or s.lost or s.twice:
-            terminalreporter.write_line(f"{s.name}: survived={s.survived} lost={s.lost} run twice={s.twice}")
-    terminalreporter.write_line(f"{len(_SCENARIOS)} scenarios, {survived} survived, {lost} jobs lost, "
-                                f"{twice} jobs run twice")
