@@ -93,6 +93,10 @@ KILL_REPEAT_SECONDS = 1.0
 DUMP_DEADLINE_SECONDS = 60.0
 DIAGNOSE_DEADLINE_SECONDS = 30.0
 CHECKPOINT_DEADLINE_SECONDS = 120.0
+# After its "finished" heartbeat (training done, final checkpoint complete) an attempt gets this long
+# to exit; one that does not (seen: torch's gloo teardown deadlocking in the interpreter's exit) is a
+# hang at exit — stacks dumped, killed — and succeeded: its work is done.
+FINISHED_EXIT_SECONDS = 60.0
 # A backoff countdown is stored this often (a daemon SIGKILLed mid-backoff loses at most this much).
 BACKOFF_SAVE_SECONDS = 15.0
 # Stop causes that are not the job's fault: its attempt does not count as a restart. "lost": an
@@ -200,12 +204,16 @@ def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]
         return _fail_before_attempt(s, f"checkpoint discovery did not finish in {CHECKPOINT_DEADLINE_SECONDS:.0f} s", now)
     if s.phase is Phase.RUNNING and s.last_progress is not None and s.stop_cause is None:
         idle = now - s.last_progress
-        if idle > s.limits.hang_timeout_seconds:
+        finished = s.beat_status == "finished"
+        if idle > (min(s.limits.hang_timeout_seconds, FINISHED_EXIT_SECONDS) if finished else s.limits.hang_timeout_seconds):
             # running → dumping: no step progress for the hang timeout; stacks first, then the stop.
             return _to(s, Phase.DUMPING, now, hang_idle=idle, stop_cause="hang"), [
                 RecordStop(s.number, "hang"),
-                Log("hang_detected", "warning", (("idle_seconds", round(idle, 1)), ("step", s.last_step))),
-                Note(f"hang detected: no step progress for {idle:.0f} s (at step {s.last_step}); dumping stacks, then SIGTERM"),
+                Log("hang_detected", "warning", (("idle_seconds", round(idle, 1)), ("step", s.last_step),
+                                                  ("after_finished", finished))),
+                Note(f"hang detected: not exited {idle:.0f} s after training finished; dumping stacks, then SIGTERM"
+                     if finished else
+                     f"hang detected: no step progress for {idle:.0f} s (at step {s.last_step}); dumping stacks, then SIGTERM"),
                 DumpStacks(s.number),
             ]
     if s.phase is Phase.DUMPING and since > DUMP_DEADLINE_SECONDS:
@@ -285,8 +293,9 @@ def _heartbeat(s: JobStep, obs: HeartbeatSeen, now: float) -> tuple[JobStep, lis
     # A beat counts only if written during this attempt, and once.
     if obs.time < s.started_wall or obs.time == s.last_beat_time:
         return s, []
+    finishing = obs.status == "finished" and s.beat_status != "finished"
     s = replace(s, last_beat_time=obs.time, beat_status=obs.status)
-    if s.last_step is None or obs.step != s.last_step:
+    if s.last_step is None or obs.step != s.last_step or finishing:
         # running: progress — the hang clock restarts (it starts at the first heartbeat: scripts
         # that write none are supervised on exit status alone).
         s = replace(s, last_step=obs.step, last_progress=now)
@@ -343,8 +352,12 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     transaction. A restart goes to BACKOFF (or DONE if the daemon is stopping: the stored remaining
     delay resumes at the next start); anything else is terminal."""
     ran = now - (s.started if s.started is not None else now)
-    if s.stop_cause == "lost" and s.exit_code is None and s.beat_status == "finished":
-        # A lost attempt (its exit unknown), but its heartbeat says training finished.
+    finished_reason = None
+    if s.beat_status == "finished" and s.stop_cause in ("lost", "hang"):
+        # Its heartbeat says training finished (final checkpoint complete), but its exit is unknown
+        # (lost) or it never exited (a hang at exit, killed): the job's work is done.
+        finished_reason = ("training finished (heartbeat); it did not exit and was killed" if s.stop_cause == "hang"
+                           else "training finished (heartbeat); its exit is unknown")
         s = replace(s, stop_cause=None, exit_code=0)
     code = s.exit_code
     outcome = AttemptOutcome(
@@ -357,6 +370,8 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     d = decide(outcome, s.limits.restart, s.restarts, s.backoff_level, s.no_progress_streak, s.limits.healthy_seconds)
     if d.state is JobState.CANCELLED and s.cancelled_by:
         d = replace(d, reason=f"cancelled by {s.cancelled_by}")  # a user's decision, not a failure
+    if finished_reason is not None and d.state is JobState.SUCCEEDED:
+        d = replace(d, reason=finished_reason)
     terminal = d.state.terminal
     finish = FinishAttempt(
         number=s.number, state=d.state, reason=d.reason, reason_class=d.reason_class, exit_code=code,

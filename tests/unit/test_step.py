@@ -747,3 +747,20 @@ def test_backoff_stores_its_countdown_every_15_seconds_so_a_killed_daemon_loses_
     assert actions == [SaveBackoff(29.0)]
     s, actions = st.step(s, Tick(), 26.0)  # 14 s left
     assert actions == [SaveBackoff(14.0)] and s.phase is Phase.BACKOFF
+
+
+def test_an_attempt_that_does_not_exit_after_training_finished_is_killed_and_succeeded():
+    """Training done (the "finished" beat comes after the final checkpoint) but the process hangs in
+    its exit: a minute later it is a hang at exit, stacks dumped and killed, and the job succeeded."""
+    s = running(limits=replace(LIMITS, hang_timeout_seconds=900))
+    s, _ = st.step(s, HeartbeatSeen(60, WALL0 + 5, "running"), 5.0)
+    s, _ = st.step(s, HeartbeatSeen(60, WALL0 + 6, "finished"), 6.0)
+    s, actions = st.step(s, Tick(), 6.0 + st.FINISHED_EXIT_SECONDS - 1)
+    assert s.phase is Phase.RUNNING and actions == []
+    s, actions = st.step(s, Tick(), 6.0 + st.FINISHED_EXIT_SECONDS + 1)
+    assert s.phase is Phase.DUMPING and DumpStacks(1) in actions
+    s, _ = st.step(s, StacksDumped(1), 70.0)
+    s, actions = ended(s, 71.0, code=None, sig=signal.SIGTERM)
+    s, actions = st.step(s, Diagnosed(1, None, False), 72.0) if s.phase is Phase.DIAGNOSING else (s, actions)
+    finish = only(actions, FinishAttempt)
+    assert finish.state is JobState.SUCCEEDED and finish.reason.startswith("training finished")
