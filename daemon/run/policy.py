@@ -30,6 +30,7 @@ class AttemptOutcome:
 
     exit_code: int | None
     signal: int | None
+    root_cause: str | None = None  # rootcause.root_cause_of's line for a failed attempt, if found
     preempted: bool = False
     oom: bool = False
     stop_cause: str | None = None

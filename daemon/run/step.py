@@ -361,7 +361,7 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
         s = replace(s, stop_cause=None, exit_code=0)
     code = s.exit_code
     outcome = AttemptOutcome(
-        exit_code=code, signal=s.exit_signal,
+        exit_code=code, signal=s.exit_signal, root_cause=s.root_cause,
         preempted=s.beat_status == "preempted" or code == EXIT_PREEMPTED,
         oom=s.oom, stop_cause=s.stop_cause, hang_seconds=s.hang_idle,
         progressed=s.progressed or (s.last_step is None and ran >= s.limits.healthy_seconds),
