@@ -79,8 +79,10 @@ class Restart(_Strict):
     backoff_seconds: tuple[float, float] = Field(
         (10.0, 300.0), description="[first, cap] of the exponential backoff between attempts; cap at most one day."
     )
-    hang_timeout_seconds: float = Field(
-        900.0, gt=0, le=MAX_HANG_TIMEOUT, description="No heartbeat step progress this long = hang (at most 30 days)."
+    hang_timeout_seconds: float | None = Field(
+        None, gt=0, le=MAX_HANG_TIMEOUT,
+        description="No heartbeat step progress this long = hang (at most 30 days). Unset: calibrated from the "
+                    "job's own step intervals — max(10 s, 5 × their p99, 2 × the longest), 900 s until 5 were seen.",
     )
     on_exit_codes: Literal["any"] | list[Annotated[int, Field(ge=0, le=255)]] = Field(
         "any", description="Exit codes (0-255) that are restarted; any other non-zero code fails the job."

@@ -36,7 +36,7 @@ class Limits:
     """What the job's spec and the daemon's config fix for the whole job."""
 
     grace_seconds: float
-    hang_timeout_seconds: float
+    hang_timeout_seconds: float | None  # None: calibrated from the observed step intervals (step.hang_timeout)
     healthy_seconds: float
     restart: Restart
     stages: bool = False
