@@ -169,6 +169,7 @@ class TrainingLoop:
                 if stop:
                     self._preempt()
                 if schedule.due_by_steps(p.step) or time_due:
+                    self._beat(status="checkpointing")  # the daemon's hang clock allows for the save
                     self._save(blocking=not cfg.async_checkpoint)
                     schedule.saved(now)
                     saved_step = p.step

@@ -36,7 +36,8 @@ class Heartbeat:
     """Progress of a running job, written by rank 0 and read by the daemon.
 
     `step` is the global optimizer step (it never restarts at an epoch boundary); hang detection
-    watches it move. `status` is "running", "preempted" (checkpointed on SIGTERM, then exited) or
+    watches it move. `status` is "running", "checkpointing" (a periodic checkpoint is being written:
+    a calibrated hang timeout waits for it), "preempted" (checkpointed on SIGTERM, then exited) or
     "finished". Times are Unix seconds, so the daemon can compare them across a restart of its own.
     """
 

@@ -40,6 +40,7 @@ pending is never relaunched.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -97,6 +98,16 @@ CHECKPOINT_DEADLINE_SECONDS = 120.0
 # to exit; one that does not (seen: torch's gloo teardown deadlocking in the interpreter's exit) is a
 # hang at exit — stacks dumped, killed — and succeeded: its work is done.
 FINISHED_EXIT_SECONDS = 60.0
+# Without `restart.hang_timeout_seconds` the hang timeout is calibrated from the attempt's own step
+# intervals (as seen through the heartbeat, so at most one per second): max(floor, factor × p99 of
+# the recent ones, 2 × the longest), never above the ceiling, and the ceiling until enough were seen.
+# The first two step changes are warm-up (compile, first batches, a resume's load) and never count,
+# nor does an interval that spans a checkpoint (heartbeat status "checkpointing").
+AUTO_HANG_FLOOR_SECONDS = 10.0
+AUTO_HANG_FACTOR = 5.0
+AUTO_HANG_CEILING_SECONDS = 900.0
+AUTO_HANG_MIN_INTERVALS = 5
+STEP_INTERVALS_KEPT = 64
 # A backoff countdown is stored this often (a daemon SIGKILLed mid-backoff loses at most this much).
 BACKOFF_SAVE_SECONDS = 15.0
 # Stop causes that are not the job's fault: its attempt does not count as a restart. "lost": an
@@ -182,6 +193,19 @@ def step(s: JobStep, obs: Observation, now: float) -> tuple[JobStep, list[Action
     return s, actions
 
 
+def hang_timeout(s: JobStep) -> float:
+    """Seconds without step progress that make this attempt hung (see AUTO_HANG_*)."""
+    if s.beat_status == "finished":
+        return min(s.limits.hang_timeout_seconds or AUTO_HANG_CEILING_SECONDS, FINISHED_EXIT_SECONDS)
+    if s.limits.hang_timeout_seconds is not None:
+        return s.limits.hang_timeout_seconds
+    if len(s.step_intervals) < AUTO_HANG_MIN_INTERVALS or s.beat_status == "checkpointing":
+        return AUTO_HANG_CEILING_SECONDS
+    ordered = sorted(s.step_intervals)
+    p99 = ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+    return min(AUTO_HANG_CEILING_SECONDS, max(AUTO_HANG_FLOOR_SECONDS, AUTO_HANG_FACTOR * p99, 2 * s.longest_interval))
+
+
 def _to(s: JobStep, phase: Phase, now: float, **changes: object) -> JobStep:
     return replace(s, phase=phase, phase_since=now, **changes)
 
@@ -205,7 +229,7 @@ def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]
     if s.phase is Phase.RUNNING and s.last_progress is not None and s.stop_cause is None:
         idle = now - s.last_progress
         finished = s.beat_status == "finished"
-        if idle > (min(s.limits.hang_timeout_seconds, FINISHED_EXIT_SECONDS) if finished else s.limits.hang_timeout_seconds):
+        if idle > hang_timeout(s):
             # running → dumping: no step progress for the hang timeout; stacks first, then the stop.
             return _to(s, Phase.DUMPING, now, hang_idle=idle, stop_cause="hang"), [
                 RecordStop(s.number, "hang"),
@@ -281,7 +305,8 @@ def _checkpoint_found(s: JobStep, obs: CheckpointFound, now: float) -> tuple[Job
 def _spawned(s: JobStep, obs: Spawned, now: float) -> tuple[JobStep, list[Action]]:
     # preparing → running: the launcher exec'd; a fresh attempt's clocks start.
     return _to(s, Phase.RUNNING, now, job_state=JobState.RUNNING, started=now, started_wall=obs.wall,
-               last_step=None, last_progress=None, last_beat_time=0.0, beat_status=None, stop_cause=None,
+               last_step=None, last_progress=None, step_changes=0, step_intervals=(), longest_interval=0.0,
+               last_beat_time=0.0, beat_status=None, stop_cause=None,
                hang_idle=None, term_at=None, kill_at=None, exited_at=None, exited_wall=None, warned_at=None, exit_code=None,
                exit_signal=None, root_cause=None, oom=False), []
 
@@ -294,10 +319,17 @@ def _heartbeat(s: JobStep, obs: HeartbeatSeen, now: float) -> tuple[JobStep, lis
     if obs.time < s.started_wall or obs.time == s.last_beat_time:
         return s, []
     finishing = obs.status == "finished" and s.beat_status != "finished"
+    was_checkpointing = s.beat_status == "checkpointing"
     s = replace(s, last_beat_time=obs.time, beat_status=obs.status)
     if s.last_step is None or obs.step != s.last_step or finishing:
         # running: progress — the hang clock restarts (it starts at the first heartbeat: scripts
-        # that write none are supervised on exit status alone).
+        # that write none are supervised on exit status alone), and the interval is learned.
+        if s.last_progress is not None and obs.step != s.last_step:
+            s = replace(s, step_changes=s.step_changes + 1)
+            if s.step_changes > 2 and not was_checkpointing:
+                interval = now - s.last_progress
+                s = replace(s, step_intervals=(*s.step_intervals, interval)[-STEP_INTERVALS_KEPT:],
+                            longest_interval=max(s.longest_interval, interval))
         s = replace(s, last_step=obs.step, last_progress=now)
     return s, []
 

@@ -69,6 +69,9 @@ class JobStep:
     resumed_from_step: int | None = None
     last_step: int | None = None
     last_progress: float | None = None
+    step_changes: int = 0                # step changes seen this attempt (the first two are warm-up)
+    step_intervals: tuple[float, ...] = ()  # the recent seconds between step changes, for hang_timeout
+    longest_interval: float = 0.0        # the longest of them this attempt
     last_beat_time: float = 0.0
     beat_status: str | None = None
     stop_cause: str | None = None

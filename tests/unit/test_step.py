@@ -764,3 +764,49 @@ def test_an_attempt_that_does_not_exit_after_training_finished_is_killed_and_suc
     s, actions = st.step(s, Diagnosed(1, None, False), 72.0) if s.phase is Phase.DIAGNOSING else (s, actions)
     finish = only(actions, FinishAttempt)
     assert finish.state is JobState.SUCCEEDED and finish.reason.startswith("training finished")
+
+
+def auto(**kw):
+    """A running attempt whose hang timeout is calibrated (restart.hang_timeout_seconds unset)."""
+    return running(limits=replace(LIMITS, hang_timeout_seconds=None), **kw)
+
+
+def beats(s, steps_at, status="running"):
+    """Heartbeats: (monotonic time, step) pairs, each written one second after the attempt start + t."""
+    for t, step_no in steps_at:
+        s, _ = st.step(s, HeartbeatSeen(step_no, WALL0 + t, status), t)
+    return s
+
+
+def test_fast_steps_calibrate_the_hang_timeout_to_about_ten_seconds():
+    """0.2 s steps, seen through a heartbeat written once a second: hung 10 s after the last step."""
+    s = beats(auto(), [(float(t), 5 * t) for t in range(1, 12)])
+    assert st.hang_timeout(s) == st.AUTO_HANG_FLOOR_SECONDS
+    s, actions = st.step(s, Tick(), 11.0 + 9.5)
+    assert s.phase is Phase.RUNNING
+    s, actions = st.step(s, Tick(), 11.0 + 10.5)
+    assert s.phase is Phase.DUMPING and RecordStop(1, "hang") in actions
+
+
+def test_a_long_first_step_is_warm_up_not_a_hang():
+    """A 60 s first step (compile, loading) is never learned; until 5 intervals are seen the ceiling holds."""
+    s = beats(auto(), [(1.0, 0), (61.0, 1), (62.0, 2), (63.0, 3)])
+    assert s.step_intervals == (1.0,) and st.hang_timeout(s) == st.AUTO_HANG_CEILING_SECONDS
+    s = beats(s, [(64.0 + i, 4 + i) for i in range(5)])
+    assert max(s.step_intervals) == 1.0 and st.hang_timeout(s) == st.AUTO_HANG_FLOOR_SECONDS
+
+
+def test_slow_steps_calibrate_a_longer_timeout_and_a_set_timeout_wins():
+    s = beats(auto(), [(30.0 * i, i) for i in range(1, 10)])
+    assert st.hang_timeout(s) == 150.0, "5 × the p99 of 30 s intervals"
+    fixed = beats(running(limits=replace(LIMITS, hang_timeout_seconds=42.0)), [(30.0 * i, i) for i in range(1, 10)])
+    assert st.hang_timeout(fixed) == 42.0
+
+
+def test_a_checkpoint_is_not_a_hang_and_its_interval_is_not_learned():
+    s = beats(auto(), [(float(t), t) for t in range(1, 12)])
+    s = beats(s, [(12.0, 11)], status="checkpointing")
+    s, _ = st.step(s, Tick(), 12.0 + 120)
+    assert s.phase is Phase.RUNNING, "a 2-minute save under the ceiling, not the 10 s calibration"
+    s = beats(s, [(133.0, 12)])
+    assert max(s.step_intervals) == 1.0 and st.hang_timeout(s) == st.AUTO_HANG_FLOOR_SECONDS
