@@ -116,6 +116,10 @@ def print_table(jobs: list[dict]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
 
 
+# Attempt ends that are not failures of the job (its history still lists them).
+_NOT_FAILURES = ("cancelled", "daemon-restart")
+
+
 def print_status(doc: dict) -> None:
     print(f"{doc['name']}: {doc['state']}" + (f" ({doc['reason']})" if doc["reason"] else ""))
     print(f"  owner {doc['owner']}  gpus {_fmt(doc['gpus'])}  step {_fmt(doc['step'])}  "
@@ -123,6 +127,11 @@ def print_status(doc: dict) -> None:
     if doc.get("staging"):
         print(f"  staging: {doc['staging']}")
     history = doc.get("history", [])
+    failed = [a for a in history if a.get("reason_class") and a["reason_class"] not in _NOT_FAILURES]
+    if failed:
+        # The operator's one line: the latest failure's class and cause.
+        last = failed[-1]
+        print(f"  last failure (attempt {last['number']}): {last['reason_class']}: {last.get('root_cause') or last['reason']}")
     for a in history:
         start = time.strftime("%H:%M:%S", time.localtime(a["start"])) if a["start"] else "-"
         end = time.strftime("%H:%M:%S", time.localtime(a["end"])) if a["end"] else "running"
@@ -134,7 +143,9 @@ def print_status(doc: dict) -> None:
             # checkpoint is the job's newest one).
             ckpt = doc["last_checkpoint_step"] if a is history[-1] else None
             reason += f" at {end}" + (f" (checkpoint at step {ckpt})" if ckpt is not None else " (no checkpoint)")
-        print(f"  attempt {a['number']}: {start} → {end}  {resumed}  {reason}")
+        cls = a.get("reason_class")
+        tag = f" [{cls}]" if cls and not cancelled else ""
+        print(f"  attempt {a['number']}: {start} → {end}  {resumed}  {reason}{tag}")
         if a.get("root_cause") and not cancelled:
             print(f"      root cause: {a['root_cause']}")
 

@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from spx.daemon.intake.spec_yaml import SpecError, line_of, read_yaml
 
@@ -30,7 +39,7 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 RESERVED_ENV = re.compile(r"^(SPX_.*|CUDA_VISIBLE_DEVICES|CUDA_DEVICE_ORDER|MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|NVIDIA_VISIBLE_DEVICES)$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names pydantic puts in an error's path for the branch of a union; not fields, so not shown.
-_UNION_BRANCHES = {"int", "list[int]", "literal['any']", "list[constrained-int]"}
+_UNION_BRANCHES = {"int", "list[int]", "literal['any']", "list[constrained-int]", "word", "limit"}
 
 
 class _Strict(BaseModel):
@@ -74,6 +83,44 @@ class Checkpoints(_Strict):
         return v
 
 
+# The failure classes a job's own attempt can end with (policy.failure_class), which
+# `restart.on_failure` sets a rule for. Not here: lost, launch, cancelled and daemon restarts, which
+# are never the job's fault and always resume.
+FAILURE_CLASSES = ("user-code", "communication", "oom", "cuda", "gpu-fault", "hang", "preempted", "signal", "crash")
+CLASS_RULES = ("always", "never", "counted")
+
+
+class ClassLimit(_Strict):
+    """At most `max` restarts for failures of this class; with `within_first_seconds`, only failures
+    that came that soon after their attempt started count (a later one is `counted`)."""
+
+    max: int = Field(ge=0, le=1_000_000, description="Restarts allowed for this class (earlier attempts of the job that ended with it).")
+    within_first_seconds: float | None = Field(
+        None, gt=0, le=MAX_HANG_TIMEOUT,
+        description="Only failures this soon after the attempt started are limited; later ones fall under max_restarts.")
+
+
+def _rule_kind(v: object) -> str:
+    return "limit" if isinstance(v, dict | ClassLimit) else "word"
+
+
+# Discriminated, so a bad {max: …} is reported against ClassLimit only (not also as "not a word").
+ClassRule = Annotated[
+    Annotated[Literal["always", "never", "counted"], Tag("word")] | Annotated[ClassLimit, Tag("limit")],
+    Discriminator(_rule_kind),
+]
+# A user-code exception raised in the first 2 minutes of an attempt is a bug that a relaunch
+# replays: restarted once (a transient cause gets a second chance), then the job fails. Preemption
+# and a GPU fault are not the job's doing (a GPU fault is relaunched on healthy GPUs): always
+# restarted, not counted. An OOM may be a fragmentation one-off, three tries.
+DEFAULT_ON_FAILURE: dict[str, ClassRule] = {
+    "user-code": ClassLimit(max=1, within_first_seconds=120.0),
+    "oom": ClassLimit(max=3),
+    "preempted": "always",
+    "gpu-fault": "always",
+}
+
+
 class Restart(_Strict):
     max_restarts: int = Field(10, ge=0, le=1_000_000, description="Relaunches allowed before the job fails.")
     backoff_seconds: tuple[float, float] = Field(
@@ -87,6 +134,27 @@ class Restart(_Strict):
     on_exit_codes: Literal["any"] | list[Annotated[int, Field(ge=0, le=255)]] = Field(
         "any", description="Exit codes (0-255) that are restarted; any other non-zero code fails the job."
     )
+    on_failure: dict[str, ClassRule] = Field(
+        default_factory=lambda: dict(DEFAULT_ON_FAILURE),
+        description="A rule per failure class (" + ", ".join(FAILURE_CLASSES) + "): `always` (restarted, not "
+        "counted against max_restarts), `never` (the job fails), `counted` (restarted while max_restarts allows) or "
+        "{max: N, within_first_seconds: S}; merged over the defaults.",
+    )
+
+    @field_validator("on_failure", mode="before")
+    @classmethod
+    def _known_classes(cls, v: object) -> object:
+        if not isinstance(v, dict):
+            raise ValueError("must be a mapping of failure class to a rule, e.g. {user-code: {max: 1}, preempted: always}")
+        for key, rule in v.items():
+            if key not in FAILURE_CLASSES:
+                raise ValueError(f"unknown failure class {key!r}; the classes are: {', '.join(FAILURE_CLASSES)}")
+            if isinstance(rule, str) and rule not in CLASS_RULES:
+                raise ValueError(f"{key}: unknown rule {rule!r}; a rule is always, never, counted or {{max: N, "
+                                 "within_first_seconds: S}")
+            if not isinstance(rule, str | dict | ClassLimit):
+                raise ValueError(f"{key}: a rule is always, never, counted or {{max: N, within_first_seconds: S}}")
+        return {**DEFAULT_ON_FAILURE, **v}
 
     @field_validator("backoff_seconds")
     @classmethod

@@ -1,16 +1,20 @@
 """What to do after an attempt ends: succeed, restart after a backoff, or give up — and why.
 
 Pure: the supervisor gathers an `AttemptOutcome` from the processes and the heartbeat, and this
-module decides. The restart policy is therefore tested by scripting outcomes, without processes
-(the torch elastic agent's design; unlike it, restarts back off and stop on a crash loop).
+module decides. Each failed attempt gets a failure class (`failure_class`), and the spec's
+`restart.on_failure` sets a rule per class (always / never / counted / {max, within_first_seconds}),
+on top of max_restarts, the exit codes and the crash-loop guard. The restart policy is therefore
+tested by scripting outcomes, without processes (the torch elastic agent's design; unlike it, restarts back off and stop on a crash loop).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from spx.daemon.intake.spec import Restart
+from spx.daemon.intake.spec import ClassLimit, ClassRule, Restart
 from spx.daemon.run.proctree import signal_name
+from spx.daemon.run.rootcause import cause_class
 from spx.daemon.state.states import JobState
 
 CRASH_LOOP_ATTEMPTS = 3
@@ -57,17 +61,61 @@ def backoff_delay(level: int, first: float, cap: float) -> float:
     return min(cap, first * (2 ** max(0, level)))
 
 
-def classify(outcome: AttemptOutcome) -> tuple[str, str]:
-    """(failure class, human reason) of an attempt that did not succeed."""
+# Restarts of these classes are resumptions, not failures of the job's code: no crash-loop guard.
+_EXTERNAL = ("preempted",)
+
+
+def failure_class(outcome: AttemptOutcome) -> str:
+    """The failure class of an attempt that did not succeed (the `reason` label of
+    spx_job_restarts_total): what the daemon saw (hang, preemption, the kernel's OOM kill, a
+    signal) first, else the class `rootcause` found for the root rank's error in the log, else
+    "crash". A GPU fault, OOM or CUDA error in the log wins over the signal that followed it."""
     if outcome.stop_cause == "hang":
-        return "hang", f"hang: no step progress for {outcome.hang_seconds or 0:.0f} s"
+        return "hang"
     if outcome.preempted:
-        return "preempted", "preempted: checkpointed on SIGTERM and exited"
+        return "preempted"
     if outcome.oom:
-        return "oom", "killed by the kernel's OOM killer"
+        return "oom"
+    tagged = cause_class(outcome.root_cause)
+    if tagged in ("gpu-fault", "oom", "cuda"):
+        return tagged
     if outcome.signal is not None:
-        return "signal", f"killed by {signal_name(outcome.signal)}"
-    return "crash", f"exit code {outcome.exit_code}"
+        return "signal"
+    return tagged or "crash"
+
+
+def classify(outcome: AttemptOutcome) -> tuple[str, str]:
+    """(failure class, human reason) of an attempt that did not succeed. The reason says what was
+    seen (exit code, signal, hang, preemption, OOM kill); the class and the root cause line say why."""
+    cls = failure_class(outcome)
+    if cls == "hang":
+        return cls, f"hang: no step progress for {outcome.hang_seconds or 0:.0f} s"
+    if cls == "preempted":
+        return cls, "preempted: checkpointed on SIGTERM and exited"
+    if outcome.oom:
+        return cls, "killed by the kernel's OOM killer"
+    if outcome.signal is not None:
+        return cls, f"killed by {signal_name(outcome.signal)}"
+    return cls, f"exit code {outcome.exit_code}"
+
+
+def _restarted(
+    outcome: AttemptOutcome, policy: Restart, cls: str, why: str, earlier: int, class_earlier: int, rule: ClassRule,
+) -> str | None:
+    """None if the rules allow a restart of this `cls` failure, else why the job fails."""
+    if rule == "never":
+        return f"{why}; restart.on_failure.{cls} is never"
+    if rule == "always":
+        return None
+    early = isinstance(rule, ClassLimit) and (rule.within_first_seconds is None
+                                              or outcome.ran_seconds < rule.within_first_seconds)
+    if isinstance(rule, ClassLimit) and early and class_earlier >= rule.max:
+        soon = f" within {rule.within_first_seconds:.0f} s of its start" if rule.within_first_seconds is not None else ""
+        return (f"gave up: {why}{soon}, after {class_earlier} earlier {cls} failure"
+                f"{'' if class_earlier == 1 else 's'} (restart.on_failure.{cls}.max: {rule.max})")
+    if earlier >= policy.max_restarts:
+        return f"gave up after {earlier} restarts (restart.max_restarts; last: {why})"
+    return None
 
 
 def decide(
@@ -77,9 +125,15 @@ def decide(
     backoff_level: int,
     no_progress_streak: int,
     healthy_seconds: float,
+    class_counts: Mapping[str, int] | None = None,
 ) -> Decision:
     """`restarts_done`: earlier attempts of this job that ended by its own fault. Attempts a daemon
-    stop or restart ended are not counted (here or in the crash-loop streak): they are not the job's."""
+    stop or restart ended are not counted (here or in the crash-loop streak): they are not the job's.
+
+    `class_counts`: those earlier attempts by failure class (the store's reason_class). With it,
+    attempts of an `always` class are taken out of `restarts_done`, and a class's `max` counts its
+    own attempts; without it (None), every earlier fault counts against a class's `max` too (a
+    cautious reading: it can only fail a job sooner, never restart it more)."""
     if outcome.stop_cause == "cancel":
         return Decision(JobState.CANCELLED, "cancelled", "cancelled")
     if outcome.stop_cause in ("daemon-stop", "daemon-restart"):
@@ -95,24 +149,30 @@ def decide(
         return Decision(JobState.SUCCEEDED, "exit code 0", None)
 
     cls, why = classify(outcome)
+    rule = policy.on_failure.get(cls, "counted")
     if (
-        cls == "crash"
-        and policy.on_exit_codes != "any"
+        policy.on_exit_codes != "any"
+        and cls not in ("hang", "preempted")
+        and not outcome.oom
+        and outcome.signal is None
         and outcome.exit_code not in policy.on_exit_codes
     ):
         return Decision(JobState.FAILED, f"{why}, which restart.on_exit_codes does not restart", cls)
     streak = 0 if outcome.progressed else no_progress_streak + 1
-    if streak >= CRASH_LOOP_ATTEMPTS:
+    if streak >= CRASH_LOOP_ATTEMPTS and cls not in _EXTERNAL:
         return Decision(
             JobState.FAILED,
             f"crash loop: {streak} attempts in a row made no step progress (last: {why})",
             cls, no_progress_streak=streak,
         )
-    if restarts_done >= policy.max_restarts:
-        return Decision(
-            JobState.FAILED, f"gave up after {restarts_done} restarts (restart.max_restarts; last: {why})",
-            cls, no_progress_streak=streak,
-        )
+    if class_counts is None:
+        earlier, class_earlier = restarts_done, restarts_done
+    else:
+        always = sum(n for c, n in class_counts.items() if policy.on_failure.get(c) == "always")
+        earlier, class_earlier = max(0, restarts_done - always), class_counts.get(cls, 0)
+    refused = _restarted(outcome, policy, cls, why, earlier, class_earlier, rule)
+    if refused is not None:
+        return Decision(JobState.FAILED, refused, cls, no_progress_streak=streak)
     level = 0 if outcome.ran_seconds >= healthy_seconds else backoff_level
     first, cap = policy.backoff_seconds
     delay = backoff_delay(level, first, cap)

@@ -1,35 +1,82 @@
-"""The first error of a failed attempt, found in its log, for `spx status` and the journal.
+"""The first error of a failed attempt, found in its log, for `spx status`, the journal and the
+failure class (`policy.failure_class`).
 
 torchrun prints a failure summary: a "Failures:" block with the ranks it stopped as a consequence
 (SIGTERM from its own teardown), then "Root Cause (first observed failure):" with the rank that
 failed first and its exit code. A Python worker prints a traceback whose last line is the exception.
-The root-cause rank and the earliest exception are the cause; later ranks fail as a consequence
-(collectives time out, pipes break).
+The cause is the root rank and its first exception; every other rank's error is a *consequence*
+(collectives time out, connections close when a peer dies), and is named as one. torchrun's root
+rank is the first whose exit it *observed*: when that rank's error is a communication error and
+another rank raised something else, that other rank is the cause (the peer it lost).
+
+The result is one line (`spx status` shows it), e.g.
+    rank 1 (pid 123) exited with code 1: ValueError: bad batch (user-code); rank 0: RuntimeError:
+    Connection closed by peer [127.0.0.1]:20658 (consequence)
+The root error carries its class in parentheses (one of ERROR_CLASSES); `cause_class` reads it
+back. Only what the log shows is classified: GPU faults (XID, ECC, fallen off the bus) when a line
+says so, OOM from torch's or CUDA's message, CUDA errors, NCCL/gloo/connection errors, and any
+other exception as user code.
 
 With `--tee`, torchrun prefixes each worker line with `[ROLE+LOCAL_RANK]:`, and torch >= 2.4 adds
 its own `[rankN]:` inside, so a line reads `[default0]:[rank0]: example_args.InjectedCrash: …`;
-every such prefix is stripped before a line is read. An exception is the first line of a
-traceback that is not a frame (any class name, e.g. `InjectedCrash`), or, without a traceback, a
-line naming an `…Error`/`…Exception`.
+every such prefix is stripped before a line is read, and the rank is taken from it. An exception
+is the first line of a traceback that is not a frame (any class name, e.g. `InjectedCrash`), or,
+without a traceback, a line naming an `…Error`/`…Exception`.
 """
 
 from __future__ import annotations
 
 import re
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 from spx.daemon.userfs import fsafe
 
 TAIL_BYTES = 512 * 1024
+MAX_ERROR_CHARS = 200  # of the root error; a consequence gets less
+MAX_CONSEQUENCE_CHARS = 120
+MAX_CONSEQUENCES = 3  # ranks named; the rest are counted
 _RANK_PREFIX = re.compile(r"^(?:\[[A-Za-z_]*\d+\]:\s?)+")
-_LAST_PREFIX = re.compile(r"\[[A-Za-z_]*\d+\]:$")
+_PREFIX_RANK = re.compile(r"\[([A-Za-z_]*?)(\d+)\]:")
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|torch\.OutOfMemoryError)\b.*")
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*(:|$)")  # a traceback's last line: the exception's (qualified) class
 _TRACEBACK = "Traceback (most recent call last):"
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 _SUMMARY_ROOT = re.compile(r"^\s*Root Cause\b")
+_SOURCE_LOCATION = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|cu|h|hpp|c):\d+\]\s*")  # gloo/NCCL's "[/…/pair.cc:553] "
+
+# The classes an error line can show, most specific first: a GPU fault explains the CUDA error
+# that follows it, and an out-of-memory is reported as a CUDA error too.
+ERROR_CLASSES = ("gpu-fault", "oom", "cuda", "communication", "user-code", "signal")
+_GPU_FAULT = re.compile(
+    r"\bXid\b|\bXID\s*\d+|uncorrectable ECC|ECC error|fallen off the bus|GPU is lost|GPU lost|"
+    r"unrecoverable error|row remap", re.IGNORECASE)
+_OOM = re.compile(r"OutOfMemoryError|out of memory|\bMemoryError\b|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
+_CUDA = re.compile(r"CUDA error|CUDA kernel errors|cuDNN error|CUDNN_STATUS_|CUBLAS_STATUS_|device-side assert|"
+                   r"AcceleratorError|illegal memory access", re.IGNORECASE)
+_COMMUNICATION = re.compile(
+    r"NCCL|gloo|DistBackendError|DistNetworkError|DistStoreError|Connection (?:closed|reset|refused)|"
+    r"Broken pipe|ECONNRESET|Socket Timeout|timed out|Timeout|collective operation|"
+    r"ProcessGroup|c10d|Watchdog caught", re.IGNORECASE)
+_CLASS_TAG = re.compile(r" \((" + "|".join(ERROR_CLASSES) + r")\)(?:;|$)")
+
+
+def error_class(text: str) -> str:
+    """The class of one error line (an exception, or a GPU fault message)."""
+    for cls, pattern in (("gpu-fault", _GPU_FAULT), ("oom", _OOM), ("cuda", _CUDA), ("communication", _COMMUNICATION)):
+        if pattern.search(text):
+            return cls
+    return "user-code"
+
+
+def cause_class(root_cause: str | None) -> str | None:
+    """The class `root_cause_of` tagged the root error with, or None (no cause, or not tagged)."""
+    if not root_cause:
+        return None
+    m = _CLASS_TAG.search(root_cause)
+    return m.group(1) if m else None
 
 
 def _signal_text(code: int) -> str:
@@ -39,12 +86,79 @@ def _signal_text(code: int) -> str:
         return f"killed by signal {-code}"
 
 
-def _shown(prefix: str, line: str) -> str:
-    """The line as `spx status` shows it: with the rank that raised it (`[rank0]: …`) if prefixed."""
-    if not prefix:
-        return line
-    last = _LAST_PREFIX.search(prefix)
-    return f"{last.group(0) if last else prefix} {line}"
+def _rank_of(prefix: str) -> int | None:
+    """The rank a `[default1]:[rank1]:` prefix names: torch's `[rankN]` (global) if present, else the
+    agent's local `[ROLEN]` (the same on one node)."""
+    found = _PREFIX_RANK.findall(prefix)
+    for role, number in found:
+        if role == "rank":
+            return int(number)
+    return int(found[-1][1]) if found else None
+
+
+def _clean(text: str, limit: int) -> str:
+    text = _SOURCE_LOCATION.sub("", text).strip()
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+@dataclass
+class _Scan:
+    """What one pass over the log found."""
+
+    errors: dict[int | None, str]  # rank (None: unprefixed) -> its first exception, in order of appearance
+    entries: dict[int, tuple[int, int]]  # rank -> (exit code, pid) from torchrun's summary
+    root: int | None  # the rank under "Root Cause"
+    first: int | None  # the first rank in the summary
+    gpu_fault: str | None  # the first line that shows a GPU fault
+
+
+def _scan(lines: list[str]) -> _Scan:
+    scan = _Scan({}, {}, None, None, None)
+    in_root = False
+    rank = None
+    in_traceback: set[str] = set()  # the prefixes (one per rank) whose traceback is being read
+    for raw in lines:
+        prefix_match = _RANK_PREFIX.match(raw)
+        prefix = prefix_match.group(0).strip() if prefix_match else ""
+        line = raw[prefix_match.end():].rstrip() if prefix_match else raw.rstrip()
+        owner = _rank_of(prefix) if prefix else None
+        exception = None
+        if line.startswith(_TRACEBACK):
+            in_traceback.add(prefix)
+        elif prefix in in_traceback and line and not line[0].isspace():
+            in_traceback.discard(prefix)
+            if _RAISED.match(line) and "ChildFailedError" not in line:
+                exception = line
+        elif _EXCEPTION.match(line) and "ChildFailedError" not in line:
+            exception = line
+        if exception is not None and owner not in scan.errors:
+            scan.errors[owner] = exception
+        if scan.gpu_fault is None and _GPU_FAULT.search(line) and not line.startswith((" ", "\t")):
+            scan.gpu_fault = line
+        if _SUMMARY_ROOT.match(line):
+            in_root, rank = True, None
+        m = _SUMMARY_RANK.match(line)
+        if m:
+            rank = int(m.group(1))
+        m = _SUMMARY_EXIT.match(line)
+        if m and rank is not None:
+            scan.entries.setdefault(rank, (int(m.group(1)), int(m.group(2))))
+            scan.first = rank if scan.first is None else scan.first
+            if in_root and scan.root is None:
+                scan.root = rank
+    return scan
+
+
+def _choose_root(scan: _Scan) -> int | None:
+    """The rank that failed first: torchrun's root-cause rank, unless its error is a communication
+    error and another rank raised something else (the failure it lost the connection to)."""
+    named = scan.root if scan.root is not None else scan.first
+    primary = [r for r, e in scan.errors.items() if error_class(e) != "communication"]
+    if named is not None and (named not in scan.errors or error_class(scan.errors[named]) != "communication"):
+        return named
+    if primary:
+        return primary[0]
+    return named if named is not None else next(iter(scan.errors), None)
 
 
 def find_root_cause(log_file: Path) -> str | None:
@@ -58,39 +172,32 @@ def find_root_cause(log_file: Path) -> str | None:
 
 
 def root_cause_of(tail: bytes) -> str | None:
-    """The root cause in a log's last bytes (read safely by the caller), or None."""
-    lines = tail.decode("utf-8", "replace").splitlines()
-    exception = None
-    rank = None
-    first = root = None  # (rank, exit code, pid): the first summary entry, and the root-cause one
-    in_root = False
-    in_traceback: set[str] = set()  # the prefixes (one per rank) whose traceback is being read
-    for raw in lines:
-        prefix_match = _RANK_PREFIX.match(raw)
-        prefix = prefix_match.group(0).strip() if prefix_match else ""
-        line = raw[prefix_match.end():].rstrip() if prefix_match else raw.rstrip()
-        if line.startswith(_TRACEBACK):
-            in_traceback.add(prefix)
-        elif prefix in in_traceback and line and not line[0].isspace():
-            in_traceback.discard(prefix)
-            if exception is None and _RAISED.match(line) and "ChildFailedError" not in line:
-                exception = _shown(prefix, line)
-        elif exception is None and _EXCEPTION.match(line) and "ChildFailedError" not in line:
-            exception = _shown(prefix, line)
-        if _SUMMARY_ROOT.match(line):
-            in_root, rank = True, None
-        m = _SUMMARY_RANK.match(line)
-        if m:
-            rank = int(m.group(1))
-        m = _SUMMARY_EXIT.match(line)
-        if m and rank is not None:
-            entry = (rank, int(m.group(1)), int(m.group(2)))
-            first = first or entry
-            if in_root and root is None:
-                root = entry
-    chosen = root or first
-    if chosen is None:
-        return exception
-    rank, code, pid = chosen
-    summary = f"rank {rank} (pid {pid}) {_signal_text(code) if code < 0 else f'exited with code {code}'}"
-    return f"{summary}: {exception}" if exception and code >= 0 else summary
+    """The root cause in a log's last bytes (read safely by the caller), as one line, or None."""
+    scan = _scan(tail.decode("utf-8", "replace").splitlines())
+    root = _choose_root(scan)
+    if root is None and not scan.errors and scan.gpu_fault is None:
+        return None
+    error = scan.errors.get(root)
+    cls = error_class(error) if error else None
+    if scan.gpu_fault is not None and cls != "gpu-fault":
+        # A GPU fault in the log explains whatever CUDA or communication error followed it.
+        error, cls = scan.gpu_fault, "gpu-fault"
+    code, pid = scan.entries.get(root, (None, None)) if root is not None else (None, None)
+    who = f"rank {root}" if root is not None else ""
+    if pid is not None:
+        who += f" (pid {pid})"
+    if code is not None and (code >= 0 or error is None):
+        who += f" {_signal_text(code) if code < 0 else f'exited with code {code}'}"
+    if error is None:
+        # The root rank left no error: killed by a signal (its summary says which), or only the summary.
+        cls = "signal" if code is not None and code < 0 else None
+        head = who
+    else:
+        head = f"{who}: {_clean(error, MAX_ERROR_CHARS)}" if who else _clean(error, MAX_ERROR_CHARS)
+    parts = [f"{head} ({cls})" if cls else head]
+    others = [(r, e) for r, e in scan.errors.items() if r != root]
+    for r, e in others[:MAX_CONSEQUENCES]:
+        parts.append(f"{'rank ' + str(r) if r is not None else 'launcher'}: {_clean(e, MAX_CONSEQUENCE_CHARS)} (consequence)")
+    if len(others) > MAX_CONSEQUENCES:
+        parts.append(f"{len(others) - MAX_CONSEQUENCES} more ranks failed as a consequence")
+    return "; ".join(parts)

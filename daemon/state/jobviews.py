@@ -36,7 +36,7 @@ def job_view(
         AttemptView(
             number=a.number, start=a.start, end=a.end, exit_code=a.exit_code, signal=a.signal,
             reason=a.reason, resumed_from_step=a.resumed_from_step, resumed_from=a.resumed_from,
-            root_cause=a.root_cause,
+            root_cause=a.root_cause, reason_class=a.reason_class,
         )
         for a in attempts
     ] if with_history else []

@@ -12,8 +12,11 @@ from dataclasses import asdict, dataclass, field
 @dataclass(frozen=True)
 class AttemptView:
     """One launch of a job. `reason` says why it ended (e.g. "exit code 1", "signal SIGKILL",
-    "hang: no step progress for 900 s", "preempted", "cancelled"); `root_cause` is the first error
-    line found in its log, when one was found."""
+    "hang: no step progress for 900 s", "preempted", "cancelled"); `reason_class` is its failure
+    class (policy.failure_class: "user-code", "communication", "oom", "cuda", "gpu-fault", "hang",
+    "preempted", "signal", "crash", or "lost", "launch", "cancelled", "daemon-restart"; None for a
+    success or an attempt still running); `root_cause` is the one-line cause found in its log (the
+    rank that failed first and its exception, other ranks' errors as consequences), when found."""
 
     number: int
     start: float | None
@@ -24,14 +27,16 @@ class AttemptView:
     resumed_from_step: int | None
     resumed_from: str | None
     root_cause: str | None = None
+    reason_class: str | None = None
 
 
 @dataclass(frozen=True)
 class JobView:
     """A job as users and metrics see it (design §10's `--json` fields, plus what metrics need).
 
-    `restarts_by_reason` counts relaunches by the class of the failure that caused them ("crash",
-    "signal", "oom", "hang", "preempted", "daemon-restart", "lost", "gpu-fault"). Times are Unix seconds.
+    `restarts_by_reason` counts relaunches by the class of the failure that caused them (the
+    attempts' `reason_class`: "user-code", "communication", "oom", "cuda", "gpu-fault", "hang",
+    "preempted", "signal", "crash", "daemon-restart", "lost", "launch"). Times are Unix seconds.
     """
 
     name: str

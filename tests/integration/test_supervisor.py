@@ -104,7 +104,7 @@ def test_hung_worker_is_detected_its_stacks_logged_and_it_is_restarted(daemon):
 
 def test_always_crashing_job_fails_as_crash_loop_with_backoff_while_others_run(daemon):
     daemon.drop("c.yaml", f"name: crasher\nlauncher: python\nscript: {SCRIPTS / 'always_crash.py'}\npython: {PY}\n"
-                          "restart: {max_restarts: 10, backoff_seconds: [1, 8]}\n")
+                          "restart: {max_restarts: 10, backoff_seconds: [1, 8], on_failure: {user-code: counted}}\n")
     daemon.drop("o.yaml", f"name: bystander\nlauncher: python\nscript: {SCRIPTS / 'sleep_for.py'}\npython: {PY}\n"
                           "args: ['3']\n")
     daemon.wait_state("crasher", {"failed"}, 60)
@@ -112,7 +112,7 @@ def test_always_crashing_job_fails_as_crash_loop_with_backoff_while_others_run(d
     assert st["reason"].startswith("crash loop") and len(st["history"]) == 3
     gaps = [b["start"] - a["end"] for a, b in zip(st["history"], st["history"][1:], strict=False)]
     assert gaps[0] >= 0.9 and gaps[1] >= 1.9, f"exponential backoff between attempts, got {gaps}"
-    assert st["history"][0]["root_cause"] == "ValueError: learning rate must be positive"
+    assert st["history"][0]["root_cause"] == "ValueError: learning rate must be positive (user-code)"
     daemon.wait_state("bystander", "succeeded", 60)
     assert daemon.alive()
 

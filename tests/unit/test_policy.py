@@ -3,7 +3,7 @@
 import signal
 
 from spx.daemon.intake.spec import Restart
-from spx.daemon.run.policy import AttemptOutcome, backoff_delay, decide
+from spx.daemon.run.policy import AttemptOutcome, backoff_delay, decide, failure_class
 from spx.daemon.state.states import JobState
 
 POLICY = Restart(max_restarts=5, backoff_seconds=(10, 300))
@@ -81,3 +81,66 @@ def test_running_to_cancelled_on_cancel():
 def test_daemon_stop_restarts_without_counting_a_failure():
     d = run(AttemptOutcome(exit_code=75, signal=None, stop_cause="daemon-stop"), level=2, streak=1)
     assert (d.state, d.delay_seconds, d.backoff_level, d.no_progress_streak) == (JobState.RESTARTING, 0, 2, 1)
+
+
+# --- failure classes and restart.on_failure ----------------------------------------------------------
+
+USER_ERROR = "rank 1 (pid 9051) exited with code 1: ValueError: bad batch (user-code); rank 0: RuntimeError: " \
+             "Connection closed by peer (consequence)"
+
+
+def failed(root_cause=None, code=1, sig=None, ran=5.0, **kw):
+    return AttemptOutcome(exit_code=code, signal=sig, root_cause=root_cause, ran_seconds=ran, **kw)
+
+
+def test_the_class_comes_from_what_the_daemon_saw_then_from_the_logs_root_cause():
+    assert failure_class(failed(USER_ERROR)) == "user-code"
+    assert failure_class(failed("RuntimeError: NCCL error: remote process exited (communication)")) == "communication"
+    assert failure_class(failed("rank 0 (pid 3) exited with code 1: RuntimeError: CUDA error: x (cuda)")) == "cuda"
+    assert failure_class(failed(None)) == "crash"
+    assert failure_class(failed(None, code=None, sig=signal.SIGKILL)) == "signal"
+    assert failure_class(failed(USER_ERROR, oom=True)) == "oom", "the kernel's OOM kill is seen, not guessed"
+    assert failure_class(failed(USER_ERROR, preempted=True)) == "preempted"
+    assert failure_class(failed(USER_ERROR, stop_cause="hang", hang_seconds=60)) == "hang"
+    # A GPU fault (or OOM) the log shows explains the signal the worker died of.
+    assert failure_class(failed("NVRM: Xid 79, GPU has fallen off the bus (gpu-fault)", code=None,
+                                sig=signal.SIGABRT)) == "gpu-fault"
+
+
+def test_an_early_user_code_exception_is_restarted_once_by_default_then_fails():
+    first = run(failed(USER_ERROR), restarts=0, policy=Restart())
+    assert (first.state, first.reason_class) == (JobState.RESTARTING, "user-code")
+    second = run(failed(USER_ERROR), restarts=1, streak=1, policy=Restart())
+    assert (second.state, second.reason_class) == (JobState.FAILED, "user-code")
+    assert "restart.on_failure.user-code.max: 1" in second.reason and "within 120 s" in second.reason
+
+
+def test_a_late_user_code_exception_falls_under_max_restarts():
+    d = run(failed(USER_ERROR, ran=3600, progressed=True), restarts=3, policy=Restart())
+    assert (d.state, d.reason_class) == (JobState.RESTARTING, "user-code")
+
+
+def test_class_counts_make_the_class_max_count_only_its_own_attempts():
+    policy = Restart(max_restarts=3, on_failure={"oom": {"max": 2}})
+    oom = failed("torch.OutOfMemoryError: CUDA out of memory (oom)", progressed=True)
+    assert decide(oom, policy, 2, 0, 0, 600, class_counts={"crash": 1, "oom": 1}).state is JobState.RESTARTING
+    d = decide(oom, policy, 2, 0, 0, 600, class_counts={"oom": 2})
+    assert d.state is JobState.FAILED and "restart.on_failure.oom.max: 2" in d.reason
+    # Without the counts, every earlier fault counts against the class's max (never more restarts).
+    assert decide(oom, policy, 2, 0, 0, 600).state is JobState.FAILED
+
+
+def test_always_is_not_counted_against_max_restarts_and_never_fails_at_once():
+    policy = Restart(max_restarts=2, on_failure={"communication": "always", "cuda": "never"})
+    comm = failed("RuntimeError: Connection reset by peer (communication)", progressed=True)
+    assert decide(comm, policy, 50, 0, 0, 600).state is JobState.RESTARTING
+    crash = failed(None, progressed=True)
+    assert decide(crash, policy, 5, 0, 0, 600, class_counts={"communication": 4, "crash": 1}).state is JobState.RESTARTING
+    assert decide(crash, policy, 5, 0, 0, 600, class_counts={"communication": 3, "crash": 2}).state is JobState.FAILED
+    d = run(failed("RuntimeError: CUDA error: x (cuda)", progressed=True), policy=policy)
+    assert d.state is JobState.FAILED and "restart.on_failure.cuda is never" in d.reason
+
+
+def test_preemption_is_always_restarted_even_without_progress():
+    d = run(failed(None, code=75, preempted=True), restarts=10, streak=5, policy=Restart(max_restarts=1))
+    assert (d.state, d.reason_class) == (JobState.RESTARTING, "preempted")

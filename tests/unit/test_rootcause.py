@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from spx.daemon.run.rootcause import find_root_cause
+from spx.daemon.run.rootcause import cause_class, error_class, find_root_cause, root_cause_of
 
 # torchrun 2.13's summary after `kill -9` of rank 1: it SIGTERMs rank 0 (listed under Failures)
 # and names rank 1 as the root cause.
@@ -52,19 +54,20 @@ Root Cause (first observed failure):
 def test_root_cause_is_the_rank_torchrun_names_not_the_ones_it_stopped(tmp_path):
     log = tmp_path / "attempt-1.log"
     log.write_text(KILLED_RANK_1)
-    assert find_root_cause(log) == "rank 1 (pid 9854) killed by SIGKILL"
+    assert find_root_cause(log) == "rank 1 (pid 9854) killed by SIGKILL (signal)"
 
 
 def test_a_crashed_rank_carries_the_first_exception(tmp_path):
     log = tmp_path / "attempt-1.log"
     log.write_text(CRASHED_RANK_0)
-    assert find_root_cause(log) == "rank 0 (pid 4242) exited with code 1: [rank0]: ValueError: learning rate must be positive"
+    assert find_root_cause(log) == ("rank 0 (pid 4242) exited with code 1: ValueError: learning rate must be positive (user-code); "
+                                   "rank 1: RuntimeError: Connection closed by peer (consequence)")
 
 
 def test_without_a_summary_the_exception_is_the_cause_and_no_error_is_none(tmp_path):
     log = tmp_path / "attempt-1.log"
     log.write_text("step 1\nTraceback (most recent call last):\nKeyError: 'x'\n")
-    assert find_root_cause(log) == "KeyError: 'x'"
+    assert find_root_cause(log) == "KeyError: 'x' (user-code)"
     log.write_text("step 1\nstep 2\n")
     assert find_root_cause(log) is None
     assert find_root_cause(tmp_path / "missing.log") is None
@@ -128,7 +131,8 @@ Root Cause (first observed failure):
 
 def test_both_prefixes_are_stripped_and_any_raised_class_is_the_exception():
     assert find_root_cause_of_text(DOUBLE_PREFIX) == (
-        "rank 0 (pid 4242) exited with code 1: [rank0]: example_args.InjectedCrash: injected crash at step 25")
+        "rank 0 (pid 4242) exited with code 1: example_args.InjectedCrash: injected crash at step 25 (user-code); "
+        "rank 1: RuntimeError: Connection closed by peer (consequence)")
 
 
 def test_tracebacks_of_two_ranks_interleaved_are_read_per_rank():
@@ -138,7 +142,7 @@ def test_tracebacks_of_two_ranks_interleaved_are_read_per_rank():
             "[default0]:[rank0]:   File \"t.py\", line 3, in <module>\n"
             "[default1]:[rank1]: Boom: first\n"
             "[default0]:[rank0]: Boom: second\n")
-    assert find_root_cause_of_text(text) == "[rank1]: Boom: first"
+    assert find_root_cause_of_text(text) == "rank 1: Boom: first (user-code); rank 0: Boom: second (consequence)"
 
 
 def test_the_agents_own_traceback_and_log_lines_are_not_the_cause():
@@ -186,6 +190,58 @@ def test_a_log_written_by_this_venvs_torchrun_yields_the_workers_exception(tmp_p
     assert proc.returncode != 0
     found = find_root_cause(log)
     assert found is not None and found.startswith("rank 0 (pid "), (torch.__version__, log.read_text()[-3000:])
-    assert found.endswith("exited with code 1: [rank0]: InjectedCrash: injected crash at step 25") or \
-        found.endswith("exited with code 1: [default0]: InjectedCrash: injected crash at step 25"), \
-        (torch.__version__, found)
+    assert "exited with code 1: InjectedCrash: injected crash at step 25 (user-code)" in found, (torch.__version__, found)
+
+
+# Captured from this venv's torchrun (2.13, gloo, --tee=3) running tests/fixtures/scripts/rank1_raises.py:
+# rank 1 raises, rank 0 dies in its next all_reduce, torchrun SIGTERMs rank 0 and names rank 1.
+GLOO_LOG = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "rank1_raises_gloo.log"
+
+
+def test_rank_1_raising_is_the_cause_and_rank_0s_broken_connection_its_consequence():
+    found = root_cause_of(GLOO_LOG.read_bytes())
+    assert found is not None and "\n" not in found
+    cause, consequence = found.split("; ")
+    assert cause == "rank 1 (pid 9051) exited with code 1: ValueError: bad batch at step 3 (user-code)"
+    assert consequence.startswith("rank 0: RuntimeError: Connection closed by peer [127.0.0.1]:20658.")
+    assert consequence.endswith("(consequence)") and "pair.cc" not in consequence, "gloo's source location is dropped"
+    assert cause_class(found) == "user-code"
+
+
+def test_torchruns_root_rank_with_a_connection_error_yields_to_the_rank_that_raised():
+    """torchrun names the first exit it *observed*; when that is rank 0's connection error and rank 1
+    raised a ValueError, rank 1 is the cause."""
+    text = ("[default1]:[rank1]: Traceback (most recent call last):\n"
+            "[default1]:[rank1]: ValueError: bad batch\n"
+            "[default0]:[rank0]: Traceback (most recent call last):\n"
+            "[default0]:[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+            "remote process exited or there was a network error\n"
+            "Failures:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 12)\n"
+            "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 11)\n")
+    found = root_cause_of(text.encode())
+    cause, consequence = found.split("; ")
+    assert cause == "rank 1 (pid 12) exited with code 1: ValueError: bad batch (user-code)"
+    # A consequence is cut to MAX_CONSEQUENCE_CHARS: the line stays one a terminal shows.
+    assert consequence == ("rank 0: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+                           "remote process exited or there was a netw… (consequence)")
+
+
+@pytest.mark.parametrize(("line", "cls"), [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "oom"),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", "cuda"),
+    ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu-fault"),
+    ("torch.distributed.DistBackendError: [Rank 0] Watchdog caught collective operation timeout", "communication"),
+    ("RuntimeError: Connection reset by peer", "communication"),
+    ("KeyError: 'label'", "user-code"),
+])
+def test_each_error_line_has_its_class(line, cls):
+    assert error_class(line) == cls
+    found = root_cause_of(f"Traceback (most recent call last):\n  File \"t.py\", line 1\n{line}\n".encode())
+    assert cause_class(found) == cls
+
+
+def test_a_gpu_fault_in_the_log_explains_the_cuda_error_after_it():
+    text = ("NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.\n"
+            "[rank0]: RuntimeError: CUDA error: unspecified launch failure\n")
+    found = root_cause_of(text.encode())
+    assert cause_class(found) == "gpu-fault" and found.startswith("rank 0: NVRM: Xid"), found

@@ -224,3 +224,28 @@ def test_checkpoints_resume_is_auto_never_or_require_and_fresh_sets_never(tmp_pa
     fresh = submitted_text("name: ok\nscript: t.py\ncheckpoints: {keep: 2}\n", tmp_path, "ok.yaml", fresh=True)
     spec = parse_spec(fresh)
     assert (spec.checkpoints.resume, spec.checkpoints.keep) == ("never", 2) and "--fresh" in fresh.splitlines()[0]
+
+
+def test_restart_on_failure_merges_rules_over_the_defaults():
+    spec = parse_spec("name: a\nscript: x.py\nrestart:\n  on_failure: {oom: never, hang: {max: 2}, user-code: counted}\n")
+    rules = spec.restart.on_failure
+    assert rules["oom"] == "never" and rules["hang"].max == 2 and rules["hang"].within_first_seconds is None
+    assert rules["user-code"] == "counted" and rules["preempted"] == "always" and rules["gpu-fault"] == "always"
+    default = parse_spec("name: a\nscript: x.py\n").restart.on_failure["user-code"]
+    assert (default.max, default.within_first_seconds) == (1, 120.0)
+
+
+@pytest.mark.parametrize(("rules", "message"), [
+    ("{user-error: always}", "restart.on_failure: unknown failure class 'user-error'; the classes are: user-code,"),
+    ("{oom: sometimes}", "restart.on_failure: oom: unknown rule 'sometimes'; a rule is always, never, counted or"),
+    ("{oom: 3}", "restart.on_failure: oom: a rule is always, never, counted or {max: N"),
+    ("{oom: {max: -1}}", "restart.on_failure.oom.max: Input should be greater than or equal to 0"),
+    ("{oom: {maxx: 1}}", "restart.on_failure.oom.maxx: unknown field"),
+    ("{oom: {max: 1, within_first_seconds: .inf}}", "restart.on_failure.oom.within_first_seconds: Input should be a finite"),
+    ("[oom]", "restart.on_failure: must be a mapping of failure class to a rule"),
+    ("{lost: always}", "unknown failure class 'lost'"),
+])
+def test_restart_on_failure_is_strict(rules, message):
+    with pytest.raises(SpecError) as e:
+        parse_spec(f"name: a\nscript: x.py\nrestart:\n  on_failure: {rules}\n")
+    assert message in str(e.value) and ":4:" in str(e.value), str(e.value)
