@@ -50,16 +50,17 @@ _SOURCE_LOCATION = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|cu|h|hpp|c):\d+\]\s*")  # 
 # The classes an error line can show, most specific first: a GPU fault explains the CUDA error
 # that follows it, and an out-of-memory is reported as a CUDA error too.
 ERROR_CLASSES = ("gpu-fault", "oom", "cuda", "communication", "user-code", "signal")
+# Read on every log line, not just exceptions: only unambiguous wording ("ECC errors: 0" is not a fault).
 _GPU_FAULT = re.compile(
-    r"\bXid\b|\bXID\s*\d+|uncorrectable ECC|ECC error|fallen off the bus|GPU is lost|GPU lost|"
-    r"unrecoverable error|row remap", re.IGNORECASE)
+    r"\bXid\b\D{0,40}\d|uncorrectable ECC|fallen off the bus|GPU is lost|GPU lost|row remap(?:ping)? fail",
+    re.IGNORECASE)
 _OOM = re.compile(r"OutOfMemoryError|out of memory|\bMemoryError\b|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
 _CUDA = re.compile(r"CUDA error|CUDA kernel errors|cuDNN error|CUDNN_STATUS_|CUBLAS_STATUS_|device-side assert|"
                    r"AcceleratorError|illegal memory access", re.IGNORECASE)
 _COMMUNICATION = re.compile(
     r"NCCL|gloo|DistBackendError|DistNetworkError|DistStoreError|Connection (?:closed|reset|refused)|"
-    r"Broken pipe|ECONNRESET|Socket Timeout|timed out|Timeout|collective operation|"
-    r"ProcessGroup|c10d|Watchdog caught", re.IGNORECASE)
+    r"Broken pipe|ECONNRESET|Socket Timeout|Timed out waiting \d+ ?ms for (?:recv|send)|collective operation|"
+    r"ProcessGroup|c10d|Watchdog caught", re.IGNORECASE)  # a user's own TimeoutError stays user-code
 _CLASS_TAG = re.compile(r" \((" + "|".join(ERROR_CLASSES) + r")\)(?:;|$)")
 
 

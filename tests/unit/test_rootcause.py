@@ -233,11 +233,19 @@ def test_torchruns_root_rank_with_a_connection_error_yields_to_the_rank_that_rai
     ("torch.distributed.DistBackendError: [Rank 0] Watchdog caught collective operation timeout", "communication"),
     ("RuntimeError: Connection reset by peer", "communication"),
     ("KeyError: 'label'", "user-code"),
+    ("TimeoutError: dataset download timed out", "user-code"),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for "
+     "recv operation to complete", "communication"),
 ])
 def test_each_error_line_has_its_class(line, cls):
     assert error_class(line) == cls
     found = root_cause_of(f"Traceback (most recent call last):\n  File \"t.py\", line 1\n{line}\n".encode())
     assert cause_class(found) == cls
+
+
+def test_a_line_about_ecc_that_is_no_fault_is_not_one():
+    found = root_cause_of(b"nvidia-smi: ECC errors: 0, Xid events: none\nTraceback (most recent call last):\nKeyError: 1\n")
+    assert found == "KeyError: 1 (user-code)"
 
 
 def test_a_gpu_fault_in_the_log_explains_the_cuda_error_after_it():
