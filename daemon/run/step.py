@@ -121,14 +121,16 @@ DAEMON_CAUSES = ("daemon-stop", "daemon-restart", "lost")
 
 
 def placed(job_id: int, name: str, limits: Limits, job_state: JobState, gpus: tuple[int, ...], *, number: int = 0,
-           restarts: int = 0, backoff_level: int = 0, no_progress_streak: int = 0, backoff_remaining: float = 0.0,
-           staged: bool = False, now: float = 0.0) -> JobStep:
+           restarts: int = 0, class_counts: dict[str, int] | None = None, backoff_level: int = 0,
+           no_progress_streak: int = 0, backoff_remaining: float = 0.0, staged: bool = False,
+           now: float = 0.0) -> JobStep:
     """A job without a live attempt: READY, or in BACKOFF while `backoff_remaining` > 0 — a job just
     placed by the scheduler, or one found starting/restarting when the daemon starts (its stored
     remaining delay resumes)."""
     phase = Phase.BACKOFF if backoff_remaining > 0 else Phase.READY
     return JobStep(job_id=job_id, name=name, limits=limits, phase=phase, job_state=job_state, gpus=gpus,
-                   number=number, restarts=restarts, backoff_level=backoff_level,
+                   number=number, restarts=restarts, class_counts=tuple(sorted((class_counts or {}).items())),
+                   backoff_level=backoff_level,
                    no_progress_streak=no_progress_streak, backoff_remaining=max(0.0, backoff_remaining),
                    clock=now, phase_since=now, staged=staged)
 
@@ -399,7 +401,8 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
         progressed=s.progressed or (s.last_step is None and ran >= s.limits.healthy_seconds),
         ran_seconds=ran,
     )
-    d = decide(outcome, s.limits.restart, s.restarts, s.backoff_level, s.no_progress_streak, s.limits.healthy_seconds)
+    d = decide(outcome, s.limits.restart, s.restarts, s.backoff_level, s.no_progress_streak, s.limits.healthy_seconds,
+               class_counts=dict(s.class_counts))
     if d.state is JobState.CANCELLED and s.cancelled_by:
         d = replace(d, reason=f"cancelled by {s.cancelled_by}")  # a user's decision, not a failure
     if finished_reason is not None and d.state is JobState.SUCCEEDED:
@@ -415,6 +418,10 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     log = Log("attempt_ended", "info", (
         ("exit_code", code), ("signal", signal_name(s.exit_signal) if s.exit_signal else None), ("reason", d.reason), ("next_state", d.state.value),
         ("delay_seconds", d.delay_seconds), ("last_step", s.last_step), ("root_cause", s.root_cause)))
+    if counted and d.reason_class:
+        counts = dict(s.class_counts)
+        counts[d.reason_class] = counts.get(d.reason_class, 0) + 1
+        s = replace(s, class_counts=tuple(sorted(counts.items())))
     s = replace(s, job_state=d.state, backoff_level=d.backoff_level, no_progress_streak=d.no_progress_streak,
                 restarts=s.restarts + (1 if counted else 0), backoff_remaining=d.delay_seconds)
     if terminal or s.daemon_stopping:

@@ -54,6 +54,7 @@ class JobStep:
     gpus: tuple[int, ...] = ()
     number: int = 0                      # the current / last attempt's number
     restarts: int = 0                    # earlier attempts that ended by the job's own fault
+    class_counts: tuple[tuple[str, int], ...] = ()  # those, by failure class (restart.on_failure)
     backoff_level: int = 0
     no_progress_streak: int = 0
     backoff_remaining: float = 0.0

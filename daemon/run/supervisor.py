@@ -69,6 +69,7 @@ class Supervisor:
         attempts = self.store.attempts(job.id)
         base = step.placed(job.id, job.name, limits_of(job, self.cfg), job.state, tuple(job.gpus),
                            number=len(attempts), restarts=self.store.fault_attempts(job.id),
+                           class_counts=self.store.fault_attempts_by_class(job.id),
                            backoff_level=job.backoff_level, no_progress_streak=job.no_progress_streak,
                            backoff_remaining=job.backoff_remaining if job.state is JobState.RESTARTING else 0.0,
                            staged=staging_done(job.staging), now=now)
@@ -108,6 +109,7 @@ class Supervisor:
             self.steps[job.id] = step.placed(job.id, job.name, limits_of(job, self.cfg), job.state, s.gpus,
                                              number=len(self.store.attempts(job.id)),
                                              restarts=self.store.fault_attempts(job.id),
+                                             class_counts=self.store.fault_attempts_by_class(job.id),
                                              backoff_level=job.backoff_level,
                                              no_progress_streak=job.no_progress_streak,
                                              staged=staging_done(job.staging), now=now)

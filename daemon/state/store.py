@@ -403,6 +403,17 @@ class Store:
         ).fetchone()
         return int(row[0])
 
+    def fault_attempts_by_class(self, job_id: int) -> dict[str, int]:
+        """`fault_attempts` by failure class (the attempts' reason_class): what a class's
+        `restart.on_failure` rule counts."""
+        rows = self._db.execute(
+            "SELECT reason_class, COUNT(*) FROM attempts WHERE job_id = ? AND end IS NOT NULL AND reason_class IS NOT NULL"
+            " AND reason_class NOT IN ('daemon-restart', 'lost', 'cancelled', 'daemon-error', 'launch')"
+            " GROUP BY reason_class",
+            (job_id,),
+        ).fetchall()
+        return {str(cls): int(n) for cls, n in rows}
+
     def end_attempt(self, attempt_row: int, **fields: object) -> None:
         unknown = set(fields) - _ATTEMPT_END_FIELDS
         if unknown:

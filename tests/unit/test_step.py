@@ -810,3 +810,24 @@ def test_a_checkpoint_is_not_a_hang_and_its_interval_is_not_learned():
     assert s.phase is Phase.RUNNING, "a 2-minute save under the ceiling, not the 10 s calibration"
     s = beats(s, [(133.0, 12)])
     assert max(s.step_intervals) == 1.0 and st.hang_timeout(s) == st.AUTO_HANG_FLOOR_SECONDS
+
+
+def test_a_classs_rule_counts_only_its_own_earlier_failures():
+    """Default rules: an early user-code exception is restarted once; 3 earlier preemptions
+    (`always`) and a crash do not use up that one restart, a second user-code failure does."""
+    limits = replace(LIMITS, restart=Restart(max_restarts=10, backoff_seconds=(1, 1)))
+    s = running(limits=limits, restarts=4, class_counts={"preempted": 3, "crash": 1})
+    cause = "rank 0 (pid 7) exited with code 1: ValueError: bad (user-code)"
+    s, _ = ended(s, 5.0, code=1)
+    s, actions = st.step(s, Diagnosed(1, cause, False), 5.0)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason_class) == (JobState.RESTARTING, "user-code")
+    assert dict(s.class_counts) == {"preempted": 3, "crash": 1, "user-code": 1} and s.restarts == 5
+    s = replace(s, phase=Phase.READY, backoff_remaining=0.0)
+    s, _ = st.step(s, Go((0,)), 6.0)
+    s, _ = st.step(s, CheckpointFound(None, None, 2), 6.0)
+    s, _ = st.step(s, Spawned(77, WALL0 + 6), 6.0)
+    s, _ = ended(s, 8.0, code=1)
+    s, actions = st.step(s, Diagnosed(2, cause, False), 8.0)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason_class) == (JobState.FAILED, "user-code"), finish.reason
