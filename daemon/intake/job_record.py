@@ -125,29 +125,30 @@ def state_doc(job: JobRow, host: str, now: float) -> dict[str, Any]:
     return {"job": job.uid, "state": job.state.value, "reason": job.reason, "host": host, "time": now}
 
 
-def ended_state(raw: bytes | None, job_uid: str) -> str | None:
-    """The terminal state `.spx/state` (content `raw`) records for `job_uid`; None if none (absent,
-    unreadable, or about another job that used the same directory)."""
+def _json_object(raw: bytes | None) -> dict[str, Any] | None:
+    """`raw` parsed as one JSON object; None if absent or anything else."""
     if raw is None:
         return None
     try:
         doc = json.loads(raw)
     except ValueError:
         return None
-    if not isinstance(doc, dict) or doc.get("job") != job_uid or doc.get("state") not in TERMINAL_STATES:
+    return doc if isinstance(doc, dict) else None
+
+
+def ended_state(raw: bytes | None, job_uid: str) -> str | None:
+    """The terminal state `.spx/state` (content `raw`) records for `job_uid`; None if none (absent,
+    unreadable, or about another job that used the same directory)."""
+    doc = _json_object(raw)
+    if doc is None or doc.get("job") != job_uid or doc.get("state") not in TERMINAL_STATES:
         return None
     return str(doc["state"])
 
 
 def lease_of(raw: bytes | None) -> dict[str, Any] | None:
     """The lease in `raw`, None if absent or not a lease."""
-    if raw is None:
-        return None
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("host"), str):
+    doc = _json_object(raw)
+    if doc is None or not isinstance(doc.get("host"), str):
         return None
     if not isinstance(doc.get("expires"), (int, float)) or isinstance(doc.get("expires"), bool):
         return None
