@@ -27,7 +27,8 @@ class AttemptOutcome:
     `stop_cause` is set when the daemon itself stopped the attempt, or does not know how it ended:
     "cancel", "daemon-stop" (the daemon is shutting down), "daemon-restart" (a daemon stopped it and
     died before storing why), "lost" (adopted after a daemon restart, its monitor gone without a
-    record of its end) or "hang". `progressed` is true if the attempt moved the step past where it
+    record of its end), "hang" or "gpu-fault" (a fatal XID on one of its GPUs; `gpu_fault` says
+    which). `progressed` is true if the attempt moved the step past where it
     resumed (or wrote a new checkpoint, or, for scripts without a heartbeat, stayed up for a healthy
     stretch).
     """
@@ -39,6 +40,7 @@ class AttemptOutcome:
     oom: bool = False
     stop_cause: str | None = None
     hang_seconds: float | None = None
+    gpu_fault: str | None = None  # stop_cause "gpu-fault": what the daemon saw, e.g. "XID 79 on GPU 3 (...)"
     progressed: bool = False
     ran_seconds: float = 0.0
 
@@ -62,7 +64,7 @@ def backoff_delay(level: int, first: float, cap: float) -> float:
 
 
 # Restarts of these classes are resumptions, not failures of the job's code: no crash-loop guard.
-_EXTERNAL = ("preempted",)
+_EXTERNAL = ("preempted", "gpu-fault")
 
 
 def failure_class(outcome: AttemptOutcome) -> str:
@@ -72,6 +74,8 @@ def failure_class(outcome: AttemptOutcome) -> str:
     "crash". A GPU fault, OOM or CUDA error in the log wins over the signal that followed it."""
     if outcome.stop_cause == "hang":
         return "hang"
+    if outcome.stop_cause == "gpu-fault":
+        return "gpu-fault"
     if outcome.preempted:
         return "preempted"
     if outcome.oom:
@@ -90,6 +94,8 @@ def classify(outcome: AttemptOutcome) -> tuple[str, str]:
     cls = failure_class(outcome)
     if cls == "hang":
         return cls, f"hang: no step progress for {outcome.hang_seconds or 0:.0f} s"
+    if outcome.stop_cause == "gpu-fault":
+        return cls, f"gpu-fault: {outcome.gpu_fault or 'a fatal GPU error'}; stopped by the daemon"
     if cls == "preempted":
         return cls, "preempted: checkpointed on SIGTERM and exited"
     if outcome.oom:
@@ -152,7 +158,7 @@ def decide(
     rule = policy.on_failure.get(cls, "counted")
     if (
         policy.on_exit_codes != "any"
-        and cls not in ("hang", "preempted")
+        and cls not in ("hang", "preempted", "gpu-fault")
         and not outcome.oom
         and outcome.signal is None
         and outcome.exit_code not in policy.on_exit_codes

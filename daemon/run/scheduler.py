@@ -7,12 +7,16 @@ show no compute processes any more (a dying worker may still hold GPU memory). Q
 not free. Order is priority, then FIFO, with no backfill among GPU jobs: a big job at the head of
 the queue is not starved by a stream of small ones behind it. CPU jobs (`gpus: 0`) need nothing and
 are never held back.
+
+Quarantined GPUs (the health gate found them faulty; see gpu/health.py) are never allocated. A
+relaunch whose own GPUs include a quarantined one is placed again: its healthy GPUs and the free
+ones, as many as it asks for; while not enough are free it waits, and `Plan.waiting` says why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spx.daemon.state.store import JobRow
 
@@ -70,10 +74,12 @@ def place(queued: Iterable[JobRow], free: set[int]) -> list[Placement]:
 
 @dataclass(frozen=True)
 class Waiting:
-    """A tracked job that may start as soon as its GPUs are free (its backoff is over)."""
+    """A tracked job that may start as soon as its GPUs are free (its backoff is over). `want`: how
+    many GPUs it asks for (`spec.gpus` as a count), None when it names them (then only those do)."""
 
     job_id: int
     gpus: tuple[int, ...]
+    want: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,16 +95,43 @@ class Start:
 class Plan:
     starts: list[Start]
     impossible: list[Impossible]
+    waiting: dict[int, str] = field(default_factory=dict)  # job id → why a relaunch cannot start yet
 
 
 def plan(queued: list[JobRow], waiting: list[Waiting], devices: list[int], held: set[int],
-         idle: Callable[[int], bool], backend_desc: str, limit: int = MAX_STARTS_PER_TURN) -> Plan:
+         idle: Callable[[int], bool], backend_desc: str, limit: int = MAX_STARTS_PER_TURN,
+         quarantined: frozenset[int] = frozenset()) -> Plan:
     """This turn's starts, at most `limit` (the rest start on the next turns: a thousand jobs queued
     at once must not stall the loop for one turn of a thousand launches). `devices`: the host's GPU
     indices; `held`: GPUs of live jobs (a restarting job holds its own through the backoff);
     `idle(g)`: no compute processes on GPU g and healthy (asked of NVML lazily: only when some job
-    could start). Relaunches come first: their GPUs are theirs already."""
-    starts = [Start(w.job_id, w.gpus) for w in waiting if all(idle(g) for g in w.gpus)][:limit]
+    could start). Relaunches come first: their GPUs are theirs already (unless one is quarantined:
+    then it is placed again, see the module doc). `quarantined` GPUs are never allocated."""
+    starts: list[Start] = []
+    waits: dict[int, str] = {}
+    taken: set[int] = set()
+    for w in waiting:
+        if len(starts) >= limit:
+            break
+        bad = sorted(set(w.gpus) & quarantined)
+        if not bad:
+            if all(idle(g) for g in w.gpus):
+                starts.append(Start(w.job_id, w.gpus))
+                taken |= set(w.gpus)
+            continue
+        named = "GPU " + ", ".join(map(str, bad)) + " quarantined"
+        if w.want is None:
+            waits[w.job_id] = f"waiting: {named}, and the job names its GPUs"
+            continue
+        own = set(w.gpus) - quarantined
+        healthy = sorted(g for g in devices if g not in quarantined and g not in taken
+                         and (g in own or g not in held) and idle(g))
+        if len(healthy) < w.want:
+            waits[w.job_id] = f"waiting: {named}; {len(healthy)} of {w.want} healthy GPUs free"
+            continue
+        chosen = tuple(healthy[:w.want])
+        starts.append(Start(w.job_id, chosen))
+        taken |= set(chosen)
     impossible, placeable = [], []
     for job in queued:
         why = impossible_reason(job, devices, backend_desc)
@@ -107,6 +140,6 @@ def plan(queued: list[JobRow], waiting: list[Waiting], devices: list[int], held:
         else:
             placeable.append(job)
     if placeable and len(starts) < limit:
-        free = {g for g in devices if g not in held and idle(g)}
+        free = {g for g in devices if g not in held and g not in taken and g not in quarantined and idle(g)}
         starts += [Start(p.job.id, tuple(p.gpus), p.job) for p in place(placeable, free)][:limit - len(starts)]
-    return Plan(starts, impossible)
+    return Plan(starts, impossible, waits)

@@ -19,7 +19,7 @@ Phases of the tracked job (the stored `JobState` in brackets):
     BACKOFF [restarting] --remaining reaches 0--> READY [restarting]
     READY [queued|starting|restarting] --Go--> STAGING | PREPARING [starting]
     STAGING --copier done--> PREPARING;  PREPARING --checkpoint found--> RUNNING [running]
-    RUNNING --hang--> DUMPING --stacks dumped--> STOPPING;  RUNNING --cancel/daemon stop--> STOPPING
+    RUNNING --hang--> DUMPING --stacks dumped--> STOPPING;  RUNNING --cancel/daemon stop/GPU fault--> STOPPING
     STOPPING --grace over--> SIGKILL (still STOPPING);  RUNNING|DUMPING|STOPPING --launcher exited--> EXITED
     EXITED --all processes gone--> DIAGNOSING --diagnosis (or its deadline)--> record the end:
         BACKOFF (a restart) | DONE (succeeded / failed / cancelled, or the daemon stops)
@@ -61,6 +61,7 @@ from spx.daemon.run.step_types import (
     FindCheckpoint,
     FinishAttempt,
     Go,
+    GpuFault,
     HeartbeatSeen,
     JobStep,
     LauncherExited,
@@ -156,7 +157,7 @@ def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: 
     if ended is not None:
         state, actions = _launcher_exited(state, ended, now)
         return state, [Log("adopted_after_restart", "info", (("exited", True), ("lost", ended.lost))), *actions]
-    if stop_cause in ("cancel", "hang", "daemon-stop"):
+    if stop_cause in ("cancel", "hang", "daemon-stop", "gpu-fault"):
         return _term(state, now), [Log("adopted_after_restart", "info", (("exited", False), ("stopping", stop_cause)))]
     return _to(state, Phase.RUNNING, now, stop_cause=None), [Log("adopted_after_restart", "info", (("exited", False),))]
 
@@ -308,7 +309,7 @@ def _spawned(s: JobStep, obs: Spawned, now: float) -> tuple[JobStep, list[Action
     # preparing → running: the launcher exec'd; a fresh attempt's clocks start.
     return _to(s, Phase.RUNNING, now, job_state=JobState.RUNNING, started=now, started_wall=obs.wall,
                last_step=None, last_progress=None, step_changes=0, step_intervals=(), longest_interval=0.0,
-               last_beat_time=0.0, beat_status=None, stop_cause=None,
+               last_beat_time=0.0, beat_status=None, stop_cause=None, gpu_fault=None,
                hang_idle=None, term_at=None, kill_at=None, exited_at=None, exited_wall=None, warned_at=None, exit_code=None,
                exit_signal=None, root_cause=None, oom=False), []
 
@@ -397,7 +398,7 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     outcome = AttemptOutcome(
         exit_code=code, signal=s.exit_signal, root_cause=s.root_cause,
         preempted=s.beat_status == "preempted" or code == EXIT_PREEMPTED,
-        oom=s.oom, stop_cause=s.stop_cause, hang_seconds=s.hang_idle,
+        oom=s.oom, stop_cause=s.stop_cause, hang_seconds=s.hang_idle, gpu_fault=s.gpu_fault,
         progressed=s.progressed or (s.last_step is None and ran >= s.limits.healthy_seconds),
         ran_seconds=ran,
     )
@@ -452,6 +453,20 @@ def _cancel(s: JobStep, obs: CancelRequested, now: float) -> tuple[JobStep, list
         # stop waiting for its workers' checkpoint.
         return replace(s, stop_cause="cancel", cancelled_by=obs.by), [note, RecordStop(s.number, "cancel")]
     return s, []
+
+
+def _gpu_fault(s: JobStep, obs: GpuFault, now: float) -> tuple[JobStep, list[Action]]:
+    if obs.gpu not in s.gpus or s.stop_cause is not None:
+        # Not its GPU, or already being stopped (a cancel, a hang, an earlier fault): nothing new.
+        return s, []
+    # running|dumping → stopping: a fatal fault on one of its GPUs (quarantined already): SIGTERM and
+    # the grace, like a hang's stop; class gpu-fault, restarted on healthy GPUs without counting.
+    return _term(s, now, stop_cause="gpu-fault", gpu_fault=obs.detail), [
+        RecordStop(s.number, "gpu-fault"),
+        Log("gpu_fault_stop", "warning", (("gpu", obs.gpu), ("detail", obs.detail))),
+        Note(f"gpu-fault: {obs.detail}; GPU {obs.gpu} quarantined; SIGTERM, {s.limits.grace_seconds:.0f} s grace, "
+             "then a restart on healthy GPUs"),
+        SignalTerm()]
 
 
 def _daemon_stopping(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
@@ -544,6 +559,7 @@ _HANDLERS: dict[tuple[Phase, type], Callable[..., tuple[JobStep, list[Action]]]]
     (Phase.PREPARING, Spawned): _spawned,
     **{(p, HeartbeatSeen): _heartbeat for p in (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING, Phase.EXITED)},
     (Phase.DUMPING, StacksDumped): _stacks_dumped,
+    **{(p, GpuFault): _gpu_fault for p in (Phase.RUNNING, Phase.DUMPING)},
     **{(p, LauncherExited): _launcher_exited for p in (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING)},
     (Phase.EXITED, AllGone): _all_gone,
     (Phase.DIAGNOSING, Diagnosed): _diagnosed,

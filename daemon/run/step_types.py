@@ -78,6 +78,7 @@ class JobStep:
     stop_cause: str | None = None
     cancelled_by: str | None = None      # who cancelled (the attempt's reason says so, not "a failure")
     hang_idle: float | None = None
+    gpu_fault: str | None = None         # stop_cause "gpu-fault": the fault seen (e.g. "XID 79 on GPU 3 (...)")
     term_at: float | None = None
     kill_at: float | None = None
     exited_at: float | None = None
@@ -185,6 +186,15 @@ class CancelRequested:
 
 
 @dataclass(frozen=True)
+class GpuFault:
+    """A fatal fault on one of the attempt's GPUs (an XID seen by the XID thread); the GPU is
+    quarantined already. `detail`: what was seen, e.g. "XID 79 on GPU 3 (GPU fell off the bus)"."""
+
+    gpu: int
+    detail: str
+
+
+@dataclass(frozen=True)
 class DaemonStopping:
     """The daemon shuts down: attempts get SIGTERM and their grace; nothing new starts."""
 
@@ -199,7 +209,7 @@ class ActionFailed:
 
 
 Observation = (Tick | Go | StagingEnded | CheckpointFound | Spawned | HeartbeatSeen | LauncherExited | AllGone
-               | StacksDumped | Diagnosed | CancelRequested | DaemonStopping | ActionFailed)
+               | StacksDumped | Diagnosed | CancelRequested | GpuFault | DaemonStopping | ActionFailed)
 
 
 # --- actions: what the executor must do ------------------------------------------------------------

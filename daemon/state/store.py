@@ -72,6 +72,13 @@ CREATE TABLE IF NOT EXISTS attempts (
 );
 -- Written once, when the store is created: a store without it was not made whole (see integrity.py).
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+-- GPUs the health gate found faulty: never allocated until an operator releases them (spx gpu release).
+CREATE TABLE IF NOT EXISTS gpu_quarantine (
+    gpu INTEGER PRIMARY KEY,
+    uuid TEXT,
+    reason TEXT NOT NULL,
+    since REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id INTEGER REFERENCES jobs(id),
@@ -427,6 +434,32 @@ class Store:
             db.execute(
                 "INSERT INTO events (job_id, time, kind, detail) VALUES (?, ?, ?, ?)", (job_id, now, kind, detail)
             )
+
+    # --- GPU quarantine -------------------------------------------------------------------------------
+
+    def quarantine_gpu(self, gpu: int, uuid: str | None, reason: str, now: float) -> bool:
+        """Record GPU `gpu` as faulty (the first reason is kept). True if it was not quarantined yet."""
+        with self._tx() as db:
+            cur = db.execute("INSERT OR IGNORE INTO gpu_quarantine (gpu, uuid, reason, since) VALUES (?, ?, ?, ?)",
+                             (gpu, uuid, reason, now))
+            if cur.rowcount:
+                db.execute("INSERT INTO events (job_id, time, kind, detail) VALUES (NULL, ?, 'gpu-quarantined', ?)",
+                           (now, f"GPU {gpu}: {reason}"))
+            return bool(cur.rowcount)
+
+    def release_gpu(self, gpu: int, by: str, now: float) -> bool:
+        """An operator's release of a quarantined GPU. False if it was not quarantined."""
+        with self._tx() as db:
+            cur = db.execute("DELETE FROM gpu_quarantine WHERE gpu = ?", (gpu,))
+            if cur.rowcount:
+                db.execute("INSERT INTO events (job_id, time, kind, detail) VALUES (NULL, ?, 'gpu-released', ?)",
+                           (now, f"GPU {gpu} released by {by}"))
+            return bool(cur.rowcount)
+
+    def quarantined_gpus(self) -> dict[int, tuple[str | None, str, float]]:
+        """{gpu index: (uuid, reason, since)} of every quarantined GPU."""
+        rows = self._db.execute("SELECT gpu, uuid, reason, since FROM gpu_quarantine").fetchall()
+        return {int(r[0]): (r[1], str(r[2]), float(r[3])) for r in rows}
 
     def fail_unusable_specs(self, now: float) -> list[JobRow]:
         """At start: live jobs without an open attempt whose stored spec this version refuses end

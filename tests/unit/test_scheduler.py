@@ -56,3 +56,31 @@ def test_plan_asks_no_gpu_when_nothing_waits():
     asked = []
     assert plan([], [], list(range(8)), set(), lambda g: asked.append(g) or True, "fake").starts == []
     assert asked == []
+
+
+def test_plan_never_allocates_a_quarantined_gpu():
+    a = job("a", 2, 1)
+    p = plan([a], [], list(range(4)), set(), lambda g: True, "fake", quarantined=frozenset({0}))
+    assert p.starts == [Start(a.id, (1, 2), a)]
+
+
+def test_plan_places_a_relaunch_off_its_quarantined_gpu_onto_healthy_ones():
+    # Job 7 ran on 0-3; GPU 3 was quarantined; 4-7 are free, 5 busy with another job.
+    p = plan([], [Waiting(7, (0, 1, 2, 3), want=4)], list(range(8)), {0, 1, 2, 3, 5}, lambda g: True, "fake",
+             quarantined=frozenset({3}))
+    assert p.starts == [Start(7, (0, 1, 2, 4))] and p.waiting == {}
+
+
+def test_plan_keeps_a_relaunch_waiting_with_a_reason_when_too_few_healthy_gpus_are_free():
+    p = plan([], [Waiting(7, (0, 1, 2, 3), want=4)], list(range(4)), {0, 1, 2, 3}, lambda g: True, "fake",
+             quarantined=frozenset({3}))
+    assert p.starts == [] and p.waiting == {7: "waiting: GPU 3 quarantined; 3 of 4 healthy GPUs free"}
+    named = plan([], [Waiting(8, (2, 3))], list(range(8)), {2, 3}, lambda g: True, "fake", quarantined=frozenset({3}))
+    assert named.starts == [] and "names its GPUs" in named.waiting[8]
+
+
+def test_a_queued_job_does_not_take_the_gpus_a_relaunch_was_placed_on():
+    q = job("q", 2, 9)
+    p = plan([q], [Waiting(7, (0, 1), want=2)], list(range(4)), {0, 1}, lambda g: True, "fake",
+             quarantined=frozenset({1}))
+    assert p.starts == [Start(7, (0, 2))]

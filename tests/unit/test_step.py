@@ -26,6 +26,7 @@ from spx.daemon.run.step_types import (
     FindCheckpoint,
     FinishAttempt,
     Go,
+    GpuFault,
     HeartbeatSeen,
     LauncherExited,
     Log,
@@ -831,3 +832,50 @@ def test_a_classs_rule_counts_only_its_own_earlier_failures():
     s, actions = st.step(s, Diagnosed(2, cause, False), 8.0)
     finish = only(actions, FinishAttempt)
     assert (finish.state, finish.reason_class) == (JobState.FAILED, "user-code"), finish.reason
+
+
+# --- GPU faults (a fatal XID on one of the attempt's GPUs) -----------------------------------------------
+
+XID79 = "XID 79 on GPU 1 (GPU fell off the bus)"
+
+
+def test_a_gpu_fault_on_its_gpu_stops_the_attempt_like_a_hang_but_without_a_dump():
+    s, actions = st.step(running(), GpuFault(1, XID79), 20.0)
+    assert (s.phase, s.stop_cause, s.gpu_fault, s.term_at) == (Phase.STOPPING, "gpu-fault", XID79, 20.0)
+    assert kinds(actions) == [RecordStop, SignalTerm] and only(actions, RecordStop) == RecordStop(1, "gpu-fault")
+    assert logs(actions) == ["gpu_fault_stop"]
+
+
+def test_a_gpu_fault_on_another_gpu_or_during_a_stop_changes_nothing():
+    s = running()
+    assert st.step(s, GpuFault(5, "XID 79 on GPU 5 (GPU fell off the bus)"), 20.0) == (replace(s, clock=20.0), [])
+    stopping, _ = st.step(s, CancelRequested("root"), 20.0)
+    after, actions = st.step(stopping, GpuFault(1, XID79), 21.0)
+    assert actions == [] and after.stop_cause == "cancel"
+
+
+def test_a_gpu_fault_ends_as_class_gpu_fault_and_restarts_past_max_restarts():
+    # Three earlier GPU faults and max_restarts 3: gpu-fault is `always`, not counted against it.
+    s = running(restarts=3, class_counts={"gpu-fault": 3})
+    s, _ = st.step(s, GpuFault(1, XID79), 20.0)
+    s, actions = st.step(s, LauncherExited(None, signal.SIGTERM), 22.0)
+    assert only(actions, RecordExit).stop_cause == "gpu-fault"
+    s, actions = st.step(s, AllGone(), 22.1)
+    assert only(actions, Diagnose).root_cause
+    s, actions = st.step(s, Diagnosed(1, None, False), 22.5)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason_class, finish.release_gpus) == (JobState.RESTARTING, "gpu-fault", False)
+    assert finish.reason.startswith(f"gpu-fault: {XID79}")
+    assert s.phase is Phase.BACKOFF and dict(s.class_counts)["gpu-fault"] == 4
+
+
+def test_an_attempt_adopted_while_stopped_for_a_gpu_fault_goes_on_stopping():
+    s, actions = st.adopted(ready(JobState.RUNNING, gpus=(0, 1)), 1, WALL0, None, 10.0, stop_cause="gpu-fault")
+    assert (s.phase, s.stop_cause) == (Phase.STOPPING, "gpu-fault") and SignalTerm() not in actions
+
+
+def test_a_new_attempt_forgets_the_last_ones_gpu_fault():
+    s, _ = st.step(running(), GpuFault(1, XID79), 20.0)
+    s = replace(s, phase=Phase.PREPARING)
+    s, _ = st.step(s, Spawned(4343, WALL0 + 30), 30.0)
+    assert (s.stop_cause, s.gpu_fault) == (None, None)

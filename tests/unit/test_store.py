@@ -133,3 +133,16 @@ def test_a_stored_spec_this_version_refuses_fails_its_job_at_start_instead_of_ev
     assert [j.id for j in store.live_jobs()] == [good]
     assert store.fail_unusable_specs(3.0) == []
     store.close()
+
+
+def test_a_quarantined_gpu_stays_until_released_and_both_are_events(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    assert store.quarantine_gpu(3, "GPU-3", "XID 79 on GPU 3 (GPU fell off the bus)", 100.0)
+    assert not store.quarantine_gpu(3, "GPU-3", "a later reason", 101.0)  # the first reason is kept
+    store.close()
+    reopened = Store(tmp_path / "s.sqlite")
+    assert reopened.quarantined_gpus() == {3: ("GPU-3", "XID 79 on GPU 3 (GPU fell off the bus)", 100.0)}
+    assert reopened.release_gpu(3, "root", 200.0) and not reopened.release_gpu(3, "root", 201.0)
+    assert reopened.quarantined_gpus() == {}
+    kinds = [r[0] for r in reopened._db.execute("SELECT kind FROM events WHERE job_id IS NULL ORDER BY id")]
+    assert kinds == ["gpu-quarantined", "gpu-released"]
