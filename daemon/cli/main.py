@@ -46,7 +46,7 @@ def ask(cfg: DaemonConfig, op: str, name: str | None = None) -> object:
 
 
 def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
-    if op == "cancel" or not os.access(cfg.store_path, os.R_OK):
+    if op in ("cancel", "gpu-release") or not os.access(cfg.store_path, os.R_OK):
         raise CliError(not_running_message(cfg))
     if op == "gpus":
         return []  # the GPUs a daemon uses: none while it is not running
@@ -313,6 +313,21 @@ def cmd_doctor(cfg: DaemonConfig, args: argparse.Namespace) -> int:
     return run_doctor(cfg, as_json=args.json)
 
 
+def cmd_gpus(cfg: DaemonConfig, args: argparse.Namespace) -> int:
+    """`spx gpus`: index, name and UUID, the job on it, health, and why it is quarantined."""
+    rows = ask(cfg, "gpus")
+    assert isinstance(rows, list)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return EXIT_OK
+    print(f"{'GPU':<4} {'NAME':<24} {'UUID':<42} {'JOB':<20} {'HEALTH':<12} QUARANTINE")
+    for r in rows:
+        health = "quarantined" if r.get("quarantine") else r.get("health", "ok")
+        print(f"{r['index']:<4} {r['name'][:24]:<24} {(r.get('uuid') or '-'):<42} {(r.get('job') or '-')[:20]:<20} "
+              f"{health:<12} {r.get('quarantine') or ''}")
+    return EXIT_OK
+
+
 def cmd_top(cfg: DaemonConfig, args: argparse.Namespace, only: str | None = None) -> int:
     from spx.daemon.cli.top_command import run_top_cli
 
@@ -349,6 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("doctor", help="check this host against what training needs")
     s.add_argument("--json", action="store_true")
     s.add_argument("--gpu-backend", choices=["auto", "nvml", "fake", "none"], help="as for spx-trainer")
+    s = sub.add_parser("gpus", help="the daemon's GPUs: the job on each, its health and quarantine")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("gpu", help="root/admin: release a quarantined GPU (`spx gpu release N`)")
+    s.add_argument("action", choices=["release"])
+    s.add_argument("index", type=int)
     s = sub.add_parser("top", help="live view of jobs and GPUs")
     s.add_argument("--once", action="store_true", help="print one frame and exit")
     return p
@@ -385,6 +405,11 @@ def run(args: argparse.Namespace) -> int:
         return cmd_doctor(cfg, args)
     if args.command == "adopt":
         return cmd_adopt(cfg, args)
+    if args.command == "gpus":
+        return cmd_gpus(cfg, args)
+    if args.command == "gpu":
+        print(ask(cfg, "gpu-release", str(args.index)))
+        return EXIT_OK
     return cmd_top(cfg, args)
 
 

@@ -151,6 +151,9 @@ def render(jobs: list[JobView], gpus: list[GpuRow], now: float, width: int) -> s
         gpu_table.append((str(g.index), g.name.removeprefix("NVIDIA "), util, mem, power, g.job or ""))
     if gpu_table:
         lines += _table(("GPU", "NAME", "UTIL", "MEMORY", "POWER", "JOB"), gpu_table, {0, 2, 3, 4}, width, shrink=1)
+    for g in gpus:  # never allocated until an operator releases it: said under the table
+        if g.quarantine:
+            lines.append(_clip(f"! GPU {g.index} quarantined: {g.quarantine} (spx gpu release {g.index})", width))
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,8 @@ function names), so the fake 8×H100 SXM5 fixture and a real host go through the
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spx.daemon.doctor.check import Check
@@ -184,3 +186,26 @@ def check_driver(ctx: DoctorContext) -> Check:
         return Check("driver", "fail", detail + ": NVML library and kernel driver versions differ",
                       "reboot (or reload the nvidia modules) after a driver upgrade")
     return Check("driver", "ok", detail)
+
+
+def check_quarantine(state_dir: Path) -> Check:
+    """GPUs the daemon's health gate quarantined (its store's table): never allocated until released."""
+    path = state_dir / "spx.sqlite"
+    if not path.exists():
+        return Check("quarantine", "ok", "no state store yet: no GPU quarantined")
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = db.execute("SELECT gpu, reason FROM gpu_quarantine ORDER BY gpu").fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        if "no such table" in str(e):
+            return Check("quarantine", "ok", "no GPU quarantined")
+        return Check("quarantine", "unknown", f"cannot read {path}: {e}", "run spx doctor as root (the store is root's)")
+    if not rows:
+        return Check("quarantine", "ok", "no GPU quarantined")
+    listed = "; ".join(f"GPU {gpu}: {reason}" for gpu, reason in rows)
+    first = rows[0][0]
+    return Check("quarantine", "warn", f"{len(rows)} GPU{'s' * (len(rows) != 1)} quarantined ({listed})",
+                 f"check the GPU (nvidia-smi -q -i {first}; a reset: nvidia-smi -r -i {first}), then spx gpu release {first}")

@@ -47,6 +47,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("spx_gpu_ecc_errors_total", "counter", (*GPU, "type"), "Device memory ECC errors since the driver was loaded (volatile count); type corrected|uncorrected."),
     Spec("spx_gpu_remapped_rows", "gauge", (*GPU, "type"), "Row remapper: rows remapped for correctable|uncorrectable errors; pending|failure are 0/1 flags."),
     Spec("spx_gpu_xid_errors_total", "counter", (*GPU, "xid"), "XID critical-error events seen by the daemon's NVML event thread since it started."),
+    Spec("spx_gpu_quarantined", "gauge", ("gpu", "uuid", "reason"), "1 while the health gate has the GPU quarantined (never allocated until `spx gpu release`), with the reason; 0 (reason empty) otherwise."),
     Spec("spx_gpu_process_memory_used_bytes", "gauge", (*GPU, "pid", "job"), "Device memory used by one compute process; job = the job whose attempt owns the pid (absent if none)."),
     Spec("spx_gpu_nvlink_up", "gauge", (*GPU, "link"), "1 if the NVLink link is active (or in low-power sleep), 0 if inactive."),
     Spec("spx_gpu_nvlink_transmit_bytes_total", "counter", (*GPU, "link"), "NVLink data payload transmitted on the link."),

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from spx.daemon.exporter.gpu_collector import GpuCollector
 from spx.daemon.exporter.job_collector import JobCollector
 from spx.daemon.exporter.metrics import Families
+from spx.daemon.exporter.quarantine_collector import QuarantineCollector, Quarantined
 from spx.daemon.gpu.backend import GpuBackend
 from spx.daemon.state.views import JobView
 
@@ -69,7 +70,8 @@ class SpxCollector:
 
 
 def build_registry(
-    backend: GpuBackend, jobs: Callable[[], list[JobView]], version: str, job_labels: bool = True
+    backend: GpuBackend, jobs: Callable[[], list[JobView]], version: str, job_labels: bool = True,
+    quarantined: Callable[[], Quarantined] | None = None,
 ) -> CollectorRegistry:
     """A fresh registry with the GPU and job collectors. Starts the backend's XID thread (see module doc).
 
@@ -81,6 +83,8 @@ def build_registry(
     parts: dict[str, Part] = {"gpu": GpuCollector(backend, jobs if job_labels else _no_jobs)}
     if job_labels:
         parts["job"] = JobCollector(jobs)
+    if quarantined is not None:  # the daemon's store (spx_gpu_quarantined); not the standalone exporter
+        parts["quarantine"] = QuarantineCollector(backend, quarantined)
     registry.register(SpxCollector(parts, version, backend.kind))
     return registry
 

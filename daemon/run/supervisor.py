@@ -218,7 +218,27 @@ class Supervisor:
         return sum(1 for s in self.steps.values() if s.phase.has_processes or s.phase is step_types.Phase.DIAGNOSING)
 
     def waiting(self) -> list[Waiting]:
-        return [Waiting(s.job_id, s.gpus) for s in self.steps.values() if s.ready]
+        out = []
+        for s in self.steps.values():
+            if s.ready:
+                want = self.jobs[s.job_id].spec.gpus
+                out.append(Waiting(s.job_id, s.gpus, None if isinstance(want, list) else want))
+        return out
+
+    def running_on(self, gpu: int) -> list[int]:
+        """Jobs whose attempt runs on GPU `gpu` now."""
+        return [j for j, s in self.steps.items()
+                if gpu in s.gpus and s.phase in (step_types.Phase.RUNNING, step_types.Phase.DUMPING)]
+
+    def gpu_fault(self, gpu: int, detail: str) -> list[str]:
+        """A fatal fault on GPU `gpu` (quarantined already): the attempt running on it is stopped
+        (step: GpuFault). Returns the names of the jobs told."""
+        told = []
+        for job_id, s in list(self.steps.items()):
+            if gpu in s.gpus and s.phase in (step_types.Phase.RUNNING, step_types.Phase.DUMPING):
+                told.append(self.jobs[job_id].name)
+                self.feed(job_id, step_types.GpuFault(gpu, detail))
+        return told
 
     def held_gpus(self) -> set[int]:
         return {g for s in list(self.steps.values()) for g in s.gpus}

@@ -196,7 +196,7 @@ class ControlServer:
             except Exception as e:
                 log.exception("control_answer_failed", op=op, uid=uid)
                 return {"ok": False, "error": f"the daemon could not answer {op}: {e}", "code": 1}
-        if op == "cancel" and name is not None:
+        if op in ("cancel", "gpu-release") and name is not None:  # changes: made by the main loop
             return self._cancel(Command(op, name, uid))
         return {"ok": False, "error": f"unknown request {op[:40]!r}", "code": 2}
 

@@ -3,12 +3,12 @@ from its own backend and its allocation, so `spx top` shows what the daemon sees
 under `--gpu-backend fake`, the GPUs a job holds) instead of opening a backend of its own.
 
 Values are read fresh from NVML on each call; a value NVML will not give is None (a blank cell),
-never a stale one.
+never a stale one. `spx gpus` lists the same rows with each GPU's health and quarantine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,6 +28,9 @@ class GpuRow:
     memory_total: int | None  # bytes
     power_watts: float | None
     job: str | None
+    uuid: str | None = None
+    health: str = "ok"  # "ok", or "lost" when NVML does not answer for it
+    quarantine: str | None = None  # why the health gate quarantined it (`spx gpu release N` clears it)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -35,14 +38,23 @@ class GpuRow:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> GpuRow:
         return cls(int(doc["index"]), str(doc["name"]), doc.get("utilization"), doc.get("memory_used"),
-                   doc.get("memory_total"), doc.get("power_watts"), doc.get("job"))
+                   doc.get("memory_total"), doc.get("power_watts"), doc.get("job"), doc.get("uuid"),
+                   str(doc.get("health", "ok")), doc.get("quarantine"))
 
 
-def gpu_rows(backend: Any, jobs: Sequence[JobView]) -> list[GpuRow]:
-    """Fresh utilization, memory and power of every GPU, with the live job each is allocated to."""
+def gpu_rows(backend: Any, jobs: Sequence[JobView],
+             quarantined: Mapping[int, tuple[str | None, str, float]] | None = None) -> list[GpuRow]:
+    """Fresh utilization, memory and power of every GPU, with the live job each is allocated to and
+    its quarantine (`quarantined`: the store's {gpu: (uuid, reason, since)})."""
     if backend is None or backend.nvml is None:
         return []
     nvml = backend.nvml
+    quarantined = quarantined or {}
+
+    def why(g: int) -> str | None:
+        entry = quarantined.get(g)
+        return entry[1] if entry else None
+
     owner = {i: j.name for j in jobs if j.state in ACTIVE_STATES for i in j.gpus}
     rows = []
     for d in backend.devices():
@@ -51,20 +63,23 @@ def gpu_rows(backend: Any, jobs: Sequence[JobView]) -> list[GpuRow]:
         try:
             h = nvml.nvmlDeviceGetHandleByIndex(d.index)
         except nvml.NVMLError:
-            rows.append(GpuRow(d.index, d.name, None, None, None, None, owner.get(d.index)))
+            rows.append(GpuRow(d.index, d.name, None, None, None, None, owner.get(d.index), d.uuid, "lost",
+                               why(d.index)))
             continue
         try:
             util = int(nvml.nvmlDeviceGetUtilizationRates(h).gpu)
         except nvml.NVMLError:
             pass
+        health = "ok"
         try:
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
             used, total = int(mem.used), int(mem.total)
         except nvml.NVMLError:
-            pass
+            health = "lost"
         try:
             power = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
         except nvml.NVMLError:
             pass
-        rows.append(GpuRow(d.index, d.name, util, used, total, power, owner.get(d.index)))
+        rows.append(GpuRow(d.index, d.name, util, used, total, power, owner.get(d.index), d.uuid, health,
+                           why(d.index)))
     return rows

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from spx.daemon.gpu.backend import GpuBackend, open_backend
+from spx.daemon.gpu.backend import GpuBackend, XidEvent, open_backend
+from spx.daemon.gpu.health import HealthGate, fatal_xid, xid_reason
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.run import cgroups, proctree, scheduler, step_types
@@ -52,6 +53,7 @@ log = get_logger()
 TICK_SECONDS = 0.25
 REAP_EVERY_SECONDS = 2.0
 STATUS_EVERY_SECONDS = 2.0
+GATE_PASS_SECONDS = 2.0  # a GPU that passed the health gate is not asked again for this long
 # The reload waiter's patience: under systemd's default 90 s TimeoutStartSec, which bounds ExecReload=.
 RELOAD_WAIT_SECONDS = 85.0
 # Phases a re-exec may leave a job in: nothing of it is in flight on the loop's pool or in a stop, so
@@ -88,6 +90,11 @@ class Daemon:
         self.leases = LeaseKeeper(cfg, self.store)
         self.control = ControlServer(cfg.socket_path, self._answer, self.commands, self.wake)
         self.metrics = None
+        self.health = HealthGate(backend)
+        self._gate_passed: dict[int, float] = {}  # GPU → when it last passed the health gate (monotonic)
+        self.xid_events: queue.SimpleQueue[XidEvent] = queue.SimpleQueue()
+        self.quarantined = self.store.quarantined_gpus()  # the main loop's copy; it writes the table
+        self._waiting_reasons: dict[int, str] = {}
 
     def _prepare_dirs(self) -> None:
         for d in (self.cfg.state_dir, self.cfg.log_dir, self.cfg.run_dir, self.cfg.checkpoints_root):
@@ -101,9 +108,53 @@ class Daemon:
     # --- GPUs -----------------------------------------------------------------------------------
 
     def _gpu_idle(self, g: int) -> bool:
-        """No compute process on GPU g (from anything) and healthy."""
+        """No compute process on GPU g (from anything) and healthy: it passes the health gate
+        (gpu/health.py) — one that fails it is quarantined here, before an attempt starts on it."""
         pids = self.backend.compute_pids(g)
-        return pids is not None and not pids and self.backend.healthy(g)
+        if pids is None or pids or not self.backend.healthy(g):
+            return False
+        now = time.monotonic()
+        if now - self._gate_passed.get(g, -GATE_PASS_SECONDS) < GATE_PASS_SECONDS:
+            return True
+        why = self.health.check(g)
+        if why is not None:
+            self._quarantine(g, why)
+            return False
+        self._gate_passed[g] = now
+        return True
+
+    def _quarantine(self, g: int, reason: str) -> None:
+        """Record GPU g as faulty (durably first): the scheduler never allocates it again until released."""
+        if g in self.quarantined:
+            return
+        uuid = next((d.uuid for d in self.backend.devices() if d.index == g), None)
+        now = time.time()
+        self.store.quarantine_gpu(g, uuid, reason, now)
+        self.quarantined[g] = (uuid, reason, now)
+        log.error("gpu_quarantined", gpu=g, uuid=uuid, reason=reason)
+
+    def _on_xid(self, event: XidEvent) -> None:
+        """The XID thread's listener: only enqueues (the main loop acts in `_gpu_faults`)."""
+        if fatal_xid(event.xid) is not None:
+            self.xid_events.put(event)
+            self.wake.put("xid")
+
+    def _gpu_faults(self) -> None:
+        """Fatal XIDs on a GPU of a running attempt: the GPU is quarantined and the attempt stopped
+        (class gpu-fault: restarted on healthy GPUs). A fatal XID on a GPU no attempt runs on is
+        left to the gate's state checks (a GPU off the bus is lost to NVML too)."""
+        while True:
+            try:
+                event = self.xid_events.get_nowait()
+            except queue.Empty:
+                return
+            detail = xid_reason(event.gpu, event.xid)
+            running = self.supervisor.running_on(event.gpu)
+            if not running:
+                log.info("gpu_fatal_xid_idle", gpu=event.gpu, xid=event.xid, detail=detail)
+                continue
+            self._quarantine(event.gpu, detail)
+            self.supervisor.gpu_fault(event.gpu, detail)
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -120,8 +171,10 @@ class Daemon:
         self.leases.start()
         self.adopter.start()
         self.control.start()
-        registry = build_registry(self.backend, self.views, _version(), job_labels=self.cfg.metrics_job_labels)
+        registry = build_registry(self.backend, self.views, _version(), job_labels=self.cfg.metrics_job_labels,
+                                  quarantined=self.store.quarantined_gpus)
         metrics = self.metrics = serve(registry, self.cfg.metrics_address)
+        self.backend.start_xid_watch(self._on_xid)
         host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=_version(), root=str(self.cfg.spool_dir.parent),
                  gpu_backend=self.backend.description, metrics=f"{host}:{metrics.port}",
@@ -150,6 +203,7 @@ class Daemon:
             self._stage("intake", functools.partial(self.intake.claim_due, now))
             self._stage("commands", self._run_commands)
             self._stage("adopt", self.adopter.drain)
+            self._stage("gpu_faults", self._gpu_faults)
             self._stage("supervise", self.supervisor.tick)
             if not self.stopping:
                 self._stage("schedule", self._schedule)
@@ -240,11 +294,17 @@ class Daemon:
         held = {g for j in live if j.state.holds_gpus for g in j.gpus} | self.supervisor.held_gpus()
         idle = functools.cache(self._gpu_idle)
         plan = scheduler.plan(queued, waiting, [d.index for d in self.backend.devices()], held, idle,
-                              self.backend.description)
+                              self.backend.description, quarantined=frozenset(self.quarantined))
+        for job_id, why in plan.waiting.items():
+            if self._waiting_reasons.get(job_id) != why:  # said once per change, not every turn
+                self._waiting_reasons[job_id] = why
+                self.store.update_job(job_id, time.time(), reason=why)
+                log.warning("relaunch_waiting", job=self.supervisor.jobs[job_id].name, attempt=None, reason=why)
         for imp in plan.impossible:
             self.store.transition(imp.job.id, JobState.FAILED, imp.reason, time.time())
             log.error("job_cannot_run", job=imp.job.name, attempt=None, reason=imp.reason)
         for start in plan.starts:
+            self._waiting_reasons.pop(start.job_id, None)
             self.supervisor.start(start)
 
     # --- requests -------------------------------------------------------------------------------
@@ -259,7 +319,7 @@ class Daemon:
             # The daemon's own backend and allocation (what `spx top` shows); the job on a GPU is
             # named only to its owner and admins, as in `ls`.
             live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
-            rows = gpu_rows(self.backend, live)
+            rows = gpu_rows(self.backend, live, self.store.quarantined_gpus())
             seen = {v.name for v in live if admin or v.owner_uid == uid}
             return {"ok": True, "result": [
                 {**r.to_json(), "job": r.job if r.job is None or r.job in seen else "(another user's job)"} for r in rows]}
@@ -279,6 +339,10 @@ class Daemon:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 return
+            if cmd.op == "gpu-release":
+                cmd.reply = self._release(cmd)
+                cmd.done.set()
+                continue
             job = self.store.job_by_name(cmd.name)
             if job is None or not (is_admin(cmd.uid, self.cfg.admin_group) or job.owner_uid == cmd.uid):
                 cmd.reply = {"ok": False, "error": f"no job named {cmd.name!r}", "code": 1}
@@ -291,6 +355,26 @@ class Daemon:
                 except StoreUnavailable as e:
                     cmd.reply = {"ok": False, "error": f"cannot record the cancel now: {e}", "code": 1}
             cmd.done.set()
+
+    def _release(self, cmd: Command) -> dict:
+        """`spx gpu release N` (root or the admin group): the GPU may be allocated again."""
+        if not is_admin(cmd.uid, self.cfg.admin_group):
+            return {"ok": False, "error": "releasing a GPU needs root or the admin group", "code": 1}
+        try:
+            g = int(cmd.name)
+        except ValueError:
+            return {"ok": False, "error": f"not a GPU index: {cmd.name!r}", "code": 2}
+        by = _user_name(cmd.uid)
+        try:
+            released = self.store.release_gpu(g, by, time.time())
+        except StoreUnavailable as e:
+            return {"ok": False, "error": f"cannot record the release now: {e}", "code": 1}
+        if not released:
+            return {"ok": False, "error": f"GPU {g} is not quarantined", "code": 1}
+        self.quarantined.pop(g, None)
+        self._gate_passed.pop(g, None)
+        log.info("gpu_released", gpu=g, by=by)
+        return {"ok": True, "result": f"GPU {g} released"}
 
     # --- stop -----------------------------------------------------------------------------------
 

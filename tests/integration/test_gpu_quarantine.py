@@ -1,0 +1,79 @@
+"""GPU health gate and quarantine with a real daemon on the fake 8×H100 (issue 15): XID 79 on a GPU of
+a running 4-GPU job stops the job (class gpu-fault), quarantines the GPU, and restarts the job on 4
+GPUs without it; the GPU stays quarantined — in the metrics, `spx gpus`, `spx top` and `spx doctor` —
+until `spx gpu release`. The fault is injected through the fake's fixture: an XID scheduled on GPU 2
+a few seconds after the daemon opens its backend."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness import Daemon, wait_for
+from spx.daemon.gpu.fake import DEFAULT_FIXTURE
+
+SLEEP = Path(__file__).resolve().parent.parent / "fixtures" / "scripts" / "sleep_for.py"
+XID_AT_SECONDS = 15.0
+REASON = "XID 79 on GPU 2 (GPU fell off the bus)"
+
+
+def quarantined_series(d: Daemon) -> dict[str, tuple[str, float]]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=30).read().decode()
+    return {s.labels["gpu"]: (s.labels["reason"], s.value)
+            for fam in text_string_to_metric_families(text) if fam.name == "spx_gpu_quarantined"
+            for s in fam.samples}
+
+
+def test_xid_79_on_a_running_jobs_gpu_quarantines_it_and_the_job_restarts_on_healthy_gpus(tmp_path):
+    fixture = json.loads(DEFAULT_FIXTURE.read_text())
+    fixture["devices"][3]["xid_schedule"] = []  # the bundled fixture's own XID: not this test's
+    fixture["devices"][2]["xid_schedule"] = [{"xid": 79, "at_seconds": XID_AT_SECONDS}]
+    path = tmp_path / "xid79.json"
+    path.write_text(json.dumps(fixture))
+    d = Daemon(tmp_path / "root", gpu_backend="fake", extra_args=["--fake-gpus", str(path)]).start()
+    try:
+        d.drop("j.yaml", f"name: four\nlauncher: python\nscript: {SLEEP}\nargs: ['600']\ngpus: 4\n"
+                         "restart: {backoff_seconds: [1, 1]}\nstop: {grace_seconds: 5}\n")
+        first = d.wait_state("four", "running", 30)
+        assert first["gpus"] == [0, 1, 2, 3], first
+
+        d.wait_event("gpu_quarantined", timeout=XID_AT_SECONDS + 30, gpu=2)
+        assert not d.events("gpu_fatal_xid_idle"), "the XID came before the job ran on GPU 2"
+
+        def relaunched():
+            st = d.status("four")
+            return st if st["state"] == "running" and len(st["history"]) == 2 else None
+
+        st = wait_for(relaunched, 60, "the job running again (attempt 2)")
+        assert len(st["gpus"]) == 4 and 2 not in st["gpus"], st["gpus"]
+        ended = st["history"][0]
+        assert ended["reason_class"] == "gpu-fault", ended
+        assert ended["reason"].startswith(f"gpu-fault: {REASON}"), ended["reason"]
+
+        # Quarantined: in the metrics, `spx gpus`, `spx top` and `spx doctor`.
+        series = quarantined_series(d)
+        assert series["2"] == (REASON, 1.0) and all(v == ("", 0.0) for g, v in series.items() if g != "2"), series
+        rows = {r["index"]: r for r in json.loads(d.spx("gpus", "--json").stdout)}
+        assert rows[2]["quarantine"] == REASON and rows[2]["job"] is None, rows[2]
+        assert {g for g, r in rows.items() if r["job"] == "four"} == set(st["gpus"])
+        listing = d.spx("gpus").stdout
+        assert "quarantined" in listing and REASON in listing and rows[2]["uuid"] in listing, listing
+        assert f"GPU 2 quarantined: {REASON}" in d.spx("top", "--once").stdout
+        doctor = json.loads(d.spx("doctor", "--json", check=False, timeout=300).stdout)
+        check = next(c for c in doctor["checks"] if c["name"] == "quarantine")
+        assert check["status"] == "warn" and REASON in check["detail"], check
+
+        # Until released: then the GPU is allocatable again and no longer reported.
+        assert d.spx("gpu", "release", "2").stdout.strip() == "GPU 2 released"
+        d.wait_event("gpu_released", timeout=10, gpu=2)
+        assert quarantined_series(d)["2"] == ("", 0.0)
+        assert {r["index"]: r for r in json.loads(d.spx("gpus", "--json").stdout)}[2]["quarantine"] is None
+        again = d.spx("gpu", "release", "2", check=False)
+        assert again.returncode == 1 and "not quarantined" in again.stderr
+        d.spx("cancel", "four")
+        d.wait_state("four", "cancelled", 60)
+    finally:
+        d.stop()
