@@ -2,7 +2,7 @@
 (real NVML or the fake) before an attempt starts on its GPUs (the scheduler's `idle(g)`), so a GPU
 that failed while a job ran on it — or while it sat idle — is caught before it is used again.
 
-A GPU fails the gate when NVML cannot talk to it (GPU_IS_LOST, fallen off the bus, needs a reset), a
+A GPU fails the gate when NVML says it is lost (GPU_IS_LOST: fallen off the bus; RESET_REQUIRED), a
 row remap failed or is pending (the memory needs a reset before it can be trusted), its uncorrectable
 ECC count rose since the last check, or an NVLink link that was up at the last check is down. The
 first check of a GPU only takes its baseline (links down and ECC counts from before the daemon
@@ -70,7 +70,9 @@ class HealthGate:
         except IndexError:
             return f"GPU {gpu} is not on this host"
         except nvml.NVMLError as err:
-            return f"GPU {gpu} lost: NVML says {err}"
+            if err.value in (nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_RESET_REQUIRED):
+                return f"GPU {gpu} lost: NVML says {err}"
+            return None  # NVML cannot say now (a timeout, an unknown error): not free, not condemned
         problems = []
         remap = _call(nvml, nvml.nvmlDeviceGetRemappedRows, handle)
         if remap is not None:

@@ -110,8 +110,13 @@ class Daemon:
     def _gpu_idle(self, g: int) -> bool:
         """No compute process on GPU g (from anything) and healthy: it passes the health gate
         (gpu/health.py) — one that fails it is quarantined here, before an attempt starts on it."""
+        if not self.backend.healthy(g):
+            why = self.health.check(g)  # lost (off the bus, needs a reset): quarantined; else just not free
+            if why is not None:
+                self._quarantine(g, why)
+            return False
         pids = self.backend.compute_pids(g)
-        if pids is None or pids or not self.backend.healthy(g):
+        if pids is None or pids:
             return False
         now = time.monotonic()
         if now - self._gate_passed.get(g, -GATE_PASS_SECONDS) < GATE_PASS_SECONDS:
@@ -171,10 +176,10 @@ class Daemon:
         self.leases.start()
         self.adopter.start()
         self.control.start()
+        self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
         registry = build_registry(self.backend, self.views, _version(), job_labels=self.cfg.metrics_job_labels,
                                   quarantined=self.store.quarantined_gpus)
         metrics = self.metrics = serve(registry, self.cfg.metrics_address)
-        self.backend.start_xid_watch(self._on_xid)
         host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=_version(), root=str(self.cfg.spool_dir.parent),
                  gpu_backend=self.backend.description, metrics=f"{host}:{metrics.port}",

@@ -77,3 +77,25 @@ def test_xid_79_on_a_running_jobs_gpu_quarantines_it_and_the_job_restarts_on_hea
         d.wait_state("four", "cancelled", 60)
     finally:
         d.stop()
+
+
+def test_a_lost_gpu_is_quarantined_by_the_gate_before_any_job_is_placed_on_it(tmp_path):
+    """GPU 0 answers GPU_IS_LOST (as one fallen off the bus after the daemon found it): the gate, asked
+    when a job is to be placed, quarantines it with NVML's words; the job runs on another GPU."""
+    fixture = json.loads(DEFAULT_FIXTURE.read_text())
+    fixture["devices"][3]["xid_schedule"] = []
+    fixture["devices"][0]["failing_functions"] = {"nvmlDeviceGetMemoryInfo": "GPU_IS_LOST"}
+    path = tmp_path / "lost0.json"
+    path.write_text(json.dumps(fixture))
+    d = Daemon(tmp_path / "root", gpu_backend="fake", extra_args=["--fake-gpus", str(path)]).start()
+    try:
+        d.drop("j.yaml", f"name: one\nlauncher: python\nscript: {SLEEP}\nargs: ['600']\ngpus: 1\n")
+        assert d.wait_state("one", "running", 60)["gpus"] == [1]
+        d.wait_event("gpu_quarantined", timeout=10, gpu=0)
+        rows = {r["index"]: r for r in json.loads(d.spx("gpus", "--json").stdout)}
+        assert rows[0]["health"] == "lost" and rows[0]["quarantine"] == "GPU 0 lost: NVML says GPU is lost", rows[0]
+        assert quarantined_series(d)["0"] == ("GPU 0 lost: NVML says GPU is lost", 1.0)
+        d.spx("cancel", "one")
+        d.wait_state("one", "cancelled", 60)
+    finally:
+        d.stop()

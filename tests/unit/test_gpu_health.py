@@ -70,3 +70,10 @@ def test_a_lost_gpu_fails_at_once(backends):
 def test_fatal_xids_are_the_ones_that_make_a_gpu_unusable():
     assert fatal_xid(79) == "GPU fell off the bus" and fatal_xid(13) is None and fatal_xid(31) is None
     assert xid_reason(3, 79) == "XID 79 on GPU 3 (GPU fell off the bus)"
+
+
+def test_an_nvml_error_that_is_not_a_lost_gpu_condemns_nothing(backends):
+    b = backends()
+    gate = HealthGate(b)
+    b.nvml.fail_function("nvmlDeviceGetMemoryInfo", 4, b.nvml.NVML_ERROR_TIMEOUT)
+    assert gate.check(4) is None
