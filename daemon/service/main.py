@@ -302,14 +302,13 @@ class Daemon:
                               self.backend.description, quarantined=frozenset(self.quarantined))
         for job_id, why in plan.waiting.items():
             if self._waiting_reasons.get(job_id) != why:  # said once per change, not every turn
-                self._waiting_reasons[job_id] = why
                 self.store.update_job(job_id, time.time(), reason=why)
                 log.warning("relaunch_waiting", job=self.supervisor.jobs[job_id].name, attempt=None, reason=why)
+        self._waiting_reasons = dict(plan.waiting)
         for imp in plan.impossible:
             self.store.transition(imp.job.id, JobState.FAILED, imp.reason, time.time())
             log.error("job_cannot_run", job=imp.job.name, attempt=None, reason=imp.reason)
         for start in plan.starts:
-            self._waiting_reasons.pop(start.job_id, None)
             self.supervisor.start(start)
 
     # --- requests -------------------------------------------------------------------------------

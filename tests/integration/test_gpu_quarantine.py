@@ -136,3 +136,32 @@ def test_a_lost_gpu_is_quarantined_by_the_gate_before_any_job_is_placed_on_it(tm
     finally:
         d.stop()
         shutil.rmtree(world, ignore_errors=True)
+
+
+def test_a_job_without_enough_healthy_gpus_waits_with_that_reason_until_the_gpu_is_released(tmp_path):
+    """An 8-GPU job loses GPU 2 to XID 79: 7 healthy GPUs are not enough, so it waits, saying why; once an
+    operator releases GPU 2 it runs again on all 8."""
+    fixture = json.loads(DEFAULT_FIXTURE.read_text())
+    fixture["devices"][3]["xid_schedule"] = []
+    fixture["devices"][2]["xid_schedule"] = [{"xid": 79, "at_seconds": XID_AT_SECONDS}]
+    path = tmp_path / "xid79.json"
+    path.write_text(json.dumps(fixture))
+    d = Daemon(tmp_path / "root", gpu_backend="fake", extra_args=["--fake-gpus", str(path)]).start()
+    try:
+        d.drop("j.yaml", f"name: eight\nlauncher: python\nscript: {SLEEP}\nargs: ['600']\ngpus: 8\n"
+                         "restart: {backoff_seconds: [1, 1]}\nstop: {grace_seconds: 5}\n")
+        assert d.wait_state("eight", "running", 30)["gpus"] == list(range(8))
+        d.wait_event("relaunch_waiting", timeout=XID_AT_SECONDS + 30, job="eight")
+        job = d.wait_state("eight", "restarting", 10)
+        assert job["reason"] == "waiting: GPU 2 quarantined; 7 of 8 healthy GPUs free", job
+        d.spx("gpu", "release", "2")
+
+        def relaunched():
+            st = d.status("eight")
+            return st if st["state"] == "running" and len(st["history"]) == 2 else None
+
+        assert wait_for(relaunched, 60, "the job running again on all 8 GPUs")["gpus"] == list(range(8))
+        d.spx("cancel", "eight")
+        d.wait_state("eight", "cancelled", 60)
+    finally:
+        d.stop()
