@@ -340,10 +340,10 @@ def _guard(name: str, fn: Callable[[DoctorContext], Check | list[Check]], ctx: D
 CHECKS: list[tuple[str, Callable[[DoctorContext], Check | list[Check]]]] = [
     ("host", check_host),
     ("gpus", gpu_checks.check_gpus),
-    ("quarantine", lambda ctx: gpu_checks.check_quarantine(ctx.state_dir)),
     ("nvlink", gpu_checks.check_nvlink),
     ("bf16", gpu_checks.check_bf16),
     ("driver", gpu_checks.check_driver),
+    ("quarantine", lambda ctx: gpu_checks.check_quarantine(ctx.state_dir)),
     ("checkpoints", check_checkpoints),
     ("staging", check_staging),
     ("spool", check_spool),

@@ -482,3 +482,17 @@ def test_container_needs_evidence_beyond_a_marker_file(tmp_path: Path, hyperviso
     assert c.status == status and says in c.detail, c
     if status != "warn":
         assert "inside a" not in c.detail
+
+
+def test_quarantined_gpus_are_a_warning_that_says_how_to_release_them(tmp_path):
+    from spx.daemon.doctor.gpu_checks import check_quarantine
+    from spx.daemon.state.store import Store
+
+    assert check_quarantine(tmp_path).status == "ok"  # no store yet
+    store = Store(tmp_path / "spx.sqlite")
+    assert check_quarantine(tmp_path).detail == "no GPU quarantined"
+    store.quarantine_gpu(5, "GPU-5", "XID 79 on GPU 5 (GPU fell off the bus)", 1.0)
+    store.close()
+    c = check_quarantine(tmp_path)
+    assert c.status == "warn" and c.detail == "1 GPU quarantined (GPU 5: XID 79 on GPU 5 (GPU fell off the bus))"
+    assert c.fix.endswith("spx gpu release 5")
