@@ -225,11 +225,6 @@ class Supervisor:
                 out.append(Waiting(s.job_id, s.gpus, None if isinstance(want, list) else want))
         return out
 
-    def running_on(self, gpu: int) -> list[int]:
-        """Jobs whose attempt runs on GPU `gpu` now."""
-        return [j for j, s in self.steps.items()
-                if gpu in s.gpus and s.phase in (step_types.Phase.RUNNING, step_types.Phase.DUMPING)]
-
     def gpu_fault(self, gpu: int, detail: str) -> list[str]:
         """A fatal fault on GPU `gpu` (quarantined already): the attempt running on it is stopped
         (step: GpuFault). Returns the names of the jobs told."""

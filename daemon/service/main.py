@@ -145,21 +145,21 @@ class Daemon:
             self.wake.put("xid")
 
     def _gpu_faults(self) -> None:
-        """Fatal XIDs on a GPU of a running attempt: the GPU is quarantined and the attempt stopped
-        (class gpu-fault: restarted on healthy GPUs). A fatal XID on a GPU no attempt runs on is
-        left to the gate's state checks (a GPU off the bus is lost to NVML too)."""
+        """Fatal XIDs on a GPU a tracked job holds: the GPU is quarantined and an attempt running on it
+        stopped (class gpu-fault: restarted on healthy GPUs; a job between attempts is placed again).
+        A fatal XID on a GPU no job holds is left to the gate's state checks (a GPU off the bus is
+        lost to NVML too)."""
         while True:
             try:
                 event = self.xid_events.get_nowait()
             except queue.Empty:
                 return
             detail = xid_reason(event.gpu, event.xid)
-            running = self.supervisor.running_on(event.gpu)
-            if not running:
+            if event.gpu not in self.supervisor.held_gpus():
                 log.info("gpu_fatal_xid_idle", gpu=event.gpu, xid=event.xid, detail=detail)
                 continue
             self._quarantine(event.gpu, detail)
-            self.supervisor.gpu_fault(event.gpu, detail)
+            self.supervisor.gpu_fault(event.gpu, detail)  # stops an attempt running on it
 
     # --- the loop -------------------------------------------------------------------------------
 
