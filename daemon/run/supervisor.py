@@ -225,15 +225,12 @@ class Supervisor:
                 out.append(Waiting(s.job_id, s.gpus, None if isinstance(want, list) else want))
         return out
 
-    def gpu_fault(self, gpu: int, detail: str) -> list[str]:
+    def gpu_fault(self, gpu: int, detail: str) -> None:
         """A fatal fault on GPU `gpu` (quarantined already): the attempt running on it is stopped
-        (step: GpuFault). Returns the names of the jobs told."""
-        told = []
+        (step: GpuFault)."""
         for job_id, s in list(self.steps.items()):
             if gpu in s.gpus and s.phase in (step_types.Phase.RUNNING, step_types.Phase.DUMPING):
-                told.append(self.jobs[job_id].name)
                 self.feed(job_id, step_types.GpuFault(gpu, detail))
-        return told
 
     def held_gpus(self) -> set[int]:
         return {g for s in list(self.steps.values()) for g in s.gpus}

@@ -129,14 +129,18 @@ class Daemon:
         return True
 
     def _quarantine(self, g: int, reason: str) -> None:
-        """Record GPU g as faulty (durably first): the scheduler never allocates it again until released."""
+        """Record GPU g as faulty: the scheduler never allocates it again until released. A store that
+        cannot take the write now (disk full) does not stop it: this daemon keeps it in memory."""
         if g in self.quarantined:
             return
         uuid = next((d.uuid for d in self.backend.devices() if d.index == g), None)
         now = time.time()
-        self.store.quarantine_gpu(g, uuid, reason, now)
         self.quarantined[g] = (uuid, reason, now)
         log.error("gpu_quarantined", gpu=g, uuid=uuid, reason=reason)
+        try:
+            self.store.quarantine_gpu(g, uuid, reason, now)
+        except StoreUnavailable as e:
+            log.error("gpu_quarantine_not_stored", gpu=g, error=str(e))
 
     def _on_xid(self, event: XidEvent) -> None:
         """The XID thread's listener: only enqueues (the main loop acts in `_gpu_faults`)."""
