@@ -394,6 +394,9 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
         finished_reason = ("training finished (heartbeat); it did not exit and was killed" if s.stop_cause == "hang"
                            else "training finished (heartbeat); its exit is unknown")
         s = replace(s, stop_cause=None, exit_code=0)
+    if s.stop_cause == "gpu-fault" and s.gpu_fault:
+        # The daemon saw the cause (the fatal XID); what the ranks printed as they died follows from it.
+        s = replace(s, root_cause=s.gpu_fault + (f"; then {s.root_cause}" if s.root_cause else ""))
     code = s.exit_code
     outcome = AttemptOutcome(
         exit_code=code, signal=s.exit_signal, root_cause=s.root_cause,

@@ -58,6 +58,7 @@ def test_xid_79_on_a_running_jobs_gpu_quarantines_it_and_the_job_restarts_on_hea
         ended = st["history"][0]
         assert ended["reason_class"] == "gpu-fault", ended
         assert ended["reason"].startswith(f"gpu-fault: {REASON}"), ended["reason"]
+        assert f"last failure (attempt 1): gpu-fault: {REASON}" in d.spx("status", "four").stdout
 
         # Quarantined: in the metrics, `spx gpus`, `spx top` and `spx doctor`.
         series = quarantined_series(d)

@@ -865,8 +865,18 @@ def test_a_gpu_fault_ends_as_class_gpu_fault_and_restarts_past_max_restarts():
     s, actions = st.step(s, Diagnosed(1, None, False), 22.5)
     finish = only(actions, FinishAttempt)
     assert (finish.state, finish.reason_class, finish.release_gpus) == (JobState.RESTARTING, "gpu-fault", False)
-    assert finish.reason.startswith(f"gpu-fault: {XID79}")
+    assert finish.reason.startswith(f"gpu-fault: {XID79}") and finish.root_cause == XID79
     assert s.phase is Phase.BACKOFF and dict(s.class_counts)["gpu-fault"] == 4
+
+
+def test_a_gpu_faults_root_cause_is_the_xid_then_what_the_ranks_printed():
+    s, _ = st.step(running(), GpuFault(1, XID79), 20.0)
+    s, _ = st.step(s, LauncherExited(1, None), 22.0)
+    s, _ = st.step(s, AllGone(), 22.1)
+    _, actions = st.step(s, Diagnosed(1, "rank 0 (pid 7): RuntimeError: CUDA error: unknown error (cuda)", False), 22.5)
+    finish = only(actions, FinishAttempt)
+    assert finish.reason_class == "gpu-fault"
+    assert finish.root_cause == f"{XID79}; then rank 0 (pid 7): RuntimeError: CUDA error: unknown error (cuda)"
 
 
 def test_an_attempt_adopted_while_stopped_for_a_gpu_fault_goes_on_stopping():
