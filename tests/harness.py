@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -182,3 +183,24 @@ def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
+
+def as_user(user: pwd.struct_passwd, fn: Callable, *args: object):
+    """Run fn(*args) in a forked child that has become `user`; return its JSON-able result."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            out = json.dumps(fn(*args)).encode()
+        except BaseException as e:  # noqa: BLE001 — reported to the parent
+            out = json.dumps({"exception": repr(e)}).encode()
+        os.write(w, out)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import Daemon, wait_for
+from harness import Daemon, as_user, wait_for
 from spx.daemon.gpu.fake import DEFAULT_FIXTURE
 from spx.daemon.service import control
 
@@ -33,12 +33,20 @@ def quarantined_series(d: Daemon) -> dict[str, tuple[str, float]]:
             for s in fam.samples}
 
 
-def test_xid_79_on_a_running_jobs_gpu_quarantines_it_and_the_job_restarts_on_healthy_gpus(tmp_path):
+
+def fixture_file(tmp_path: Path, devices: dict[int, dict]) -> Path:
+    """The bundled 8×H100 fixture without its own XID schedule (GPU 3's XID 79 is not these tests'),
+    with `devices`' fields replaced, as a file for --fake-gpus."""
     fixture = json.loads(DEFAULT_FIXTURE.read_text())
-    fixture["devices"][3]["xid_schedule"] = []  # the bundled fixture's own XID: not this test's
-    fixture["devices"][2]["xid_schedule"] = [{"xid": 79, "at_seconds": XID_AT_SECONDS}]
-    path = tmp_path / "xid79.json"
+    fixture["devices"][3]["xid_schedule"] = []
+    for index, fields in devices.items():
+        fixture["devices"][index].update(fields)
+    path = tmp_path / "fixture.json"
     path.write_text(json.dumps(fixture))
+    return path
+
+def test_xid_79_on_a_running_jobs_gpu_quarantines_it_and_the_job_restarts_on_healthy_gpus(tmp_path):
+    path = fixture_file(tmp_path, {2: {"xid_schedule": [{"xid": 79, "at_seconds": XID_AT_SECONDS}]}})
     d = Daemon(tmp_path / "root", gpu_backend="fake", extra_args=["--fake-gpus", str(path)]).start()
     try:
         d.drop("j.yaml", f"name: four\nlauncher: python\nscript: {SLEEP}\nargs: ['600']\ngpus: 4\n"
@@ -86,39 +94,12 @@ def test_xid_79_on_a_running_jobs_gpu_quarantines_it_and_the_job_restarts_on_hea
         d.stop()
 
 
-def release_as_nobody(sock: Path, gpu: int) -> dict:
-    """`spx gpu release` as an ordinary user (nobody), through the control socket, in a forked child."""
-    nobody = pwd.getpwnam("nobody")
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            out = json.dumps(control.request(sock, "gpu-release", str(gpu))).encode()
-        except BaseException as e:  # noqa: BLE001 — reported to the parent
-            out = json.dumps({"exception": repr(e)}).encode()
-        os.write(w, out)
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
-
-
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root: asks as another user")
 def test_a_lost_gpu_is_quarantined_by_the_gate_before_any_job_is_placed_on_it(tmp_path):
     """GPU 0 answers GPU_IS_LOST (as one fallen off the bus after the daemon found it): the gate, asked
     when a job is to be placed, quarantines it with NVML's words; the job runs on another GPU, and an
     ordinary user cannot release it."""
-    fixture = json.loads(DEFAULT_FIXTURE.read_text())
-    fixture["devices"][3]["xid_schedule"] = []
-    fixture["devices"][0]["failing_functions"] = {"nvmlDeviceGetMemoryInfo": "GPU_IS_LOST"}
-    path = tmp_path / "lost0.json"
-    path.write_text(json.dumps(fixture))
+    path = fixture_file(tmp_path, {0: {"failing_functions": {"nvmlDeviceGetMemoryInfo": "GPU_IS_LOST"}}})
     world = Path(tempfile.mkdtemp(prefix="spx-quarantine-", dir="/var/tmp"))  # the socket reachable by nobody
     world.chmod(0o755)
     d = Daemon(world / "root", gpu_backend="fake", extra_args=["--fake-gpus", str(path)]).start()
@@ -129,7 +110,7 @@ def test_a_lost_gpu_is_quarantined_by_the_gate_before_any_job_is_placed_on_it(tm
         rows = {r["index"]: r for r in json.loads(d.spx("gpus", "--json").stdout)}
         assert rows[0]["health"] == "lost" and rows[0]["quarantine"] == "GPU 0 lost: NVML says GPU is lost", rows[0]
         assert quarantined_series(d)["0"] == ("GPU 0 lost: NVML says GPU is lost", 1.0)
-        refused = release_as_nobody(d.root / "run" / "spx.sock", 0)
+        refused = as_user(pwd.getpwnam("nobody"), control.request, d.root / "run" / "spx.sock", "gpu-release", "0")
         assert refused == {"ok": False, "error": "releasing a GPU needs root or the admin group", "code": 1}, refused
         assert 0 in {r["index"] for r in json.loads(d.spx("gpus", "--json").stdout) if r["quarantine"]}
         d.spx("cancel", "one")
@@ -142,11 +123,7 @@ def test_a_lost_gpu_is_quarantined_by_the_gate_before_any_job_is_placed_on_it(tm
 def test_a_job_without_enough_healthy_gpus_waits_with_that_reason_until_the_gpu_is_released(tmp_path):
     """An 8-GPU job loses GPU 2 to XID 79: 7 healthy GPUs are not enough, so it waits, saying why; once an
     operator releases GPU 2 it runs again on all 8."""
-    fixture = json.loads(DEFAULT_FIXTURE.read_text())
-    fixture["devices"][3]["xid_schedule"] = []
-    fixture["devices"][2]["xid_schedule"] = [{"xid": 79, "at_seconds": XID_AT_SECONDS}]
-    path = tmp_path / "xid79.json"
-    path.write_text(json.dumps(fixture))
+    path = fixture_file(tmp_path, {2: {"xid_schedule": [{"xid": 79, "at_seconds": XID_AT_SECONDS}]}})
     d = Daemon(tmp_path / "root", gpu_backend="fake", extra_args=["--fake-gpus", str(path)]).start()
     try:
         d.drop("j.yaml", f"name: eight\nlauncher: python\nscript: {SLEEP}\nargs: ['600']\ngpus: 8\n"

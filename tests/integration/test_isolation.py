@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import Daemon, wait_for
+from harness import Daemon, as_user, wait_for
 from spx.daemon.service import control
 
 USER = "spx-test-alice"
@@ -49,28 +49,6 @@ def drop_as(d: Daemon, user: pwd.struct_passwd, name: str, text: str) -> None:
     tmp.write_text(text)
     os.chown(tmp, user.pw_uid, user.pw_gid)
     os.rename(tmp, d.spool / name)
-
-
-def as_user(user: pwd.struct_passwd, fn, *args):
-    """Run fn(*args) in a forked child that has become `user`; return its JSON-able result."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            out = json.dumps(fn(*args)).encode()
-        except BaseException as e:
-            out = json.dumps({"exception": repr(e)}).encode()
-        os.write(w, out)
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
 
 
 def test_worker_runs_as_owner_with_clean_env_and_sees_only_own_jobs(alice, world_root):
