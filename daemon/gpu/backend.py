@@ -107,6 +107,16 @@ class GpuBackend:
             return None
         return sorted({int(p.pid) for p in procs})
 
+    def computing(self, index: int) -> bool | None:
+        """Whether GPU `index` computed over NVML's last sample period (utilization above 0); None
+        when NVML cannot say (treat as computing)."""
+        if self.nvml is None or not 0 <= index < len(self._handles):
+            return None
+        try:
+            return int(self.nvml.nvmlDeviceGetUtilizationRates(self._handles[index]).gpu) > 0
+        except self.nvml.NVMLError:
+            return None
+
     def healthy(self, index: int) -> bool:
         """False when NVML errors for this GPU (lost, fallen off the bus, needs a reset)."""
         if self.nvml is None or not 0 <= index < len(self._handles):

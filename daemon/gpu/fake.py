@@ -164,8 +164,13 @@ class FakeNvml:
         dev = self._devices[handle.index]
         if dev.lost:
             raise NVMLError(dev.lost)
-        dev.busy = bool(self._procs.pids(dev.index))
-        dev.advance(self._clock())
+        now = self._clock()
+        # A fixture's `stalled_from_seconds`: from then on the GPU computes nothing though its
+        # processes still hold it (a hung collective, a deadlocked script), as a test of hang
+        # detection without a heartbeat needs.
+        stalled = dev.spec.get("stalled_from_seconds")
+        dev.busy = bool(self._procs.pids(dev.index)) and not (stalled is not None and now - self._t0 >= stalled)
+        dev.advance(now)
         return dev
 
     # -- pynvml API ----------------------------------------------------------------------------

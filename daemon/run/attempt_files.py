@@ -296,6 +296,15 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
     return heartbeat_reader.read_heartbeat(path)
 
 
+def log_size(files: AttemptFiles) -> int | None:
+    """The attempt log's size (its relay writes it in the root-owned log dir; not followed if a
+    link), for "is the job still printing"; None if it cannot be read."""
+    try:
+        return os.stat(files.log_file, follow_symlinks=False).st_size
+    except OSError:
+        return None
+
+
 def read_log_tail(files: AttemptFiles, max_bytes: int) -> bytes:
     """The last `max_bytes` of the attempt log, for root cause; b"" if unreadable. Never raises."""
     try:

@@ -44,6 +44,7 @@ CHECKPOINT_TIMEOUT_SECONDS = 90.0   # below step.CHECKPOINT_DEADLINE_SECONDS
 PYSPY_TIMEOUT_SECONDS = 15.0        # per process; all of them stay below step.DUMP_DEADLINE_SECONDS
 DUMP_BUDGET_SECONDS = 45.0
 PIDS_EVERY_SECONDS = 2.0
+ACTIVITY_EVERY_SECONDS = 5.0  # how often an attempt without heartbeat progress is looked at
 _WITH_PROCESSES = ("leftover_processes", "adopted_after_restart")
 
 
@@ -63,6 +64,8 @@ class Handles:
     pids: list[int] = field(default_factory=list)
     seen_pids: set[int] = field(default_factory=set)  # every pid ever seen, for the OOM check
     pids_checked: float = 0.0
+    activity_checked: float = 0.0
+    log_size: int | None = None
     exit_reported: bool = False
     staging: StagingRun | None = None
     staging_text: str | None = None
@@ -76,13 +79,15 @@ class Handles:
 class Executor:
     def __init__(self, cfg: DaemonConfig, store: Store, cgroup_tree: cgroups.CgroupTree | None,
                  wake: Callable[[], None] = lambda: None, wall: Callable[[], float] = time.time,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 gpu_computing: Callable[[int], bool | None] | None = None):
         self.cfg = cfg
         self.store = store
         self.cgroups = cgroup_tree
         self.wall = wall
         self.clock = clock
         self._wake = wake
+        self.gpu_computing = gpu_computing  # backend.computing: None means "cannot say" (busy)
         self._pool = ThreadPoolExecutor(max_workers=SLOW_WORKERS, thread_name_prefix="spx-slow")
         self._done: queue.SimpleQueue[tuple[int, Callable[[], step_types.Observation]]] = queue.SimpleQueue()
         self.handles: dict[int, Handles] = {}
@@ -151,6 +156,9 @@ class Executor:
             h.pids_checked = now
             h.pids = h.procs.pids(self._tag_index())
             h.seen_pids.update(h.pids)
+        if (s.phase is step_types.Phase.RUNNING and s.last_progress is None and s.gpus and h.files is not None
+                and self.gpu_computing is not None and now - h.activity_checked >= ACTIVITY_EVERY_SECONDS):
+            obs.append(self._activity(s, h, now))
         if not h.exit_reported:
             ended = self._launcher_status(h)
             if ended is not None:
@@ -159,6 +167,14 @@ class Executor:
         if h.exit_reported and h.procs.gone(h.pids):
             obs.append(step_types.AllGone())
         return obs
+
+    def _activity(self, s: step_types.JobStep, h: Handles, now: float) -> step_types.ActivitySeen:
+        """Did any of the attempt's GPUs compute, or its log grow, since the last look?"""
+        assert h.files is not None and self.gpu_computing is not None
+        h.activity_checked = now
+        size = attempt_files.log_size(h.files)
+        grew, h.log_size = size != h.log_size, size
+        return step_types.ActivitySeen(grew or any(self.gpu_computing(g) is not False for g in s.gpus))
 
     def _tag_index(self) -> dict[str, list[int]]:
         """This turn's one scan of /proc (see `begin_turn`)."""

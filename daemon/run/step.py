@@ -51,6 +51,7 @@ from spx.daemon.run.step_types import (
     STORE_ACTIONS,
     Action,
     ActionFailed,
+    ActivitySeen,
     AllGone,
     CancelRequested,
     CheckpointFound,
@@ -229,6 +230,17 @@ def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]
     if s.phase is Phase.PREPARING and not s.checkpoint_found and since > CHECKPOINT_DEADLINE_SECONDS:
         # preparing → done (failed): checkpoint discovery never answered (a hung network volume).
         return _fail_before_attempt(s, f"checkpoint discovery did not finish in {CHECKPOINT_DEADLINE_SECONDS:.0f} s", now)
+    if (s.phase is Phase.RUNNING and s.last_progress is None and s.last_activity is not None and s.stop_cause is None
+            and now - s.last_activity > (s.limits.hang_timeout_seconds or AUTO_HANG_CEILING_SECONDS)):
+        # running → dumping: no heartbeat to go by, but its GPUs computed nothing and its log
+        # stayed silent for the hang timeout (a hung collective, a deadlock): a hang all the same.
+        idle = now - s.last_activity
+        return _to(s, Phase.DUMPING, now, hang_idle=idle, stop_cause="hang"), [
+            RecordStop(s.number, "hang"),
+            Log("hang_detected", "warning", (("idle_seconds", round(idle, 1)), ("step", None), ("without_heartbeat", True))),
+            Note(f"hang detected: no heartbeat, GPUs idle and log silent for {idle:.0f} s; dumping stacks, then SIGTERM"),
+            DumpStacks(s.number),
+        ]
     if s.phase is Phase.RUNNING and s.last_progress is not None and s.stop_cause is None:
         idle = now - s.last_progress
         finished = s.beat_status == "finished"
@@ -308,7 +320,7 @@ def _checkpoint_found(s: JobStep, obs: CheckpointFound, now: float) -> tuple[Job
 def _spawned(s: JobStep, obs: Spawned, now: float) -> tuple[JobStep, list[Action]]:
     # preparing → running: the launcher exec'd; a fresh attempt's clocks start.
     return _to(s, Phase.RUNNING, now, job_state=JobState.RUNNING, started=now, started_wall=obs.wall,
-               last_step=None, last_progress=None, step_changes=0, step_intervals=(), longest_interval=0.0,
+               last_step=None, last_progress=None, last_activity=None, step_changes=0, step_intervals=(), longest_interval=0.0,
                last_beat_time=0.0, beat_status=None, stop_cause=None, gpu_fault=None,
                hang_idle=None, term_at=None, kill_at=None, exited_at=None, exited_wall=None, warned_at=None, exit_code=None,
                exit_signal=None, root_cause=None, oom=False), []
@@ -334,6 +346,14 @@ def _heartbeat(s: JobStep, obs: HeartbeatSeen, now: float) -> tuple[JobStep, lis
                 s = replace(s, step_intervals=(*s.step_intervals, interval)[-STEP_INTERVALS_KEPT:],
                             longest_interval=max(s.longest_interval, interval))
         s = replace(s, last_step=obs.step, last_progress=now)
+    return s, []
+
+
+def _activity(s: JobStep, obs: ActivitySeen, now: float) -> tuple[JobStep, list[Action]]:
+    # running, no heartbeat progress: GPUs computing or the log growing restart the idle clock
+    # (it starts at the first look after the spawn).
+    if obs.active or s.last_activity is None:
+        return replace(s, last_activity=now), []
     return s, []
 
 
@@ -561,6 +581,7 @@ _HANDLERS: dict[tuple[Phase, type], Callable[..., tuple[JobStep, list[Action]]]]
     (Phase.PREPARING, CheckpointFound): _checkpoint_found,
     (Phase.PREPARING, Spawned): _spawned,
     **{(p, HeartbeatSeen): _heartbeat for p in (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING, Phase.EXITED)},
+    (Phase.RUNNING, ActivitySeen): _activity,
     (Phase.DUMPING, StacksDumped): _stacks_dumped,
     **{(p, GpuFault): _gpu_fault for p in (Phase.RUNNING, Phase.DUMPING)},
     **{(p, LauncherExited): _launcher_exited for p in (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING)},

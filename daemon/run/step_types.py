@@ -70,6 +70,7 @@ class JobStep:
     resumed_from_step: int | None = None
     last_step: int | None = None
     last_progress: float | None = None
+    last_activity: float | None = None   # monotonic: last ActivitySeen(active) (no-heartbeat hang clock)
     step_changes: int = 0                # step changes seen this attempt (the first two are warm-up)
     step_intervals: tuple[float, ...] = ()  # the recent seconds between step changes, for hang_timeout
     longest_interval: float = 0.0        # the longest of them this attempt
@@ -164,6 +165,14 @@ class LauncherExited:
 
 
 @dataclass(frozen=True)
+class ActivitySeen:
+    """For an attempt without heartbeat progress: whether any of its GPUs computed, or its log grew,
+    since the last look (the executor looks every few seconds)."""
+
+    active: bool
+
+
+@dataclass(frozen=True)
 class AllGone:
     """No process of the attempt is left (cgroup, tag and group all empty)."""
 
@@ -208,7 +217,7 @@ class ActionFailed:
     retry: bool = False
 
 
-Observation = (Tick | Go | StagingEnded | CheckpointFound | Spawned | HeartbeatSeen | LauncherExited | AllGone
+Observation = (Tick | Go | StagingEnded | CheckpointFound | Spawned | HeartbeatSeen | ActivitySeen | LauncherExited | AllGone
                | StacksDumped | Diagnosed | CancelRequested | GpuFault | DaemonStopping | ActionFailed)
 
 

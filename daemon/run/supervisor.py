@@ -41,12 +41,13 @@ def limits_of(job: JobRow, cfg: DaemonConfig) -> step_types.Limits:
 
 class Supervisor:
     def __init__(self, cfg: DaemonConfig, store: Store, cgroup_tree: cgroups.CgroupTree | None = None,
-                 wake: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic):
+                 wake: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
+                 gpu_computing: Callable[[int], bool | None] | None = None):
         self.cfg = cfg
         self.store = store
         self.cgroups = cgroup_tree  # None: attempts are found by tag and process group only
         self.clock = clock
-        self.executor = Executor(cfg, store, cgroup_tree, wake=wake, clock=clock)
+        self.executor = Executor(cfg, store, cgroup_tree, wake=wake, clock=clock, gpu_computing=gpu_computing)
         self.steps: dict[int, step_types.JobStep] = {}
         self.jobs: dict[int, JobRow] = {}  # the row each tracked job was loaded from (its spec, owner)
         self.adopted = 0  # attempts the last `recover` found running and took on as they are

@@ -82,7 +82,8 @@ class Daemon:
         self._prepare_dirs()
         self.store = Store(cfg.store_path)
         self.backups = Backups(cfg.store_path, cfg.backup_dir, cfg.backup_every_seconds, cfg.backup_keep)
-        self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"))
+        self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"),
+                                     gpu_computing=backend.computing)
         self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake)

@@ -889,3 +889,27 @@ def test_a_new_attempt_forgets_the_last_ones_gpu_fault():
     s = replace(s, phase=Phase.PREPARING)
     s, _ = st.step(s, Spawned(4343, WALL0 + 30), 30.0)
     assert (s.stop_cause, s.gpu_fault) == (None, None)
+
+
+def test_without_a_heartbeat_idle_gpus_and_a_silent_log_for_the_timeout_are_a_hang():
+    s = running(limits=replace(LIMITS, hang_timeout_seconds=30))
+    s, _ = st.step(s, step_types.ActivitySeen(True), 5.0)
+    s, _ = st.step(s, step_types.ActivitySeen(False), 10.0)
+    s, actions = st.step(s, Tick(), 34.0)
+    assert s.phase is Phase.RUNNING and actions == []
+    s, actions = st.step(s, Tick(), 35.5)
+    assert s.phase is Phase.DUMPING and RecordStop(1, "hang") in actions and DumpStacks(1) in actions
+
+
+def test_activity_keeps_a_job_without_heartbeat_alive_and_a_heartbeat_takes_over():
+    s = running(limits=replace(LIMITS, hang_timeout_seconds=30))
+    for t in range(0, 100, 5):
+        s, _ = st.step(s, step_types.ActivitySeen(t % 10 == 0), float(t))
+        s, actions = st.step(s, Tick(), float(t))
+        assert s.phase is Phase.RUNNING
+    s, _ = st.step(s, HeartbeatSeen(1, WALL0 + 100, "running"), 100.0)
+    s, actions = st.step(s, step_types.ActivitySeen(False), 125.0)
+    s, actions = st.step(s, Tick(), 128.0)
+    assert s.phase is Phase.RUNNING, "with heartbeat progress the step clock rules (30 s from 100), not activity"
+    s, actions = st.step(s, Tick(), 131.0)
+    assert s.phase is Phase.DUMPING
