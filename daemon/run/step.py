@@ -249,6 +249,7 @@ def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]
             return _to(s, Phase.DUMPING, now, hang_idle=idle, stop_cause="hang"), [
                 RecordStop(s.number, "hang"),
                 Log("hang_detected", "warning", (("idle_seconds", round(idle, 1)), ("step", s.last_step),
+                                                  ("timeout_seconds", round(hang_timeout(s), 1)),
                                                   ("after_finished", finished))),
                 Note(f"hang detected: not exited {idle:.0f} s after training finished; dumping stacks, then SIGTERM"
                      if finished else
