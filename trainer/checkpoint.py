@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from spx.daemon.contract import checkpoint_layout as layout
+from spx.trainer import layout_writer
 from spx.trainer.async_save import BackgroundSaver
 from spx.trainer.snapshot import HostSnapshotter
 
@@ -183,7 +184,7 @@ class Checkpointer:
         """Rank 0: wait for every rank's file, then manifest + rename; on failure, discard."""
         try:
             self._wait_for_ranks(staging)
-            manifest = layout.build_manifest(
+            manifest = layout_writer.build_manifest(
                 staging,
                 step=req.step,
                 epoch=req.epoch,
@@ -192,13 +193,13 @@ class Checkpointer:
                 checksums=self.checksums,
                 extra={"token": self.token, **req.extra},
             )
-            final = layout.publish(staging, manifest)
+            final = layout_writer.publish(staging, manifest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         self.last_published = (req.step, time.time())
         log.info("checkpoint %s published", final)
-        for old in layout.apply_retention(self.dir, self.keep):
+        for old in layout_writer.apply_retention(self.dir, self.keep):
             log.info("retention removed %s", old)
 
     def _wait_for_ranks(self, staging: Path) -> None:
@@ -220,7 +221,7 @@ class Checkpointer:
 
     def sweep_stale(self) -> None:
         """Remove staging dirs of earlier, crashed attempts (rank 0, at start-up)."""
-        for p in layout.remove_stale_tmp(self.dir, live_tokens=[self.token]):
+        for p in layout_writer.remove_stale_tmp(self.dir, live_tokens=[self.token]):
             log.info("removed unfinished checkpoint %s", p.name)
 
     def load(self, path: Path, map_location: Any = "cpu", *, shared: bool = True) -> tuple[dict | None, dict, dict]:

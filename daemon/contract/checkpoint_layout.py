@@ -6,7 +6,9 @@ counts as a checkpoint only if its manifest parses and every file it lists exist
 size; that check is all the daemon needs to pick `SPX_RESUME_FROM`, and it needs no torch.
 
 Scripts that keep their own naming (the seed's `checkpoint_epoch{e}_step{s}.pt`, nanoGPT's `ckpt.pt`,
-Hugging Face's `checkpoint-*/`) are found by `latest_by_pattern`. This module is stdlib-only.
+Hugging Face's `checkpoint-*/`) are found by `latest_by_pattern`. This module is stdlib-only and
+only names and reads; the writer side (publish, retention — renames and deletes in the user's tree)
+is the trainer's, `spx.trainer.layout_writer`, run in workers as the job's user.
 """
 
 from __future__ import annotations
@@ -15,16 +17,14 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import zipfile
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST = "COMPLETE.json"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
-_TMP_MARK = ".tmp-"
+TMP_MARK = ".tmp-"
 _DIGITS = re.compile(r"\d+")
 
 
@@ -50,7 +50,7 @@ def tmp_dirname(step: int, token: str) -> str:
     `token` must be the same on every rank of one save (e.g. rank 0's pid, broadcast at start-up).
     Staging directories are never mistaken for checkpoints and are swept by `remove_stale_tmp`.
     """
-    return f"{step_dirname(step)}{_TMP_MARK}{token}"
+    return f"{step_dirname(step)}{TMP_MARK}{token}"
 
 
 def file_digest(path: Path, chunk: int = 1 << 20) -> str:
@@ -69,72 +69,6 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def fsync_tree(root: Path) -> None:
-    """fsync every file and directory under `root`, deepest first."""
-    for dirpath, _dirs, files in os.walk(root, topdown=False):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
-
-
-def build_manifest(
-    staging: Path,
-    *,
-    step: int,
-    epoch: int,
-    world_size: int,
-    fmt: str,
-    checksums: bool = True,
-    extra: dict | None = None,
-) -> dict:
-    """Describe every payload file under `staging` (relative path, size, sha256)."""
-    files = []
-    for p in sorted(q for q in staging.rglob("*") if q.is_file() and q.name != MANIFEST):
-        entry: dict = {"path": p.relative_to(staging).as_posix(), "size": p.stat().st_size}
-        if checksums:
-            entry["sha256"] = file_digest(p)
-        files.append(entry)
-    return {
-        "version": FORMAT_VERSION,
-        "step": step,
-        "epoch": epoch,
-        "world_size": world_size,
-        "format": fmt,
-        "files": files,
-        **({"extra": extra} if extra else {}),
-    }
-
-
-def publish(staging: Path, manifest: dict) -> Path:
-    """Write the manifest last and rename the staging directory into place, durably.
-
-    Order: payload fsync → manifest write + fsync → rename → parent fsync. A crash before the rename
-    leaves only a staging directory; a crash after it leaves a complete checkpoint. Returns the
-    final path.
-    """
-    fsync_tree(staging)
-    manifest_path = staging / MANIFEST
-    tmp = staging / (MANIFEST + ".part")
-    with tmp.open("w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, manifest_path)
-    fsync_dir(staging)
-    final = staging.parent / step_dirname(int(manifest["step"]))
-    if final.exists():
-        # Same step saved twice (e.g. a SIGTERM checkpoint right after a periodic one): the newer
-        # copy replaces it only after it is itself complete.
-        shutil.rmtree(final)
-    os.rename(staging, final)
-    fsync_dir(staging.parent)
-    return final
 
 
 def read_manifest(ckpt: Path) -> dict | None:
@@ -191,7 +125,7 @@ def latest_complete(ckpt_dir: Path) -> CheckpointRef | None:
 def _reads_completely(path: Path) -> bool:
     """A pattern match is usable if it is a non-empty directory without a staging mark, or a file
     whose zip central directory reads (torch.save writes zip archives; a torn write has none)."""
-    if _TMP_MARK in path.name or path.name.endswith((".tmp", ".part")):
+    if TMP_MARK in path.name or path.name.endswith((".tmp", ".part")):
         return False
     if path.is_dir():
         return any(path.iterdir())
@@ -232,32 +166,3 @@ def find_latest(ckpt_dir: Path, pattern: str | None = None) -> CheckpointRef | N
     if pattern:
         return latest_by_pattern(ckpt_dir, pattern)
     return latest_complete(ckpt_dir)
-
-
-def apply_retention(ckpt_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the `keep` newest complete checkpoints; never the latest one.
-
-    Call only after a new checkpoint was published, so deleting never leaves fewer complete
-    checkpoints than before the save began. Returns what was deleted.
-    """
-    keep = max(1, keep)
-    found = complete_checkpoints(ckpt_dir)
-    doomed = [r.path for r in found[:-keep]]
-    for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
-    return doomed
-
-
-def remove_stale_tmp(ckpt_dir: Path, live_tokens: Iterable[str] = ()) -> list[Path]:
-    """Remove staging dirs left by crashed saves (except those of `live_tokens`)."""
-    live = set(live_tokens)
-    removed = []
-    try:
-        entries = list(ckpt_dir.iterdir())
-    except OSError:
-        return []
-    for p in entries:
-        if _TMP_MARK in p.name and p.name.startswith("step-") and p.name.split(_TMP_MARK, 1)[1] not in live:
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-    return removed

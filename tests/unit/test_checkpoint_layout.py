@@ -4,6 +4,7 @@ import json
 import zipfile
 
 from spx.daemon.contract import checkpoint_layout as cl
+from spx.trainer import layout_writer as lw
 
 
 def make(ckpt_dir, step, payload=b"x" * 100, publish=True):
@@ -11,7 +12,7 @@ def make(ckpt_dir, step, payload=b"x" * 100, publish=True):
     staging.mkdir(parents=True)
     (staging / "rank-00000.pt").write_bytes(payload)
     if publish:
-        return cl.publish(staging, cl.build_manifest(staging, step=step, epoch=0, world_size=1, fmt="test"))
+        return lw.publish(staging, lw.build_manifest(staging, step=step, epoch=0, world_size=1, fmt="test"))
     return staging
 
 
@@ -42,15 +43,15 @@ def test_manifest_cannot_point_outside(tmp_path):
 def test_retention_keeps_newest_and_never_the_latest(tmp_path):
     for s in (10, 20, 30, 40):
         make(tmp_path, s)
-    cl.apply_retention(tmp_path, keep=2)
+    lw.apply_retention(tmp_path, keep=2)
     assert [r.step for r in cl.complete_checkpoints(tmp_path)] == [30, 40]
-    cl.apply_retention(tmp_path, keep=0)
+    lw.apply_retention(tmp_path, keep=0)
     assert [r.step for r in cl.complete_checkpoints(tmp_path)] == [40]
 
 
 def test_stale_staging_dirs_are_swept(tmp_path):
     make(tmp_path, 10, publish=False)
-    assert cl.remove_stale_tmp(tmp_path) and not list(tmp_path.iterdir())
+    assert lw.remove_stale_tmp(tmp_path) and not list(tmp_path.iterdir())
 
 
 def test_seed_style_flat_files_newest_readable(tmp_path):

@@ -32,9 +32,8 @@ ALLOWED: dict[str, str] = {
     "userfs/spx_dir.py": "runs only inside user_actions, as the job's owner: the .spx/ record, lease and end marker",
     "staging/copier.py": "runs as the job's owner (--become before any path is touched)",
     "staging/copy_engine.py": "runs inside the copier, as the job's owner",
-    "contract/checkpoint_layout.py": "its writers (publish, retention: rmtree in the user's tree) run only in workers, "
-                                     "as the user (never called by the daemon: tested below); the daemon runs its "
-                                     "readers only in user_actions, as the owner",
+    "contract/checkpoint_layout.py": "readers only (its writer side is spx.trainer.layout_writer, in workers, as "
+                                     "the user); the daemon runs them only in user_actions, as the owner",
     "contract/worker_env.py": "trainer side: the worker writes its heartbeat as the user; the daemon reads via userfs",
     # root's own places, and every user place reached only by dir fd from a verified root-owned dir
     "run/attempt_files.py": "fsafe for every user path; its own renames/mkdir/unlink are by fd in root-owned dirs",
@@ -71,7 +70,8 @@ ALLOWED: dict[str, str] = {
 # The trainer-side readers root must not run on a user's tree itself (userfs runs them as the owner).
 USER_TREE_READERS = {"find_latest", "latest_complete", "latest_by_pattern", "read_manifest", "complete_checkpoints"}
 USER_TREE_READER_MODULES = {"userfs/user_actions.py", "contract/checkpoint_layout.py"}
-# The writer side of the checkpoint layout deletes and renames in the user's tree: workers only.
+# The writer side of the checkpoint layout (spx.trainer.layout_writer) deletes and renames in the
+# user's tree: workers only, never the daemon.
 USER_TREE_WRITERS = {"publish", "apply_retention", "remove_stale_tmp", "fsync_tree", "build_manifest"}
 
 
@@ -138,12 +138,10 @@ def test_root_never_walks_a_users_checkpoint_tree_itself():
 
 
 def test_root_never_writes_or_deletes_in_a_users_checkpoint_tree():
-    """checkpoint_layout's writers rmtree and rename by path: right for the trainer, which runs as
+    """The checkpoint layout's writers (spx.trainer.layout_writer) rmtree and rename by path: right for the trainer, which runs as
     the user, and never to be run by the root daemon, not even as the owner."""
     callers = {}
     for rel, tree in _modules().items():
-        if rel == "contract/checkpoint_layout.py":
-            continue
         hits = [f"{n}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Call)
                 for n in [_call_name(node)[0]] if n in USER_TREE_WRITERS]
         if hits:

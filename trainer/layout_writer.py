@@ -1,0 +1,119 @@
+"""The writer side of the checkpoint layout (spx.daemon.contract.checkpoint_layout): build the
+manifest, publish a staging directory as a complete checkpoint, prune old and crashed ones.
+
+It renames and deletes in the checkpoint directory, which is the job's user's tree, so it lives in
+the trainer and runs only in workers, as that user; the daemon only names and reads checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from spx.daemon.contract.checkpoint_layout import (
+    FORMAT_VERSION,
+    MANIFEST,
+    TMP_MARK,
+    complete_checkpoints,
+    file_digest,
+    fsync_dir,
+    step_dirname,
+)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under `root`, deepest first."""
+    for dirpath, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def build_manifest(
+    staging: Path,
+    *,
+    step: int,
+    epoch: int,
+    world_size: int,
+    fmt: str,
+    checksums: bool = True,
+    extra: dict | None = None,
+) -> dict:
+    """Describe every payload file under `staging` (relative path, size, sha256)."""
+    files = []
+    for p in sorted(q for q in staging.rglob("*") if q.is_file() and q.name != MANIFEST):
+        entry: dict = {"path": p.relative_to(staging).as_posix(), "size": p.stat().st_size}
+        if checksums:
+            entry["sha256"] = file_digest(p)
+        files.append(entry)
+    return {
+        "version": FORMAT_VERSION,
+        "step": step,
+        "epoch": epoch,
+        "world_size": world_size,
+        "format": fmt,
+        "files": files,
+        **({"extra": extra} if extra else {}),
+    }
+
+
+def publish(staging: Path, manifest: dict) -> Path:
+    """Write the manifest last and rename the staging directory into place, durably.
+
+    Order: payload fsync → manifest write + fsync → rename → parent fsync. A crash before the rename
+    leaves only a staging directory; a crash after it leaves a complete checkpoint. Returns the
+    final path.
+    """
+    fsync_tree(staging)
+    manifest_path = staging / MANIFEST
+    tmp = staging / (MANIFEST + ".part")
+    with tmp.open("w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, manifest_path)
+    fsync_dir(staging)
+    final = staging.parent / step_dirname(int(manifest["step"]))
+    if final.exists():
+        # Same step saved twice (e.g. a SIGTERM checkpoint right after a periodic one): the newer
+        # copy replaces it only after it is itself complete.
+        shutil.rmtree(final)
+    os.rename(staging, final)
+    fsync_dir(staging.parent)
+    return final
+
+
+def apply_retention(ckpt_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest complete checkpoints; never the latest one.
+
+    Call only after a new checkpoint was published, so deleting never leaves fewer complete
+    checkpoints than before the save began. Returns what was deleted.
+    """
+    keep = max(1, keep)
+    found = complete_checkpoints(ckpt_dir)
+    doomed = [r.path for r in found[:-keep]]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def remove_stale_tmp(ckpt_dir: Path, live_tokens: Iterable[str] = ()) -> list[Path]:
+    """Remove staging dirs left by crashed saves (except those of `live_tokens`)."""
+    live = set(live_tokens)
+    removed = []
+    try:
+        entries = list(ckpt_dir.iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        if TMP_MARK in p.name and p.name.startswith("step-") and p.name.split(TMP_MARK, 1)[1] not in live:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
