@@ -68,9 +68,9 @@ class Supervisor:
 
     def _recover_one(self, job: JobRow, now: float) -> None:
         attempts = self.store.attempts(job.id)
+        faults = self.store.fault_attempts_by_class(job.id)
         base = step.placed(job.id, job.name, limits_of(job, self.cfg), job.state, tuple(job.gpus),
-                           number=len(attempts), restarts=self.store.fault_attempts(job.id),
-                           class_counts=self.store.fault_attempts_by_class(job.id),
+                           number=len(attempts), restarts=sum(faults.values()), class_counts=faults,
                            backoff_level=job.backoff_level, no_progress_streak=job.no_progress_streak,
                            backoff_remaining=job.backoff_remaining if job.state is JobState.RESTARTING else 0.0,
                            staged=staging_done(job.staging), now=now)
@@ -107,10 +107,10 @@ class Supervisor:
         if s.job is not None:
             job = s.job
             self.jobs[job.id] = job
+            faults = self.store.fault_attempts_by_class(job.id)
             self.steps[job.id] = step.placed(job.id, job.name, limits_of(job, self.cfg), job.state, s.gpus,
                                              number=len(self.store.attempts(job.id)),
-                                             restarts=self.store.fault_attempts(job.id),
-                                             class_counts=self.store.fault_attempts_by_class(job.id),
+                                             restarts=sum(faults.values()), class_counts=faults,
                                              backoff_level=job.backoff_level,
                                              no_progress_streak=job.no_progress_streak,
                                              staged=staging_done(job.staging), now=now)

@@ -403,12 +403,7 @@ class Store:
     def fault_attempts(self, job_id: int) -> int:
         """Closed attempts that ended by the job's own fault — what `restart.max_restarts` counts. A
         daemon stop or restart, a lost attempt, a cancel and a daemon error are not the job's."""
-        row = self._db.execute(
-            "SELECT COUNT(*) FROM attempts WHERE job_id = ? AND end IS NOT NULL AND reason_class IS NOT NULL"
-            " AND reason_class NOT IN ('daemon-restart', 'lost', 'cancelled', 'daemon-error', 'launch')",
-            (job_id,),
-        ).fetchone()
-        return int(row[0])
+        return sum(self.fault_attempts_by_class(job_id).values())
 
     def fault_attempts_by_class(self, job_id: int) -> dict[str, int]:
         """`fault_attempts` by failure class (the attempts' reason_class): what a class's
