@@ -9,17 +9,23 @@ kernel decides what may be written there, for them). stdlib only. Every file is 
 (a temporary name, fsync, rename, fsync of the directory), so a reader on another host sees the old
 content or the new one, never half.
 
-The lease is the one compare-and-swap: a daemon takes it by `link`ing a complete temporary file to
-`lease` (fails if one is there: O_EXCL with the content already in place), renews its own by rename,
-and breaks one only once it expired: renamed aside, checked to be the very inode it judged expired
-(else put back), then taken by `link` again. Two daemons racing for a free or expired lease: one
-`link` wins, the other sees a valid lease of another host. Clocks of the hosts are assumed to agree
-within a small part of the lease's length (NTP).
+The lease is the one compare-and-swap. Every read-decide-write of it runs under an exclusive
+`flock` of `.spx/lease.lock` (network file systems map it to their byte-range locks; the lock goes
+with the process, so a dead daemon never leaves it held). Inside: a daemon takes a free lease by
+`link`ing a complete temporary file to `lease` (fails if one is there: O_EXCL with the content
+already in place), renews its own by rename, and breaks one only once it expired (renamed aside,
+checked to be the very inode it judged expired, else put back), then takes it by `link` again. The
+lock is what makes "break, then take" one step: without it, a third daemon that read the old lease
+could move a fresh one aside between another's break and link (two holders). Where the file system
+has no locks at all (ENOLCK), the link protocol alone still leaves one holder in all but that
+three-way interleaving. Clocks of the hosts are assumed to agree within a small
+part of the lease's length (NTP).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import re
@@ -30,6 +36,8 @@ from typing import Any
 SPX = ".spx"
 RECORD = "job.yaml"
 LEASE = "lease"
+LEASE_LOCK = "lease.lock"
+LOCK_WAIT_SECONDS = 10.0
 STATE = "state"
 RECORD_MAX_BYTES = 64 * 1024
 SMALL_MAX_BYTES = 4096
@@ -112,9 +120,49 @@ def _lease_doc(raw: bytes) -> dict[str, Any] | None:
     return doc
 
 
+class _LeaseLock:
+    """The exclusive `flock` of `.spx/lease.lock` around one take/renew/break (see the module
+    docstring). Waits up to LOCK_WAIT_SECONDS (another daemon holds it for milliseconds), then
+    raises TimeoutError; on a file system without locks it lets the caller go on unlocked."""
+
+    def __init__(self, dfd: int) -> None:
+        self.dfd = dfd
+        self.fd = -1
+
+    def __enter__(self) -> _LeaseLock:
+        self.fd = os.open(LEASE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=self.dfd)
+        try:
+            if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+                raise OSError(errno.EINVAL, f"{SPX}/{LEASE_LOCK} is not a regular file")
+            deadline = time.monotonic() + LOCK_WAIT_SECONDS
+            while True:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return self
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{SPX}/{LEASE_LOCK} held by another daemon for over {LOCK_WAIT_SECONDS:.0f} s") from None
+                    time.sleep(0.01)
+                except OSError as e:
+                    if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP):
+                        return self
+                    raise
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # releases the flock
+
+
 def take_lease(dfd: int, mine: dict[str, Any], now: float) -> dict[str, Any] | None:
     """Take or renew the lease in `.spx` for `mine["host"]`. None when held now; else the valid
     lease of another host, which keeps it."""
+    with _LeaseLock(dfd):
+        return _take_locked(dfd, mine, now)
+
+
+def _take_locked(dfd: int, mine: dict[str, Any], now: float) -> dict[str, Any] | None:
     data = json.dumps(mine).encode()
     other: dict[str, Any] | None = None
     for _ in range(4):
@@ -236,14 +284,15 @@ def mark_ended(args: dict[str, Any]) -> list[str]:
             if record_uid(dfd) != job["state"]["job"]:
                 out.append("absent")
                 continue
-            found = _read(dfd, LEASE, SMALL_MAX_BYTES)
-            lease = _lease_doc(found[0]) if found else None
-            if lease is not None and lease["host"] != job["host"] and float(lease["expires"]) > now:
-                out.append("other")
-                continue
-            _replace(dfd, STATE, json.dumps(job["state"]).encode())
-            if lease is not None and lease["host"] == job["host"]:
-                _unlink(dfd, LEASE)
+            with _LeaseLock(dfd):
+                found = _read(dfd, LEASE, SMALL_MAX_BYTES)
+                lease = _lease_doc(found[0]) if found else None
+                if lease is not None and lease["host"] != job["host"] and float(lease["expires"]) > now:
+                    out.append("other")
+                    continue
+                _replace(dfd, STATE, json.dumps(job["state"]).encode())
+                if lease is not None and lease["host"] == job["host"]:
+                    _unlink(dfd, LEASE)
             out.append("written")
         except OSError as e:
             out.append(f"error: {e}")

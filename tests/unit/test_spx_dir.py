@@ -63,7 +63,7 @@ def test_racing_daemons_break_an_expired_lease_exactly_once(tmp_path):
         winners = _race(ckpt)
         assert len(winners) == 1, winners
         assert json.loads((ckpt / ".spx" / "lease").read_text())["host"] == winners[0]
-    assert sorted(os.listdir(ckpt / ".spx")) == ["job.yaml", "lease"], "no temporary or aside file is left"
+    assert sorted(os.listdir(ckpt / ".spx")) == ["job.yaml", "lease", "lease.lock"], "no temporary or aside file is left"
 
 
 def test_a_valid_lease_of_another_host_is_kept_and_its_holder_renews_it(tmp_path):
