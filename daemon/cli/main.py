@@ -3,6 +3,7 @@
     spx submit job.yaml [--fresh]  spx ls [--json]          spx status NAME [--json] [--watch]
     spx logs NAME [--attempt N] [--job-id ID] [-f]          spx cancel NAME
     spx doctor [--json]            spx top                  spx adopt DIR   (root: host loss)
+    spx hold|release NAME          spx priority NAME N      spx drain|undrain   (queue: cli/queue_cmds.py)
 
 Works for any user and never writes the state store: `submit` drops a file into the spool (its
 owner is who submits), everything else asks the daemon over its control socket, which checks the
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from spx.daemon.cli import queue_cmds
 from spx.daemon.intake.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, submitted_text
 from spx.daemon.service import control
 from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
@@ -34,10 +36,10 @@ class CliError(Exception):
         self.code = code
 
 
-def ask(cfg: DaemonConfig, op: str, name: str | None = None) -> object:
+def ask(cfg: DaemonConfig, op: str, name: str | None = None, arg: str | None = None) -> object:
     """Ask the daemon; if it is not running, root may still read the store directly."""
     try:
-        reply = control.request(cfg.socket_path, op, name)
+        reply = control.request(cfg.socket_path, op, name, arg=arg)
     except OSError:
         return _ask_store(cfg, op, name)
     if not reply.get("ok"):
@@ -46,7 +48,7 @@ def ask(cfg: DaemonConfig, op: str, name: str | None = None) -> object:
 
 
 def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
-    if op in ("cancel", "gpu-release") or not os.access(cfg.store_path, os.R_OK):
+    if op in ("cancel", "gpu-release", *queue_cmds.COMMANDS, "queue") or not os.access(cfg.store_path, os.R_OK):
         raise CliError(not_running_message(cfg))
     if op == "gpus":
         return []  # the GPUs a daemon uses: none while it is not running
@@ -331,7 +333,8 @@ def cmd_gpus(cfg: DaemonConfig, args: argparse.Namespace) -> int:
 def cmd_top(cfg: DaemonConfig, args: argparse.Namespace, only: str | None = None) -> int:
     from spx.daemon.cli.top_command import run_top_cli
 
-    return run_top_cli(lambda: ask(cfg, "ls"), lambda: ask(cfg, "gpus"), only=only, once=getattr(args, "once", False))
+    return run_top_cli(lambda: ask(cfg, "ls"), lambda: ask(cfg, "gpus"), only=only, once=getattr(args, "once", False),
+                       fetch_queue=lambda: ask(cfg, "queue"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -373,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--once", action="store_true", help="print one frame and exit")
     return p
 
+    queue_cmds.add_parsers(sub)
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.root, gpu_backend=getattr(args, "gpu_backend", None))
@@ -417,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return run(args)
+    if args.command in queue_cmds.COMMANDS:
+        return queue_cmds.run(args, lambda op, name, arg=None: ask(cfg, op, name, arg))
     except ConfigError as e:
         print(f"spx: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -88,8 +88,9 @@ def _clip(text: str, width: int) -> str:
 MIN_NOTE_WIDTH = 24
 
 
-def render(jobs: list[JobView], gpus: list[GpuRow], now: float, width: int) -> str:
-    """One frame: a summary line, the jobs table, the GPUs table.
+def render(jobs: list[JobView], gpus: list[GpuRow], now: float, width: int, drained: str | None = None) -> str:
+    """One frame: a summary line (and, while the host is drained, a line saying so), the jobs table,
+    the GPUs table.
 
     Each job's note (staging progress, or why it is in its state) goes in a last column when the
     terminal has room for it, else on its own line under the job, so it is never cut to nothing.
@@ -101,6 +102,8 @@ def render(jobs: list[JobView], gpus: list[GpuRow], now: float, width: int) -> s
     summary = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no jobs"
     gpu_s = f"{len(gpus)} GPUs, {busy} allocated" if gpus else "no GPUs"
     lines = [_clip(f"spx top  {time.strftime('%H:%M:%S', time.localtime(now))}  {summary} · {gpu_s}", width), ""]
+    if drained:
+        lines.insert(1, _clip(f"! DRAINED ({drained}): no new job starts; running jobs go on (spx undrain)", width))
 
     ordered = sorted(jobs, key=lambda j: (j.state not in ACTIVE_STATES, j.name))
     job_rows = []
@@ -159,11 +162,13 @@ def render(jobs: list[JobView], gpus: list[GpuRow], now: float, width: int) -> s
 
 # --- the loop -------------------------------------------------------------------------------------
 
-Fetch = Callable[[], tuple[list[JobView], list[GpuRow]]]
+# Jobs, GPU rows and, optionally, the drain (who drained the host, or None).
+Fetch = Callable[[], tuple[list[JobView], list[GpuRow]] | tuple[list[JobView], list[GpuRow], str | None]]
 
 
 def _frame(fetch: Fetch, now: float, width: int) -> str:
-    return render(*fetch(), now, width)
+    jobs, gpus, *drained = fetch()
+    return render(jobs, gpus, now, width, drained[0] if drained else None)
 
 
 def run_top(

@@ -25,11 +25,13 @@ def run_top_cli(
     only: str | None = None,
     once: bool = False,
     interval: float = 1.0,
+    fetch_queue: Callable[[], object] | None = None,
 ) -> int:
     """Live view of all jobs, or of job `only` and its GPUs. `fetch_jobs` returns `ls --json` dicts,
-    `fetch_gpus` the daemon's GPU rows (`GpuRow.to_json()` dicts)."""
+    `fetch_gpus` the daemon's GPU rows (`GpuRow.to_json()` dicts), `fetch_queue` the queue's state
+    (`{"drained": ...}`; a daemon too old to answer it shows none)."""
 
-    def fetch() -> tuple[list[JobView], list[GpuRow]]:
+    def fetch() -> tuple[list[JobView], list[GpuRow], str | None]:
         docs = fetch_jobs()
         assert isinstance(docs, list)
         jobs = [job_from_json(d) for d in docs]
@@ -42,6 +44,17 @@ def run_top_cli(
         rows = [GpuRow.from_json(g) for g in gpus]
         if only is not None:
             rows = [r for r in rows if r.index in jobs[0].gpus]
-        return jobs, rows
+        return jobs, rows, _drained(fetch_queue)
 
     return run_top(fetch, interval, once=once)
+
+
+def _drained(fetch_queue: Callable[[], object] | None) -> str | None:
+    if fetch_queue is None:
+        return None
+    try:
+        doc = fetch_queue()
+    except Exception:  # noqa: BLE001 - a daemon without the `queue` request: no drain line
+        return None
+    drained = doc.get("drained") if isinstance(doc, dict) else None
+    return drained if isinstance(drained, str) else None

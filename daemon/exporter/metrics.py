@@ -65,6 +65,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("spx_scrape_duration_seconds", "gauge", ("collector",), "Time this scrape spent in the collector."),
     Spec("spx_scrape_success", "gauge", ("collector",), "1 if the collector read everything it tried in this scrape, 0 if any read failed."),
     Spec("spx_nvml_errors_total", "counter", ("function",), "NVML calls that failed (NOT_SUPPORTED excluded), by function, since the daemon started."),
+    Spec("spx_queue_drained", "gauge", (), "1 while the host is drained (`spx drain`: no new job starts; running jobs go on), else 0."),
     Spec("spx_xid_watch_up", "gauge", (), "1 while the NVML XID event thread runs; 0 means XIDs are not being counted."),
     Spec("spx_build_info", "info", ("version",), "The daemon's version; always 1."),
     Spec("spx_gpu_backend_info", "info", ("kind",), "The GPU backend in use (nvml|fake|none); always 1."),

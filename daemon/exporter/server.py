@@ -24,6 +24,7 @@ from spx.daemon.exporter.gpu_collector import GpuCollector
 from spx.daemon.exporter.job_collector import JobCollector
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.exporter.quarantine_collector import QuarantineCollector, Quarantined
+from spx.daemon.exporter.queue_collector import QueueCollector
 from spx.daemon.gpu.backend import GpuBackend
 from spx.daemon.state.views import JobView
 
@@ -71,7 +72,7 @@ class SpxCollector:
 
 def build_registry(
     backend: GpuBackend, jobs: Callable[[], list[JobView]], version: str, job_labels: bool = True,
-    quarantined: Callable[[], Quarantined] | None = None,
+    quarantined: Callable[[], Quarantined] | None = None, drained: Callable[[], str | None] | None = None,
 ) -> CollectorRegistry:
     """A fresh registry with the GPU and job collectors. Starts the backend's XID thread (see module doc).
 
@@ -85,6 +86,8 @@ def build_registry(
         parts["job"] = JobCollector(jobs)
     if quarantined is not None:  # the daemon's store (spx_gpu_quarantined); not the standalone exporter
         parts["quarantine"] = QuarantineCollector(backend, quarantined)
+    if drained is not None:  # the daemon's store (spx_queue_drained); not the standalone exporter
+        parts["queue"] = QueueCollector(drained)
     registry.register(SpxCollector(parts, version, backend.kind))
     return registry
 

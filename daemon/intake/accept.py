@@ -20,6 +20,7 @@ from spx.daemon.intake.spec import JobSpec, SpecError, parse_spec
 from spx.daemon.intake.spool import Accepted, Rejected, SpoolClaimer, SpoolWatcher
 from spx.daemon.service.config import DaemonConfig
 from spx.daemon.service.log import get_logger
+from spx.daemon.service.queue_control import dependency_problem
 from spx.daemon.state.store import DuplicateJob, Store
 from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError
@@ -82,6 +83,9 @@ class Intake:
                 f"(spx cancel {spec.name}) or choose another name",
                 acc.owner_uid,
             )
+        problem = dependency_problem(self.store, spec, acc.owner_uid, self.cfg.admin_group)
+        if problem:
+            return Rejected(acc.name, problem, acc.owner_uid)
         copy = self.jobs_dir / f"{spec.name}.{acc.owner_uid}.{time.time_ns()}.yaml"
         fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:

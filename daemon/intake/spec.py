@@ -34,6 +34,7 @@ MAX_PROBLEMS = 20  # listed in a rejection; finding each one's line is a walk of
 # Bounds that keep timers and the store's integers sane (a timer of 1e308 s overflows deadlines).
 MAX_HANG_TIMEOUT = 30 * 24 * 3600.0
 MAX_BACKOFF = 24 * 3600.0
+MAX_AFTER = 64  # dependencies of one job
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 # Variables the daemon owns; a job setting them would break supervision or GPU isolation.
 RESERVED_ENV = re.compile(r"^(SPX_.*|CUDA_VISIBLE_DEVICES|CUDA_DEVICE_ORDER|MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|NVIDIA_VISIBLE_DEVICES)$")
@@ -205,6 +206,10 @@ class JobSpec(_Strict):
     stop: Stop = Field(default_factory=lambda: Stop())
     data: Data = Field(default_factory=lambda: Data())
     priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first; FIFO within a priority.")
+    after: list[str] = Field(default_factory=list, max_length=MAX_AFTER, description=(
+        "Names of jobs this one waits for: it starts once each has succeeded, and fails if one failed or was "
+        "cancelled. A name means the latest job of that name submitted before this one that the submitter "
+        "can see (their own; root and the admin group: anyone's); none is an intake error."))
 
     @field_validator("name")
     @classmethod
@@ -214,6 +219,16 @@ class JobSpec(_Strict):
                 "must match [a-z0-9][a-z0-9-_.]{0,62} (lower-case letters, digits, '-', '_', '.'; "
                 "no '/' and at most 63 characters)"
             )
+        return v
+
+    @field_validator("after")
+    @classmethod
+    def _after(cls, v: list[str]) -> list[str]:
+        for dep in v:
+            if not NAME_RE.match(dep):
+                raise ValueError(f"{dep!r} is not a job name ([a-z0-9][a-z0-9-_.]{{0,62}})")
+        if len(set(v)) != len(v):
+            raise ValueError("names a job twice")
         return v
 
     _abs = field_validator("workdir", "python")(lambda v: v if v is None else _absolute(v))

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from spx.daemon.run.queue_rules import QueueFacts, UserBudget, gate
 from spx.daemon.state.store import JobRow
 
 MAX_STARTS_PER_TURN = 32
@@ -48,27 +49,40 @@ def impossible_reason(job: JobRow, all_gpus: list[int], backend_desc: str) -> st
     return None
 
 
-def place(queued: Iterable[JobRow], free: set[int]) -> list[Placement]:
-    """Placements for the queue (already ordered by priority, then submission), using `free`."""
+def place(queued: Iterable[JobRow], free: set[int], budget: UserBudget | None = None,
+          why: dict[int, str] | None = None) -> list[Placement]:
+    """Placements for the queue (already ordered by priority, then submission), using `free`.
+    `budget`: per-user GPU limits (a job over its owner's limit is passed over: it does not block
+    the queue). `why` (if given) gets, for each job not placed, why it waits."""
     free = set(free)
     placements = []
+    blocker: JobRow | None = None
+    why = {} if why is None else why
     for job in queued:
         want = job.spec.gpus
-        if isinstance(want, list):
-            if set(want) <= free:
-                placements.append(Placement(job, sorted(want)))
-                free -= set(want)
-                continue
-        elif want == 0:
+        over = budget.over(job) if budget is not None else None
+        if over is not None:
+            why[job.id] = over
+            continue
+        if want == 0:
             placements.append(Placement(job, []))
             continue
-        elif len(free) >= want:
-            chosen = sorted(free)[:want]
-            placements.append(Placement(job, chosen))
-            free -= set(chosen)
+        if blocker is not None:
+            why[job.id] = f"waiting behind {blocker.name} (no backfill past the head of the queue)"
             continue
-        # Head-of-line: later GPU jobs wait behind this one; CPU jobs may still pass.
-        free = set()
+        if isinstance(want, list):
+            chosen = sorted(want) if set(want) <= free else None
+        else:
+            chosen = sorted(free)[:want] if len(free) >= want else None
+        if chosen is None:
+            # Head-of-line: later GPU jobs wait behind this one; CPU jobs may still pass.
+            why[job.id] = f"waiting for GPUs {want}" if isinstance(want, list) else f"waiting for {want} free GPUs"
+            blocker = job
+            continue
+        placements.append(Placement(job, chosen))
+        free -= set(chosen)
+        if budget is not None:
+            budget.charge(job)
     return placements
 
 
@@ -95,18 +109,21 @@ class Start:
 class Plan:
     starts: list[Start]
     impossible: list[Impossible]
-    waiting: dict[int, str] = field(default_factory=dict)  # job id → why a relaunch cannot start yet
+    waiting: dict[int, str] = field(default_factory=dict)  # job id → why it (queued or a relaunch) cannot start yet
 
 
 def plan(queued: list[JobRow], waiting: list[Waiting], devices: list[int], held: set[int],
          idle: Callable[[int], bool], backend_desc: str, limit: int = MAX_STARTS_PER_TURN,
-         quarantined: frozenset[int] = frozenset()) -> Plan:
+         quarantined: frozenset[int] = frozenset(), facts: QueueFacts | None = None) -> Plan:
     """This turn's starts, at most `limit` (the rest start on the next turns: a thousand jobs queued
     at once must not stall the loop for one turn of a thousand launches). `devices`: the host's GPU
     indices; `held`: GPUs of live jobs (a restarting job holds its own through the backoff);
     `idle(g)`: no compute processes on GPU g and healthy (asked of NVML lazily: only when some job
     could start). Relaunches come first: their GPUs are theirs already (unless one is quarantined:
-    then it is placed again, see the module doc). `quarantined` GPUs are never allocated."""
+    then it is placed again, see the module doc). `quarantined` GPUs are never allocated. `facts`:
+    the queue's other rules (queue_rules.py: dependencies, holds, drain, per-user GPU limits); a
+    relaunch is not subject to them (a drain lets running jobs go on, relaunches included).
+    `Plan.waiting` says why each job that could start does not."""
     starts: list[Start] = []
     waits: dict[int, str] = {}
     taken: set[int] = set()
@@ -135,11 +152,17 @@ def plan(queued: list[JobRow], waiting: list[Waiting], devices: list[int], held:
     impossible, placeable = [], []
     for job in queued:
         why = impossible_reason(job, devices, backend_desc)
+        verdict = gate(job, facts) if facts is not None else None
         if why:
             impossible.append(Impossible(job, why))
+        elif verdict is not None and verdict.fail:
+            impossible.append(Impossible(job, verdict.reason))
+        elif verdict is not None:
+            waits[job.id] = verdict.reason
         else:
             placeable.append(job)
     if placeable and len(starts) < limit:
         free = {g for g in devices if g not in held and g not in taken and g not in quarantined and idle(g)}
-        starts += [Start(p.job.id, tuple(p.gpus), p.job) for p in place(placeable, free)][:limit - len(starts)]
+        budget = UserBudget(facts.usage, facts.limits) if facts is not None else None
+        starts += [Start(p.job.id, tuple(p.gpus), p.job) for p in place(placeable, free, budget, waits)][:limit - len(starts)]
     return Plan(starts, impossible, waits)

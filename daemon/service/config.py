@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from spx.daemon.run.cgroups import CgroupMode
+from spx.daemon.run.queue_rules import GpuLimits
 
 DEFAULT_CONFIG_FILE = Path("/etc/spx/config.yaml")
 GpuBackendKind = Literal["auto", "nvml", "fake", "none"]
@@ -64,6 +65,10 @@ class DaemonConfig(BaseModel):
         "One cgroup v2 per attempt, so no process of it escapes a stop. auto = where systemd delegated the "
         "daemon's cgroup (Delegate=yes); on = the daemon's cgroup is its own, fail to start otherwise; off = never "
         "(processes are then found by their SPX_ATTEMPT_ID tag and process group only)."))
+    limits: GpuLimits = Field(default_factory=GpuLimits, description=(
+        "GPUs one user's jobs may hold at once: {gpus_per_user: 4, users: {alice: 8}, groups: {ml: 6}}. A user's own "
+        "entry wins, else the largest of their groups', else gpus_per_user (null: no limit). A job over its owner's "
+        "limit waits (the reason says so), never fails; other users' jobs pass it."))
 
     @classmethod
     def rooted(cls, root: Path, **overrides: object) -> DaemonConfig:

@@ -48,6 +48,7 @@ class Command:
     op: str
     name: str
     uid: int
+    arg: str | None = None  # the request's value (`spx priority NAME N`: N)
     reply: dict = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -185,12 +186,12 @@ class ControlServer:
             return {"ok": False, "error": problem, "code": 2}
         try:
             request = json.loads(data)
-            op, name = str(request["op"]), request.get("name")
-            if name is not None and not isinstance(name, str):
+            op, name, arg = str(request["op"]), request.get("name"), request.get("arg")
+            if (name is not None and not isinstance(name, str)) or (arg is not None and not isinstance(arg, str)):
                 raise TypeError("name")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return {"ok": False, "error": "malformed request: expected {\"op\": ..., \"name\": ...}", "code": 2}
-        if op in ("ls", "history", "status", "gpus", "adopt"):
+        if op in ("ls", "history", "status", "gpus", "adopt", "queue"):
             try:
                 return self._answer(op, name, uid)
             except Exception as e:
@@ -198,6 +199,8 @@ class ControlServer:
                 return {"ok": False, "error": f"the daemon could not answer {op}: {e}", "code": 1}
         if op in ("cancel", "gpu-release") and name is not None:  # changes: made by the main loop
             return self._cancel(Command(op, name, uid))
+        if op in ("hold", "release", "priority", "drain", "undrain"):  # the queue's (service/queue_control.py)
+            return self._cancel(Command(op, name or "", uid, arg))
         return {"ok": False, "error": f"unknown request {op[:40]!r}", "code": 2}
 
     def _cancel(self, cmd: Command) -> dict:
@@ -237,14 +240,14 @@ def _encode(reply: dict) -> bytes:
     return json.dumps(reply).encode() + b"\n"
 
 
-def request(path: Path, op: str, name: str | None = None, timeout: float = 35.0) -> dict:
+def request(path: Path, op: str, name: str | None = None, timeout: float = 35.0, arg: str | None = None) -> dict:
     """Client side (used by `spx`). Raises OSError if the daemon is not listening; a connection closed
     without a reply is an error reply, not an exception."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(str(path))
         try:
-            s.sendall(json.dumps({"op": op, "name": name}).encode() + b"\n")
+            s.sendall(json.dumps({"op": op, "name": name, **({"arg": arg} if arg is not None else {})}).encode() + b"\n")
         except (BrokenPipeError, ConnectionResetError):
             pass  # the daemon answered (e.g. "busy") and closed before reading: its reply is still there
         data = b""

@@ -42,6 +42,7 @@ from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.service.control import Command, ControlServer, is_admin
 from spx.daemon.service.gpu_rows import gpu_rows
 from spx.daemon.service.log import configure, get_logger
+from spx.daemon.service.queue_control import QUEUE_OPS, QueueControl
 from spx.daemon.service.sd_notify import Notifier
 from spx.daemon.service.status_line import format_status
 from spx.daemon.state import integrity, jobviews
@@ -96,6 +97,7 @@ class Daemon:
         self.xid_events: queue.SimpleQueue[XidEvent] = queue.SimpleQueue()
         self.quarantined = self.store.quarantined_gpus()  # the main loop's copy; it writes the table
         self._waiting_reasons: dict[int, str] = {}
+        self.queue = QueueControl(cfg, self.store)  # hold/release/priority/drain, and the queue's rules
 
     def _prepare_dirs(self) -> None:
         for d in (self.cfg.state_dir, self.cfg.log_dir, self.cfg.run_dir, self.cfg.checkpoints_root):
@@ -183,7 +185,7 @@ class Daemon:
         self.control.start()
         self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
         registry = build_registry(self.backend, self.views, _version(), job_labels=self.cfg.metrics_job_labels,
-                                  quarantined=self.store.quarantined_gpus)
+                                  quarantined=self.store.quarantined_gpus, drained=self.store.drained)
         metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=_version(), root=str(self.cfg.spool_dir.parent),
@@ -198,7 +200,7 @@ class Daemon:
     def status_text(self) -> str:
         live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
         return format_status(live, len(self.backend.devices()), self.supervisor.last_restart, time.time(),
-                             self.store_problem(), adopted=self.supervisor.adopted)
+                             self.store_problem(), adopted=self.supervisor.adopted, drained=self.queue.drained)
 
     def run(self) -> int:
         self.start()
@@ -303,12 +305,17 @@ class Daemon:
             return
         held = {g for j in live if j.state.holds_gpus for g in j.gpus} | self.supervisor.held_gpus()
         idle = functools.cache(self._gpu_idle)
+        facts = self.queue.facts(live, queued, time.monotonic()) if queued else None
         plan = scheduler.plan(queued, waiting, [d.index for d in self.backend.devices()], held, idle,
-                              self.backend.description, quarantined=frozenset(self.quarantined))
+                              self.backend.description, quarantined=frozenset(self.quarantined), facts=facts)
         for job_id, why in plan.waiting.items():
             if self._waiting_reasons.get(job_id) != why:  # said once per change, not every turn
                 self.store.update_job(job_id, time.time(), reason=why)
-                log.warning("relaunch_waiting", job=self.supervisor.jobs[job_id].name, attempt=None, reason=why)
+                if job_id in self.supervisor.jobs:
+                    log.warning("relaunch_waiting", job=self.supervisor.jobs[job_id].name, attempt=None, reason=why)
+                else:
+                    log.info("job_waiting", job=next((j.name for j in queued if j.id == job_id), None),
+                             attempt=None, reason=why)
         self._waiting_reasons = dict(plan.waiting)
         for imp in plan.impossible:
             self.store.transition(imp.job.id, JobState.FAILED, imp.reason, time.time())
@@ -323,6 +330,8 @@ class Daemon:
         admin = is_admin(uid, self.cfg.admin_group)
         if op == "adopt":  # slow (a walk of the volume): on this client's thread; drain() records
             return self.adopter.request(name, uid)
+        if op == "queue":
+            return self.queue.answer()
         pids = self.supervisor.live_pids()
         if op == "gpus":
             # The daemon's own backend and allocation (what `spx top` shows); the job on a GPU is
@@ -350,6 +359,10 @@ class Daemon:
                 return
             if cmd.op == "gpu-release":
                 cmd.reply = self._release(cmd)
+                cmd.done.set()
+                continue
+            if cmd.op in QUEUE_OPS:
+                cmd.reply = self.queue.command(cmd)
                 cmd.done.set()
                 continue
             job = self.store.job_by_name(cmd.name)

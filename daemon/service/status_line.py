@@ -17,12 +17,13 @@ def _ago(seconds: float) -> str:
 
 def format_status(
     jobs: list[JobView], gpus_total: int, last_restart: tuple[str, float, str] | None, now: float,
-    store_problem: str | None = None, adopted: int = 0,
+    store_problem: str | None = None, adopted: int = 0, drained: str | None = None,
 ) -> str:
     """E.g. "2 running, 1 queued, 6/8 GPUs busy; adopted 2 running jobs; llama-ft restarted 3 min ago
     (crash)" — "adopted N" while this daemon runs, for the attempts it found running when it started
     (after a crash, a watchdog kill or `systemctl reload`) and took on as they were — and, while the
-    state store refuses writes, "; STATE STORE NOT WRITABLE: <why>" (jobs go on; writes are retried)."""
+    state store refuses writes, "; STATE STORE NOT WRITABLE: <why>" (jobs go on; writes are retried).
+    While drained (`spx drain`), it starts with "DRAINED (by root at ...): no new starts; "."""
     states = Counter(j.state for j in jobs)
     parts = [f"{states.get('running', 0)} running"]
     for state in ("starting", "restarting", "queued"):
@@ -37,4 +38,6 @@ def format_status(
         text += f"; {name} restarted {_ago(max(0.0, now - when))} ({why})"
     if store_problem:
         text += f"; STATE STORE NOT WRITABLE: {store_problem}"
+    if drained:
+        text = f"DRAINED ({drained}): no new starts; " + text
     return text

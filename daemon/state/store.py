@@ -47,6 +47,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 -- Names are unique among live jobs only: a finished job's name may be reused.
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_live_name ON jobs(name)
     WHERE state NOT IN ('succeeded', 'failed', 'cancelled');
+CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name, id);
 CREATE TABLE IF NOT EXISTS attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id INTEGER NOT NULL REFERENCES jobs(id),
@@ -79,6 +80,8 @@ CREATE TABLE IF NOT EXISTS gpu_quarantine (
     reason TEXT NOT NULL,
     since REAL NOT NULL
 );
+-- The queue's host-wide switches (spx drain: key 'drained', value = who and why), kept across restarts.
+CREATE TABLE IF NOT EXISTS queue_settings (key TEXT PRIMARY KEY, value TEXT NOT NULL, since REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id INTEGER REFERENCES jobs(id),
@@ -95,6 +98,7 @@ _ADDED_COLUMNS = (
     ("attempts", "stop_cause", "TEXT"),
     ("attempts", "exited", "REAL"),
     ("jobs", "uid", "TEXT"),
+    ("jobs", "held", "TEXT"),
 )
 
 
@@ -141,6 +145,7 @@ class JobRow:
     uid: str = ""
 
 
+    held: str | None = None  # who holds it queued (`spx hold`), None when not held
 @dataclass(frozen=True)
 class AttemptRow:
     id: int
@@ -165,7 +170,7 @@ class AttemptRow:
     exited: float | None = None     # when its launcher's exit (exit_code, signal) was seen, before the end
 
 
-_JOB_FIELDS = {"gpus", "backoff_remaining", "no_progress_streak", "backoff_level", "staging", "reason"}
+_JOB_FIELDS = {"gpus", "backoff_remaining", "no_progress_streak", "backoff_level", "staging", "reason", "held", "priority"}
 _ATTEMPT_END_FIELDS = {"end", "exit_code", "signal", "reason", "reason_class", "max_step", "root_cause"}
 
 
@@ -207,6 +212,7 @@ def _job(row: sqlite3.Row) -> JobRow:
 
 
 def _attempt(row: sqlite3.Row) -> AttemptRow:
+        held=row["held"],
     return AttemptRow(**{k: row[k] for k in row.keys() if k in _ATTEMPT_COLUMNS})  # noqa: SIM118 (sqlite3.Row iterates values)
 
 
@@ -482,6 +488,30 @@ class Store:
         return [_job(r) for r in self._db.execute("SELECT * FROM jobs ORDER BY id").fetchall()]
 
     def current_jobs(self, finished_since: float) -> list[JobRow]:
+    # --- queue switches (spx drain) -------------------------------------------------------------------
+
+    def drained(self) -> str | None:
+        """Who drained the host (no new starts), or None."""
+        row = self._db.execute("SELECT value FROM queue_settings WHERE key = 'drained'").fetchone()
+        return str(row[0]) if row else None
+
+    def set_drained(self, by: str | None, now: float) -> None:
+        """Drain (`by` says who) or undrain (None), with an event, in one transaction."""
+        with self._tx() as db:
+            if by is None:
+                db.execute("DELETE FROM queue_settings WHERE key = 'drained'")
+            else:
+                db.execute("INSERT OR REPLACE INTO queue_settings (key, value, since) VALUES ('drained', ?, ?)",
+                           (by, now))
+            db.execute("INSERT INTO events (job_id, time, kind, detail) VALUES (NULL, ?, ?, ?)",
+                       (now, "drained" if by else "undrained", by))
+
+    def jobs_named_before(self, name: str, before_id: int, limit: int = 64) -> list[JobRow]:
+        """Jobs called `name` submitted before job `before_id`, newest first (what `after:` names)."""
+        rows = self._db.execute("SELECT * FROM jobs WHERE name = ? AND id < ? ORDER BY id DESC LIMIT ?",
+                                (name, before_id, limit)).fetchall()
+        return [_job(r) for r in rows]
+
         """One job per name, the one `job_by_name` gives (the live one, else the newest finished),
         without finished ones that ended before `finished_since`."""
         rows = self._db.execute(

@@ -1,0 +1,194 @@
+"""The queue's controls and the facts its rules need: `spx hold/release/priority/drain/undrain`,
+the dependency check at intake, and what the scheduler is told each turn (run/queue_rules.py).
+
+Runs on the main loop (the store's only writer), reached through the same owner-checked control
+path as `spx cancel`: a user acts on their own jobs; root and the admin group on every job. Drain
+and priority are the operator's: root or the admin group only.
+
+How an `after:` name resolves, the Slurm way (`sbatch --dependency=afterok:ID` refuses an unknown
+job at submission rather than waiting for one that may never come): the latest job of that name
+submitted before this one that the submitter can see (their own; root and the admin group: anyone's).
+At intake a name with no such job rejects the file (the `.error` next to it says which name), so a
+typo never leaves a job waiting forever. Because a job can only name jobs submitted before it,
+dependency cycles cannot be built. Resolution is by job id, so a later job reusing the name does
+not change what an earlier job waits for.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import time
+
+from spx.daemon.intake.spec import JobSpec
+from spx.daemon.run.queue_rules import Dep, Limit, QueueFacts
+from spx.daemon.service.config import DaemonConfig
+from spx.daemon.service.control import Command, is_admin
+from spx.daemon.service.log import get_logger
+from spx.daemon.state.states import JobState
+from spx.daemon.state.store import JobRow, Store, StoreUnavailable
+
+log = get_logger()
+QUEUE_OPS = ("hold", "release", "priority", "drain", "undrain")
+LIMITS_CACHE_SECONDS = 60.0  # group membership is read again after this long
+_EVERY_JOB = 1 << 62  # at intake the new job has no id yet: every job recorded so far came before it
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def resolve_dep(store: Store, name: str, before_id: int, uid: int, admin_group: str | None) -> JobRow | None:
+    """The job `after: [name]` means for owner `uid` (see the module doc), or None."""
+    admin = is_admin(uid, admin_group)
+    return next((j for j in store.jobs_named_before(name, before_id) if admin or j.owner_uid == uid), None)
+
+
+def dependency_problem(store: Store, spec: JobSpec, uid: int, admin_group: str | None) -> str | None:
+    """At intake: the first `after:` name that names no job the submitter can see, said with the fix."""
+    for name in spec.after:
+        if resolve_dep(store, name, _EVERY_JOB, uid, admin_group) is None:
+            return (f"after: no job named {name!r} of yours was submitted before this one (spx ls --all lists "
+                    "them); submit it first, or remove it from `after`")
+    return None
+
+
+class QueueControl:
+    """The main loop's part of the queue: its drain flag (a copy of the store's), the limits per
+    user (read from the user database, cached), and the control commands."""
+
+    def __init__(self, cfg: DaemonConfig, store: Store):
+        self.cfg = cfg
+        self.store = store
+        self.drained = store.drained()
+        self._limits: dict[int, Limit | None] = {}
+        self._limits_read = 0.0
+
+    # --- what the scheduler is told ---------------------------------------------------------------
+
+    def facts(self, live: list[JobRow], queued: list[JobRow], now_mono: float) -> QueueFacts:
+        deps = {}
+        for job in queued:
+            if job.spec.after:
+                resolved = (resolve_dep(self.store, n, job.id, job.owner_uid, self.cfg.admin_group) for n in job.spec.after)
+                deps[job.id] = tuple(Dep(n, d.state.value if d else None, d.reason if d else None)
+                                     for n, d in zip(job.spec.after, resolved, strict=True))
+        usage: dict[int, int] = {}
+        for j in live:
+            if j.state.holds_gpus:
+                usage[j.owner_uid] = usage.get(j.owner_uid, 0) + len(j.gpus)
+        if now_mono - self._limits_read > LIMITS_CACHE_SECONDS:
+            self._limits, self._limits_read = {}, now_mono
+        limits = {j.owner_uid: self._limit(j.owner_uid) for j in queued}
+        return QueueFacts(self.drained, deps, usage, limits)
+
+    def _limit(self, uid: int) -> Limit | None:
+        if uid not in self._limits:
+            self._limits[uid] = limit_for(self.cfg, uid)
+        return self._limits[uid]
+
+    # --- commands (main loop) ------------------------------------------------------------------------
+
+    def command(self, cmd: Command) -> dict:
+        try:
+            if cmd.op in ("drain", "undrain"):
+                return self._drain(cmd)
+            return self._job_command(cmd)
+        except StoreUnavailable as e:
+            return {"ok": False, "error": f"cannot record it now: {e}", "code": 1}
+
+    def _drain(self, cmd: Command) -> dict:
+        if not is_admin(cmd.uid, self.cfg.admin_group):
+            return {"ok": False, "error": f"{cmd.op} needs root or the admin group", "code": 1}
+        by = user_name(cmd.uid)
+        if cmd.op == "drain":
+            if self.drained:
+                return {"ok": True, "result": f"already drained ({self.drained})"}
+            self.drained = f"by {by} at {time.strftime('%Y-%m-%d %H:%M', time.localtime())}"
+            self.store.set_drained(self.drained, time.time())
+            log.warning("queue_drained", by=by)
+            return {"ok": True, "result": "drained: no new job starts; running jobs go on (spx undrain to resume)"}
+        if not self.drained:
+            return {"ok": True, "result": "not drained"}
+        self.store.set_drained(None, time.time())
+        self.drained = None
+        log.info("queue_undrained", by=by)
+        return {"ok": True, "result": "undrained: queued jobs may start"}
+
+    def _job_command(self, cmd: Command) -> dict:
+        admin = is_admin(cmd.uid, self.cfg.admin_group)
+        job = self.store.job_by_name(cmd.name)
+        if job is None or not (admin or job.owner_uid == cmd.uid):
+            return {"ok": False, "error": f"no job named {cmd.name!r}", "code": 1}
+        by, now = user_name(cmd.uid), time.time()
+        if cmd.op == "priority":
+            return self._priority(cmd, job, admin, by, now)
+        if job.state is not JobState.QUEUED:
+            return {"ok": False, "error": f"{job.name} is {job.state.value}: only a queued job can be "
+                    f"{'held' if cmd.op == 'hold' else 'released'}", "code": 1}
+        if cmd.op == "hold":
+            if job.held:
+                return {"ok": True, "result": f"{job.name} already held by {job.held}"}
+            self.store.update_job(job.id, now, held=by, reason=f"held by {by} (spx release {job.name})")
+            self.store.add_event(job.id, "held", f"by {by}", now)
+            log.info("job_held", job=job.name, attempt=None, by=by)
+            return {"ok": True, "result": f"{job.name} held: it will not start until spx release {job.name}"}
+        if not job.held:
+            return {"ok": False, "error": f"{job.name} is not held", "code": 1}
+        self.store.update_job(job.id, now, held=None, reason=None)
+        self.store.add_event(job.id, "released", f"by {by}", now)
+        log.info("job_released", job=job.name, attempt=None, by=by)
+        return {"ok": True, "result": f"{job.name} released"}
+
+    def _priority(self, cmd: Command, job: JobRow, admin: bool, by: str, now: float) -> dict:
+        if not admin:
+            return {"ok": False, "error": "changing a job's priority needs root or the admin group", "code": 1}
+        try:
+            value = int(cmd.arg or "")
+        except ValueError:
+            return {"ok": False, "error": f"priority must be a whole number, not {cmd.arg!r}", "code": 2}
+        if not -1000 <= value <= 1000:
+            return {"ok": False, "error": "priority must be between -1000 and 1000", "code": 2}
+        if job.state.terminal:
+            return {"ok": False, "error": f"{job.name} already {job.state.value}", "code": 1}
+        self.store.update_job(job.id, now, priority=value)
+        self.store.add_event(job.id, "priority", f"{job.priority} -> {value} by {by}", now)
+        log.info("job_priority", job=job.name, attempt=None, priority=value, was=job.priority, by=by)
+        return {"ok": True, "result": f"{job.name}: priority {job.priority} -> {value}"}
+
+    # --- reads (control thread) ----------------------------------------------------------------------
+
+    def answer(self) -> dict:
+        """`queue` read op: the drain state (from the store: this runs on the control thread) and the limits."""
+        return {"ok": True, "result": {"drained": self.store.drained(),
+                                       "limits": self.cfg.limits.model_dump()}}
+
+
+def limit_for(cfg: DaemonConfig, uid: int) -> Limit | None:
+    """`uid`'s GPU limit (see GpuLimits): their own entry, else their groups' largest, else the default."""
+    lim = cfg.limits
+    if not lim.any:
+        return None
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        pw = None
+    if pw is not None and pw.pw_name in lim.users:
+        return Limit(lim.users[pw.pw_name], f"user {pw.pw_name}")
+    if pw is not None and lim.groups:
+        names = set()
+        for gid in os.getgrouplist(pw.pw_name, pw.pw_gid):
+            try:
+                names.add(grp.getgrgid(gid).gr_name)
+            except KeyError:
+                continue
+        best = max(((lim.groups[g], g) for g in names if g in lim.groups), default=None)
+        if best is not None:
+            return Limit(best[0], f"group {best[1]}")
+    if lim.gpus_per_user is not None:
+        return Limit(lim.gpus_per_user, "default")
+    return None
