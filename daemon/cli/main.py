@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from spx.daemon.cli import queue_cmds
+from spx.daemon.contract import checkpoint_discovery
 from spx.daemon.intake.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, submitted_text
 from spx.daemon.service import control
 from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
@@ -150,6 +151,8 @@ def print_status(doc: dict) -> None:
         print(f"  attempt {a['number']}: {start} → {end}  {resumed}  {reason}{tag}")
         if a.get("root_cause") and not cancelled:
             print(f"      root cause: {a['root_cause']}")
+        for line in checkpoint_discovery.describe(a["checkpoint"]) if a.get("checkpoint") else ():
+            print(f"      checkpoint: {line}")
 
 
 def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
@@ -192,7 +195,7 @@ def _say_what_resumes(cfg: DaemonConfig, spec: JobSpec) -> None:
     except UserPathError:
         return
     mode = spec.checkpoints.resume
-    if found is None:
+    if found.get("path") is None:
         if mode == "require":
             print(f"{spec.name}: checkpoints.resume is require, but {ckpt_dir} holds no complete checkpoint "
                   "(yet): the job fails at its start unless one is there by then", file=sys.stderr)

@@ -6,7 +6,7 @@ counts as a checkpoint only if its manifest parses and every file it lists exist
 size; that check is all the daemon needs to pick `SPX_RESUME_FROM`, and it needs no torch.
 
 Scripts that keep their own naming (the seed's `checkpoint_epoch{e}_step{s}.pt`, nanoGPT's `ckpt.pt`,
-Hugging Face's `checkpoint-*/`) are found by `latest_by_pattern`. This module is stdlib-only and
+Hugging Face's `checkpoint-*/`, …) are found by `checkpoint_discovery`. This module is stdlib-only and
 only names and reads; the writer side (publish, retention — renames and deletes in the user's tree)
 is the trainer's, `spx.trainer.layout_writer`, run in workers as the job's user.
 """
@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import re
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,6 @@ MANIFEST = "COMPLETE.json"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 TMP_MARK = ".tmp-"
-_DIGITS = re.compile(r"\d+")
 
 
 @dataclass(frozen=True)
@@ -122,47 +120,10 @@ def latest_complete(ckpt_dir: Path) -> CheckpointRef | None:
     return found[-1] if found else None
 
 
-def _reads_completely(path: Path) -> bool:
-    """A pattern match is usable if it is a non-empty directory without a staging mark, or a file
-    whose zip central directory reads (torch.save writes zip archives; a torn write has none)."""
-    if TMP_MARK in path.name or path.name.endswith((".tmp", ".part")):
-        return False
-    if path.is_dir():
-        return any(path.iterdir())
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as z:
-                return len(z.namelist()) > 0
-        return False
-    except (OSError, zipfile.BadZipFile):
-        return False
-
-
-def _sort_key(path: Path) -> tuple:
-    """Order pattern matches by the numbers in their names ((epoch, step) for the seed's naming),
-    then by modification time for names without numbers."""
-    numbers = tuple(int(n) for n in _DIGITS.findall(path.name))
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        mtime = 0.0
-    return (numbers, mtime)
-
-
-def latest_by_pattern(ckpt_dir: Path, pattern: str) -> CheckpointRef | None:
-    """The newest match of a glob (`ckpt.pt`, `checkpoint_epoch*_step*.pt`, `checkpoint-*/`) that
-    reads completely. Its step is the last number in its name, if any."""
-    matches = [p for p in ckpt_dir.glob(pattern.rstrip("/")) if _reads_completely(p)]
-    if not matches:
-        return None
-    best = max(matches, key=_sort_key)
-    numbers = _DIGITS.findall(best.name)
-    return CheckpointRef(best, int(numbers[-1]) if numbers else None)
-
-
 def find_latest(ckpt_dir: Path, pattern: str | None = None) -> CheckpointRef | None:
-    """What the daemon passes as SPX_RESUME_FROM: the layout's latest complete checkpoint, or the
-    newest readable match of the job's `checkpoints.pattern`."""
-    if pattern:
-        return latest_by_pattern(ckpt_dir, pattern)
-    return latest_complete(ckpt_dir)
+    """What the daemon passes as SPX_RESUME_FROM: the newest complete checkpoint of any layout
+    `checkpoint_discovery` recognises, or of the job's `checkpoints.pattern`."""
+    from spx.daemon.contract.checkpoint_discovery import discover  # it builds on this module's rules
+
+    found = discover(ckpt_dir, pattern).chosen
+    return None if found is None else CheckpointRef(found.path, found.step)

@@ -26,6 +26,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
 from spx.daemon.contract.worker_env import Heartbeat
@@ -267,11 +268,13 @@ def note(files: AttemptFiles, text: str) -> None:
         log.warning("attempt_log_note_failed", job=files.log_dir.name, attempt=files.log_name, error=str(e))
 
 
-def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float) -> CheckpointRef | None:
-    """The latest complete checkpoint, found by a process running as the job's owner (root never
-    walks the user's tree), after `checkpoints.resume: never` set aside what predates the job;
-    `require` without one is an error (the job fails before an attempt). UserPathError on timeout or
-    failure. Slow: call it off the main loop."""
+def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float,
+                      exclude: dict[str, str] | None = None) -> tuple[CheckpointRef | None, dict[str, Any]]:
+    """The latest complete checkpoint not in `exclude` (path → why), found by a process running as
+    the job's owner (root never walks the user's tree), after `checkpoints.resume: never` set aside
+    what predates the job; `require` without one is an error (the job fails before an attempt).
+    With it, discovery's whole (capped) answer: the layout, the candidates skipped and why.
+    UserPathError on timeout or failure. Slow: call it off the main loop."""
     user = as_user.owner(job.owner_uid)
     resume = job.spec.checkpoints.resume
     if resume == "never":  # what an earlier job left there is not this job's to resume
@@ -279,16 +282,16 @@ def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float) -> Check
         if moved:
             log.info("checkpoints_set_aside", job=job.name, attempt=None, moved=moved,
                      into=str(files.checkpoint_dir / f".before-job-{job.id}"))
-    found = as_user.find_latest(user, str(files.checkpoint_dir), job.spec.checkpoints.pattern, timeout)
-    if found is None:
+    found = as_user.find_latest(user, str(files.checkpoint_dir), job.spec.checkpoints.pattern, timeout, exclude)
+    path, step = found.get("path"), found.get("step")
+    if path is None:
         if resume == "require":
             raise UserPathError(errno.ENOENT, f"checkpoints.resume is require, but {files.checkpoint_dir} "
                                               "holds no complete checkpoint")
-        return None
-    path, step = found.get("path"), found.get("step")
+        return None, found
     if not isinstance(path, str) or not (step is None or (isinstance(step, int) and not isinstance(step, bool))):
         raise UserPathError(errno.EIO, f"checkpoint discovery in {files.checkpoint_dir} gave an odd answer")
-    return CheckpointRef(Path(path), step)
+    return CheckpointRef(Path(path), step), found
 
 
 def read_heartbeat(path: Path) -> Heartbeat | None:

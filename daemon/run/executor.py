@@ -12,6 +12,7 @@ store could not take a write now — for the step function to decide on.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import queue
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
-from spx.daemon.run import attempt_files, cgroups, launcher, proctree, step_types
+from spx.daemon.run import attempt_files, cgroups, checkpoint_report, launcher, proctree, resume_fallback, step_types
 from spx.daemon.run.attempt_files import AttemptFiles
 from spx.daemon.run.oom import oom_killed
 from spx.daemon.run.rootcause import TAIL_BYTES, root_cause_of
@@ -70,6 +71,7 @@ class Handles:
     staging: StagingRun | None = None
     staging_text: str | None = None
     deferred: list[Callable[[], None]] = field(default_factory=list)  # store writes the store refused
+    discovery: dict | None = None  # checkpoint discovery's answer for this attempt (stored with its row)
 
     @property
     def procs(self) -> proctree.AttemptProcesses:
@@ -273,19 +275,27 @@ class Executor:
     def _find_checkpoint(self, job: JobRow, s: step_types.JobStep, a: step_types.FindCheckpoint) -> list[step_types.Observation]:
         cfg = self.cfg
 
+        # The crash-loop fallback is decided here, from the stored history (resume_fallback is pure).
+        avoid = resume_fallback.checkpoint_to_avoid(self.store.attempts(job.id))
+
         def work() -> Callable[[], step_types.Observation]:
             files = attempt_files.prepare(cfg, job, a.number)
-            ref = attempt_files.latest_checkpoint(job, files, CHECKPOINT_TIMEOUT_SECONDS)
-            return lambda: self._checkpoint_found(job, a.number, files, ref)
+            ref, found = attempt_files.latest_checkpoint(job, files, CHECKPOINT_TIMEOUT_SECONDS,
+                                                         {avoid.path: avoid.why} if avoid else None)
+            if avoid is not None and resume_fallback.fell_back(avoid, found):
+                found = {**found, "fallback_from": avoid.path, "fallback_why": avoid.why}
+            return lambda: self._checkpoint_found(job, a.number, files, ref, found)
 
         self._off_loop(job.id, work, lambda e: step_types.ActionFailed(a, str(e)))
         return []
 
     def _checkpoint_found(self, job: JobRow, number: int, files: AttemptFiles,
-                          ref: CheckpointRef | None) -> step_types.Observation:
+                          ref: CheckpointRef | None, found: dict) -> step_types.Observation:
         current = self.handles.get(job.id)
         if current is None or current.number != number or current.row_id is None:
             self.handles[job.id] = Handles(number=number, files=files)
+        self.handles[job.id].discovery = found
+        checkpoint_report.say(job.name, number, files, ref, found)
         return step_types.CheckpointFound(str(ref.path) if ref else None, ref.step if ref else None, number)
 
     def _spawn(self, job: JobRow, s: step_types.JobStep, a: step_types.Spawn) -> list[step_types.Observation]:
@@ -298,7 +308,8 @@ class Executor:
             h.port = launcher.free_port()
             h.row_id = self.store.start_attempt(job.id, number=a.number, attempt_id=h.attempt_id, now=now,
                                                 resumed_from=a.resume_from, resumed_from_step=a.resume_step,
-                                                port=h.port)
+                                                port=h.port, checkpoint_discovery=json.dumps(h.discovery)
+                                                if h.discovery is not None else None)
         port = h.port
         try:
             user = pwd.getpwuid(job.owner_uid)

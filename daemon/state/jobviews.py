@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,7 @@ def job_view(
             number=a.number, start=a.start, end=a.end, exit_code=a.exit_code, signal=a.signal,
             reason=a.reason, resumed_from_step=a.resumed_from_step, resumed_from=a.resumed_from,
             root_cause=a.root_cause, reason_class=a.reason_class,
+            checkpoint=json.loads(a.checkpoint_discovery) if a.checkpoint_discovery else None,
         )
         for a in attempts
     ] if with_history else []

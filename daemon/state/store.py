@@ -99,6 +99,7 @@ _ADDED_COLUMNS = (
     ("attempts", "exited", "REAL"),
     ("jobs", "uid", "TEXT"),
     ("jobs", "held", "TEXT"),
+    ("attempts", "checkpoint_discovery", "TEXT"),
 )
 
 
@@ -168,6 +169,7 @@ class AttemptRow:
     start_ticks: int | None = None  # from a later process that reuses the pid
     stop_cause: str | None = None   # why the daemon stops it, stored before the SIGTERM (outlives a restart)
     exited: float | None = None     # when its launcher's exit (exit_code, signal) was seen, before the end
+    checkpoint_discovery: str | None = None  # JSON: the layout found, what was skipped and why (checkpoint_discovery)
 
 
 _JOB_FIELDS = {"gpus", "backoff_remaining", "no_progress_streak", "backoff_level", "staging", "reason", "held", "priority"}
@@ -359,12 +361,13 @@ class Store:
         resumed_from: str | None,
         resumed_from_step: int | None,
         port: int | None,
+        checkpoint_discovery: str | None = None,
     ) -> int:
         with self._tx() as db:
             cur = db.execute(
-                "INSERT INTO attempts (job_id, number, attempt_id, start, resumed_from, resumed_from_step, port)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (job_id, number, attempt_id, now, resumed_from, resumed_from_step, port),
+                "INSERT INTO attempts (job_id, number, attempt_id, start, resumed_from, resumed_from_step, port,"
+                " checkpoint_discovery) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, number, attempt_id, now, resumed_from, resumed_from_step, port, checkpoint_discovery),
             )
             return int(cur.lastrowid or 0)
 

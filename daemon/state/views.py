@@ -28,6 +28,9 @@ class AttemptView:
     resumed_from: str | None
     root_cause: str | None = None
     reason_class: str | None = None
+    # Where it resumed from and why there: the layout recognised, candidates skipped with reasons,
+    # `fallback_from` when a crash loop made it pass over the newest (contract/checkpoint_discovery).
+    checkpoint: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,11 @@ def set_aside(user: Owner, ckpt_dir: str, before: float, into: str, timeout: flo
     return [str(r) for r in result]
 
 
-def find_latest(user: Owner, ckpt_dir: str, pattern: str | None, timeout: float) -> dict[str, Any] | None:
-    """`checkpoint_layout.find_latest` run as `user`: {"path", "step"} or None."""
-    result = run(user, "find_latest", {"dir": ckpt_dir, "pattern": pattern}, timeout)
-    return result if result is None else dict(result)
+def find_latest(user: Owner, ckpt_dir: str, pattern: str | None, timeout: float,
+                exclude: dict[str, str] | None = None) -> dict[str, Any]:
+    """`checkpoint_discovery.discover` run as `user`: its capped JSON answer ("path" None: nothing
+    complete to resume from). `exclude` maps checkpoint paths not to choose to the reason."""
+    result = run(user, "find_latest", {"dir": ckpt_dir, "pattern": pattern, "exclude": exclude or {}}, timeout)
+    if not isinstance(result, dict):
+        raise UserPathError(errno.EIO, f"checkpoint discovery as {user.name} gave an odd answer")
+    return result

@@ -6,7 +6,7 @@ It starts as root (the interpreter may be unreadable to the user), imports every
 the owner — uid, gid and supplementary groups — before reading the request's paths, so `os.access`,
 `mkdir` and every open here are the kernel's answer for that user: a decision root could only guess
 from mode bits.
-stdlib and the torch-free checkpoint layout only; it prints exactly one JSON document.
+stdlib and the torch-free checkpoint contract only; it prints exactly one JSON document.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spx.daemon.contract import checkpoint_layout
+from spx.daemon.contract import checkpoint_discovery
 from spx.daemon.userfs import spx_dir
 from spx.daemon.userfs.identity import become
 
@@ -97,9 +97,11 @@ def _access(args: dict[str, Any]) -> list[str | None]:
     return [_check(c["path"], c["what"]) for c in args["checks"]]
 
 
-def _find_latest(args: dict[str, Any]) -> dict[str, Any] | None:
-    ref = checkpoint_layout.find_latest(Path(args["dir"]), args.get("pattern"))
-    return None if ref is None else {"path": str(ref.path), "step": ref.step}
+def _find_latest(args: dict[str, Any]) -> dict[str, Any]:
+    """checkpoint_discovery's answer (capped): the checkpoint to resume from, its layout, the
+    candidates skipped and why, the older complete ones; `exclude` maps paths not to choose to why."""
+    exclude = {str(k): str(v) for k, v in dict(args.get("exclude") or {}).items()}
+    return checkpoint_discovery.discover(Path(args["dir"]), args.get("pattern"), exclude).to_json()
 
 
 def _set_aside(args: dict[str, Any]) -> list[str]:

@@ -32,6 +32,8 @@ ALLOWED: dict[str, str] = {
     "userfs/spx_dir.py": "runs only inside user_actions, as the job's owner: the .spx/ record, lease and end marker",
     "staging/copier.py": "runs as the job's owner (--become before any path is touched)",
     "staging/copy_engine.py": "runs inside the copier, as the job's owner",
+    "contract/checkpoint_formats.py": "completeness rules, run as the job's owner (userfs.user_actions), "
+                                      "O_NOFOLLOW|O_NONBLOCK, regular files only",
     "contract/checkpoint_layout.py": "readers only (its writer side is spx.trainer.layout_writer, in workers, as "
                                      "the user); the daemon runs them only in user_actions, as the owner",
     "contract/worker_env.py": "trainer side: the worker writes its heartbeat as the user; the daemon reads via userfs",
@@ -68,8 +70,9 @@ ALLOWED: dict[str, str] = {
 }
 
 # The trainer-side readers root must not run on a user's tree itself (userfs runs them as the owner).
-USER_TREE_READERS = {"find_latest", "latest_complete", "latest_by_pattern", "read_manifest", "complete_checkpoints"}
-USER_TREE_READER_MODULES = {"userfs/user_actions.py", "contract/checkpoint_layout.py"}
+USER_TREE_READERS = {"find_latest", "latest_complete", "discover", "read_manifest", "complete_checkpoints"}
+USER_TREE_READER_MODULES = {"userfs/user_actions.py", "contract/checkpoint_layout.py", "contract/checkpoint_formats.py",
+                            "contract/checkpoint_discovery.py"}
 # The writer side of the checkpoint layout (spx.trainer.layout_writer) deletes and renames in the
 # user's tree: workers only, never the daemon.
 USER_TREE_WRITERS = {"publish", "apply_retention", "remove_stale_tmp", "fsync_tree", "build_manifest"}

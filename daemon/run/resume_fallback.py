@@ -1,0 +1,96 @@
+"""The crash-loop fallback: when resuming from the newest checkpoint keeps failing, resume once from
+the previous complete one.
+
+PURE: the attempt history in, the checkpoint to pass over (and why) out; the executor reads the
+history from the store, hands the answer to discovery (as the user, off the loop) as `exclude`,
+and records on the new attempt whether the fallback was taken (`fallback_from`).
+
+The rule, precisely. Attempt N+1 passes over checkpoint X when
+  - the last two attempts (N-1, N) both resumed from X — so no newer complete checkpoint appeared
+    between them: discovery would have chosen it;
+  - both ended by a failure that can be the checkpoint's (not a cancel, a daemon stop or restart,
+    a preemption, a GPU fault, a lost or unlaunchable attempt);
+  - neither is known to have trained past X (a heartbeat step beyond X's step means X loaded
+    fine; scripts without a heartbeat cannot show that, so their failures count);
+  - and no attempt of the job fell back before: once per job, so two bad checkpoints in a row
+    cannot walk the job back through its whole history.
+Discovery applies the exclusion only if X would be chosen again (it is still the newest complete
+one); a newer checkpoint supersedes X and nothing falls back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# Attempt ends that say nothing about the checkpoint the attempt resumed from.
+NOT_THE_CHECKPOINTS = frozenset({"cancelled", "daemon-restart", "preempted", "gpu-fault", "lost", "launch"})
+LOOP_LENGTH = 2
+
+
+class PastAttempt(Protocol):
+    """What the rule reads of a stored attempt (store.AttemptRow has it)."""
+
+    @property
+    def number(self) -> int: ...
+    @property
+    def end(self) -> float | None: ...
+    @property
+    def reason_class(self) -> str | None: ...
+    @property
+    def resumed_from(self) -> str | None: ...
+    @property
+    def resumed_from_step(self) -> int | None: ...
+    @property
+    def max_step(self) -> int | None: ...
+    @property
+    def checkpoint_discovery(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Avoid:
+    """The checkpoint not to resume from, and why (discovery reports it as the skip reason)."""
+
+    path: str
+    why: str
+
+
+def discovery_of(attempt: PastAttempt) -> dict[str, Any]:
+    """The discovery answer stored with an attempt ({} when none or unreadable)."""
+    try:
+        doc = json.loads(attempt.checkpoint_discovery or "{}")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _failed_on(attempt: PastAttempt, path: str) -> bool:
+    if attempt.end is None or attempt.resumed_from != path:
+        return False
+    if attempt.reason_class is None or attempt.reason_class in NOT_THE_CHECKPOINTS:
+        return False
+    trained_past = (attempt.max_step is not None and attempt.resumed_from_step is not None
+                    and attempt.max_step > attempt.resumed_from_step)
+    return not trained_past
+
+
+def checkpoint_to_avoid(history: Sequence[PastAttempt]) -> Avoid | None:
+    """The checkpoint the next attempt must not resume from (see the module docstring), or None."""
+    if len(history) < LOOP_LENGTH or any(discovery_of(a).get("fallback_from") for a in history):
+        return None
+    last = sorted(history, key=lambda a: a.number)[-LOOP_LENGTH:]
+    path = last[-1].resumed_from
+    if path is None or not all(_failed_on(a, path) for a in last):
+        return None
+    numbers = " and ".join(str(a.number) for a in last)
+    return Avoid(path, f"crash loop: attempts {numbers} resumed from it and failed")
+
+
+def fell_back(avoid: Avoid | None, found: dict[str, Any]) -> bool:
+    """Did discovery pass over `avoid` (it was still the newest complete checkpoint)?"""
+    if avoid is None:
+        return False
+    excluded = found.get("excluded")
+    return isinstance(excluded, dict) and excluded.get("path") == avoid.path
