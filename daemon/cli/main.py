@@ -1,5 +1,6 @@
 """spx: submit and inspect jobs.
 
+    spx submit [--name N] [--gpus G] [--dry-run] -- torchrun --nproc_per_node=8 train.py …
     spx submit job.yaml [--fresh]  spx ls [--json]          spx status NAME [--json] [--watch]
     spx logs NAME [--attempt N] [--job-id ID] [-f]          spx cancel NAME
     spx doctor [--json]            spx top                  spx adopt DIR   (root: host loss)
@@ -19,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from spx.daemon.cli import queue_cmds
+from spx.daemon.cli import queue_cmds, submit_cmdline
+from spx.daemon.cli.launch_cmdline import CommandLineError
 from spx.daemon.contract import checkpoint_discovery
 from spx.daemon.intake.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, submitted_text
 from spx.daemon.service import control
@@ -156,6 +158,8 @@ def print_status(doc: dict) -> None:
 
 
 def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
+    if submit_cmdline.is_command_submit(args):
+        return submit_cmdline.submit_command(cfg, args, lambda spec, text: _drop(cfg, spec, text))
     source = Path(args.file)
     try:
         with open(source, "rb") as f:
@@ -172,6 +176,11 @@ def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
             spec = parse_spec(text)
     except SpecError as e:
         raise CliError(e.render(str(source)), EXIT_USAGE) from e
+    return _drop(cfg, spec, text)
+
+
+def _drop(cfg: DaemonConfig, spec: JobSpec, text: str) -> int:
+    """Drop a validated job file into the spool (a dotfile renamed in) and report intake's answer."""
     _say_what_resumes(cfg, spec)
     final = f"{spec.name}-{time.time_ns()}.yaml"
     tmp = cfg.spool_dir / f".{final}.tmp"
@@ -345,8 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", type=Path, help="the daemon's --root (or set SPX_ROOT)")
     p.add_argument("--config", type=Path, help="the daemon's config file")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("submit", help="drop a job file into the spool")
-    s.add_argument("file")
+    s = sub.add_parser("submit", help="drop a job file (or, after --, a torchrun/deepspeed/python command line) "
+                                      "into the spool")
+    s.add_argument("file", nargs="?")
+    submit_cmdline.add_arguments(s)
     s.add_argument("--fresh", action="store_true",
                    help="do not resume from checkpoints already in the job's checkpoint dir (checkpoints.resume: never)")
     s = sub.add_parser("ls", help="live jobs, and each name's latest job if it ended in the last 24 h")
@@ -421,12 +432,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv, launch_argv = submit_cmdline.split_command(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.launch_argv = launch_argv  # `spx submit … -- COMMAND`: the command line, kept from argparse
     try:
         return run(args)
     if args.command in queue_cmds.COMMANDS:
         return queue_cmds.run(args, lambda op, name, arg=None: ask(cfg, op, name, arg))
-    except ConfigError as e:
+    except (ConfigError, CommandLineError) as e:
         print(f"spx: {e}", file=sys.stderr)
         return EXIT_USAGE
     except CliError as e:

@@ -68,6 +68,27 @@ def _expand(args: list[str], ctx: LaunchContext) -> list[str]:
     return [a.replace("{resume_from}", values["resume_from"]).replace("{checkpoint_dir}", values["checkpoint_dir"]) for a in args]
 
 
+def deepspeed_config_in(args: list[str]) -> str | None:
+    """The DeepSpeed config file a script's arguments name: `--deepspeed_config FILE` (DeepSpeed's
+    own argument), or `--deepspeed FILE` as Hugging Face scripts take it (a value, not a switch)."""
+    for i, arg in enumerate(args):
+        for flag in ("--deepspeed_config", "--deepspeed"):
+            if arg.startswith(flag + "="):
+                return arg[len(flag) + 1:] or None
+            if arg == flag and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                return args[i + 1]
+    return None
+
+
+def deepspeed_config_args(spec: JobSpec) -> list[str]:
+    """`--deepspeed --deepspeed_config FILE` for the script, unless its own arguments already name
+    the config (`spx submit -- deepspeed … --deepspeed ds.json` keeps them as they are): a second
+    `--deepspeed` would break a Hugging Face script's parser, which takes the file as its value."""
+    if deepspeed_config_in(spec.args):
+        return []
+    return ["--deepspeed", "--deepspeed_config", spec.deepspeed_config or ""]
+
+
 def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.executable) -> LaunchPlan:
     python = str(spec.python or default_python)
     target = ["-m", spec.module] if spec.module else [spec.script or ""]
@@ -97,8 +118,7 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
         argv = [
             python, "-m", "deepspeed.launcher.launch",
             f"--world_info={world}", "--master_addr=127.0.0.1", f"--master_port={ctx.port}",
-            spec.script or "", "--deepspeed", "--deepspeed_config", spec.deepspeed_config or "",
-            *args,
+            spec.script or "", *deepspeed_config_args(spec), *args,
         ]
     else:
         argv = [python, *target, *args]

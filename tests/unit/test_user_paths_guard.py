@@ -67,6 +67,8 @@ ALLOWED: dict[str, str] = {
     "gpu/fake.py": "the fake-GPU fixture file the admin names",
     "gpu/fake_procs.py": "/proc",
     "cli/main.py": "`spx` runs as the invoking user, with that user's own rights (never root's daemon)",
+    "cli/submit_cmdline.py": "`spx submit -- COMMAND` reads the #! line of the caller's own torchrun/deepspeed, "
+                             "as the invoking user (never root's daemon)",
 }
 
 # The trainer-side readers root must not run on a user's tree itself (userfs runs them as the owner).
