@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,9 +30,11 @@ from typing import Any
 import torch
 
 from spx.daemon.contract import checkpoint_layout as layout
+from spx.daemon.contract import checkpoint_tiers
 from spx.trainer import layout_writer
 from spx.trainer.async_save import BackgroundSaver
 from spx.trainer.snapshot import HostSnapshotter
+from spx.trainer.tiers import Replicator
 
 log = logging.getLogger("spx.trainer")
 
@@ -103,10 +106,36 @@ class Checkpointer:
         self.publish_timeout_seconds = publish_timeout_seconds
         self.debug_write_delay_seconds = debug_write_delay_seconds
         self._saver = BackgroundSaver()
+        self._abandoned = threading.Event()
         self._snapshotter = HostSnapshotter()
         # Written by the publishing thread, read by the heartbeat: (step, unix time).
         self.last_published: tuple[int, float] | None = None
         self.dir.mkdir(parents=True, exist_ok=True)
+        # The local tier (tiers.py): `dir` is then the host-local dir, replicated to `persistent_dir`.
+        self.persistent_dir = self.dir
+        self._replicator: Replicator | None = None
+
+    def use_local_tier(self, local_dir: Path) -> None:
+        """Write checkpoints to `local_dir` from now on; rank 0 replicates each one to the
+        persistent dir in the background (every rank must switch at the same step)."""
+        local_dir.mkdir(parents=True, exist_ok=True)
+        self.dir = local_dir
+        if self.rank == 0:
+            self._replicator = Replicator(local_dir, self.persistent_dir, self.token, self.keep)
+
+    def adopt(self, final: Path, *, replicate_now: bool) -> None:
+        """A checkpoint was published in `dir`: retention there, then its replica (now, or queued)."""
+        for old in layout_writer.apply_retention(self.dir, self.keep):
+            log.info("retention removed %s", old)
+        if self._replicator is not None:
+            if replicate_now:
+                self._replicator.copy_now(final)
+            else:
+                self._replicator.submit(final)
+
+    def wait_replicas(self) -> BaseException | None:
+        """Block until the persistent dir holds every published checkpoint (no replica in flight)."""
+        return self._replicator.wait() if self._replicator is not None else None
 
     # ---- saving -------------------------------------------------------------------------------
 
@@ -152,6 +181,10 @@ class Checkpointer:
         if error is not None:
             log.error("previous checkpoint failed: %r", error)
         self._write_reporting(SaveRequest(step, epoch, rank_state, write_shared, extra or {}))
+
+    def abandon(self) -> None:
+        """A peer died: a publish in flight stops waiting for rank files that will never come."""
+        self._abandoned.set()
 
     def wait(self) -> BaseException | None:
         """Block until no save is in flight; returns the error of the last one, if it failed."""
@@ -199,8 +232,8 @@ class Checkpointer:
             raise
         self.last_published = (req.step, time.time())
         log.info("checkpoint %s published", final)
-        for old in layout_writer.apply_retention(self.dir, self.keep):
-            log.info("retention removed %s", old)
+        assert final is not None
+        self.adopt(final, replicate_now=False)
 
     def _wait_for_ranks(self, staging: Path) -> None:
         deadline = time.monotonic() + self.publish_timeout_seconds
@@ -211,6 +244,8 @@ class Checkpointer:
             missing = [r for r in range(self.world_size) if not (staging / rank_file(r)).exists()]
             if not missing:
                 return
+            if self._abandoned.is_set():
+                raise CheckpointError(f"ranks {missing} died before finishing {staging.name}")
             if time.monotonic() > deadline:
                 raise CheckpointError(
                     f"ranks {missing} did not finish {staging.name} within {self.publish_timeout_seconds}s"
@@ -221,8 +256,9 @@ class Checkpointer:
 
     def sweep_stale(self) -> None:
         """Remove staging dirs of earlier, crashed attempts (rank 0, at start-up)."""
-        for p in layout_writer.remove_stale_tmp(self.dir, live_tokens=[self.token]):
-            log.info("removed unfinished checkpoint %s", p.name)
+        for d in {self.dir, self.persistent_dir}:
+            for p in layout_writer.remove_stale_tmp(d, live_tokens=[self.token]):
+                log.info("removed unfinished checkpoint %s", p.name)
 
     def load(self, path: Path, map_location: Any = "cpu", *, shared: bool = True) -> tuple[dict | None, dict, dict]:
         """(shared state or None, this rank's state, manifest) of a complete checkpoint.
@@ -244,9 +280,10 @@ class Checkpointer:
         return shared_state, mine, manifest
 
 
-def resolve_resume_path(ckpt_dir: Path) -> Path | None:
+def resolve_resume_path(ckpt_dir: Path, local_dir: Path | None = None) -> Path | None:
     """SPX_RESUME_FROM if it names a complete checkpoint, else the latest complete one in
-    `ckpt_dir`, else None. An unusable SPX_RESUME_FROM is logged, never fatal: the layout's own
+    `ckpt_dir` or the host-local tier `local_dir` (checkpoint_tiers: the local copy when it is not
+    older), else None. An unusable SPX_RESUME_FROM is logged, never fatal: the layout's own
     answer is what the daemon would have chosen anyway."""
     from spx.daemon.contract.worker_env import ENV_RESUME_FROM
 
@@ -256,5 +293,7 @@ def resolve_resume_path(ckpt_dir: Path) -> Path | None:
         if layout.read_manifest(path) is not None:
             return path
         log.warning("%s=%s is not a complete checkpoint; using the latest complete one", ENV_RESUME_FROM, wanted)
-    ref = layout.latest_complete(ckpt_dir)
-    return ref.path if ref else None
+    choice = checkpoint_tiers.latest_complete(ckpt_dir, local_dir)
+    if choice.ref is not None:
+        log.info("latest complete checkpoint: %s (%s tier)", choice.ref.path, choice.tier)
+    return choice.ref.path if choice.ref else None

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from spx.daemon.contract.worker_env import ENV_CHECKPOINT_DIR, ENV_HEARTBEAT_FILE
+from spx.daemon.contract.worker_env import ENV_CHECKPOINT_DIR, ENV_HEARTBEAT_FILE, ENV_LOCAL_CHECKPOINT_DIR
 
 
 @dataclass
@@ -52,6 +52,11 @@ class TrainerConfig:
     """How long rank 0 waits for the other ranks' files before declaring a save failed."""
     log_every_steps: int = 10
     """Rank 0 logs step, loss and samples/s this often (0: never; reading the loss syncs the GPU)."""
+    local_checkpoint: bool = True
+    """Checkpoint to SPX_LOCAL_CHECKPOINT_DIR (host RAM) first and replicate to checkpoint_dir in the
+    background, when the daemon gives a local dir, every rank is on this host and it has room."""
+    jit_checkpoint: bool = True
+    """DDP: when a peer fails, a surviving rank saves the last completed step before it exits."""
     handle_sigterm: bool = True
     """Turn SIGTERM into checkpoint + exit 75 (EXIT_PREEMPTED)."""
     debug_write_delay_seconds: float = 0.0
@@ -59,6 +64,15 @@ class TrainerConfig:
 
     def resolved_checkpoint_dir(self) -> Path:
         return Path(os.environ.get(ENV_CHECKPOINT_DIR) or self.checkpoint_dir or "./checkpoints")
+
+    def resolved_local_checkpoint_dir(self) -> Path | None:
+        local = os.environ.get(ENV_LOCAL_CHECKPOINT_DIR)
+        return Path(local) if local else None
+
+    def resolved_boundary_parent(self) -> Path:
+        """Where each rank's per-step state for a JIT checkpoint goes: the daemon's host-local
+        checkpoint dir (RAM) if it gave one, else the checkpoint dir itself."""
+        return Path(os.environ.get(ENV_LOCAL_CHECKPOINT_DIR) or self.resolved_checkpoint_dir())
 
     def resolved_heartbeat_file(self) -> str | None:
         return os.environ.get(ENV_HEARTBEAT_FILE) or self.heartbeat_file

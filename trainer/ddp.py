@@ -109,6 +109,13 @@ class Trainer(TrainingLoop):
             state["scheduler"] = self.scheduler.state_dict()
         return state
 
+    def _checkpoint_bytes_estimate(self) -> int:
+        """Parameters plus two optimizer moments (AdamW): the optimizer's state is lazy before step 1."""
+        return 3 * sum(p.numel() * p.element_size() for p in self.module.parameters())
+
+    def _replicated_state(self) -> dict | None:
+        return self._shared_state()
+
     def _save(self, *, blocking: bool) -> None:
         p = self.progress
         self.checkpointer.save(

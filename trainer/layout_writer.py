@@ -64,12 +64,13 @@ def build_manifest(
     }
 
 
-def publish(staging: Path, manifest: dict) -> Path:
+def publish(staging: Path, manifest: dict, *, replace: bool = True) -> Path | None:
     """Write the manifest last and rename the staging directory into place, durably.
 
     Order: payload fsync → manifest write + fsync → rename → parent fsync. A crash before the rename
     leaves only a staging directory; a crash after it leaves a complete checkpoint. Returns the
-    final path.
+    final path. `replace=False` (several JIT survivors racing): the rename fails atomically if the
+    step already exists, and None says another writer won.
     """
     fsync_tree(staging)
     manifest_path = staging / MANIFEST
@@ -81,6 +82,13 @@ def publish(staging: Path, manifest: dict) -> Path:
     os.replace(tmp, manifest_path)
     fsync_dir(staging)
     final = staging.parent / step_dirname(int(manifest["step"]))
+    if not replace:
+        try:
+            os.rename(staging, final)  # a non-empty `final` makes this fail: first writer wins
+        except OSError:
+            return None
+        fsync_dir(staging.parent)
+        return final
     if final.exists():
         # Same step saved twice (e.g. a SIGTERM checkpoint right after a periodic one): the newer
         # copy replaces it only after it is itself complete.

@@ -32,8 +32,10 @@ from spx.trainer.config import TrainerConfig
 from spx.trainer.data import batches_per_epoch, make_dataloader, start_epoch
 from spx.trainer.dist import DistContext
 from spx.trainer.heartbeat import HeartbeatWriter
+from spx.trainer.jit import JitCheckpoint
 from spx.trainer.preemption import Preempted, StopFlag
 from spx.trainer.progress import CheckpointSchedule, Progress
+from spx.trainer.tiers import checkpoint_bytes, has_room
 
 log = logging.getLogger("spx.trainer")
 
@@ -110,6 +112,11 @@ class TrainingLoop:
             self.stop_flag.install()
         self.progress = Progress()
         self._accum_steps = config.grad_accum_steps
+        self.jit = JitCheckpoint(
+            enabled=config.jit_checkpoint and type(self)._replicated_state is not TrainingLoop._replicated_state,
+            boundary_parent=config.resolved_boundary_parent(), ckpt_dir=self.checkpointer.dir,
+            rank=self.dist.rank, world_size=self.dist.world_size, token=token, fmt=self.FORMAT,
+            checksums=config.checksums)
 
     @property
     def is_main(self) -> bool:
@@ -154,16 +161,20 @@ class TrainingLoop:
             for batch in batches:
                 micro += 1
                 boundary = micro == self._accum_steps
-                loss = self._train_micro_batch(move_to(batch, self.device), boundary)
+                with self.jit.watch(self._replicated_state):
+                    loss = self._train_micro_batch(move_to(batch, self.device), boundary)
                 p.batches_in_epoch += 1
                 if not boundary:
                     continue
                 micro = 0
+                self.jit.before_update()
                 self._optimizer_step()
                 p.step += 1
+                self.jit.after_update(p.step, self._rank_state())
                 self._after_step(loss, samples_per_step, on_step)
                 now = time.monotonic()
-                stop, time_due = self.dist.any_true(self.stop_flag.is_set(), self.is_main and schedule.due_by_time(now))
+                with self.jit.watch(self._replicated_state):
+                    stop, time_due = self.dist.any_true(self.stop_flag.is_set(), self.is_main and schedule.due_by_time(now))
                 if self._finished():
                     break
                 if stop:
@@ -215,13 +226,20 @@ class TrainingLoop:
 
     def _resume(self) -> int | None:
         """Load the checkpoint rank 0 chose (SPX_RESUME_FROM, else the latest complete one)."""
-        chosen = None
+        chosen, local = None, None
+        if self.is_main:
+            local_dir = self.config.resolved_local_checkpoint_dir()
+            if self.config.resume:
+                found = resolve_resume_path(self.checkpointer.dir, local_dir)
+                chosen = str(found) if found else None
+            local = self._local_tier(local_dir, Path(chosen) if chosen else None)
+        chosen, local = self.dist.broadcast_object((chosen, local))
+        if local is not None:
+            self.checkpointer.use_local_tier(Path(local))
+            self.jit.ckpt_dir = self.checkpointer.dir
+            self.jit.on_published = lambda final: self.checkpointer.adopt(final, replicate_now=True)
         if self.is_main:
             self.checkpointer.sweep_stale()
-            if self.config.resume:
-                found = resolve_resume_path(self.checkpointer.dir)
-                chosen = str(found) if found else None
-        chosen = self.dist.broadcast_object(chosen)
         if chosen is None:
             log.info("no checkpoint to resume from in %s: starting at step 0", self.checkpointer.dir)
             return None
@@ -239,6 +257,31 @@ class TrainingLoop:
                  self.progress.epoch, self.progress.batches_in_epoch)
         return self.progress.step
 
+    def _local_tier(self, local_dir: Path | None, resume_from: Path | None) -> str | None:
+        """Rank 0: the host-local dir to checkpoint into (tiers.py), or None: none given, ranks on
+        other hosts, or no room for `keep + 1` checkpoints of the last one's (else the estimated) size."""
+        if local_dir is None or not self.config.local_checkpoint:
+            return None
+        if int(os.environ.get("LOCAL_WORLD_SIZE", self.dist.world_size)) != self.dist.world_size:
+            log.info("ranks on several hosts: checkpoints go straight to %s", self.checkpointer.dir)
+            return None
+        need = (checkpoint_bytes(resume_from) if resume_from else 0) or self._checkpoint_bytes_estimate()
+        try:
+            local_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("local checkpoint dir %s unusable (%r): checkpoints go to %s", local_dir, exc, self.checkpointer.dir)
+            return None
+        if not has_room(local_dir, need, self.config.keep):
+            log.warning("local checkpoint dir %s lacks room for %d checkpoints of %d MiB: checkpoints go to %s",
+                        local_dir, self.config.keep + 1, need >> 20, self.checkpointer.dir)
+            return None
+        log.info("checkpoints go to %s first, replicated to %s", local_dir, self.checkpointer.dir)
+        return str(local_dir)
+
+    def _checkpoint_bytes_estimate(self) -> int:
+        """A checkpoint's size before the first one exists (0: unknown, any free space will do)."""
+        return 0
+
     def _rank_state(self) -> dict:
         return {"rng": rng.capture(), "progress": self.progress.to_state()}
 
@@ -250,6 +293,12 @@ class TrainingLoop:
 
     def _optimizer_step(self) -> None:
         raise NotImplementedError
+
+    def _replicated_state(self) -> dict | None:
+        """The whole model/optimizer/scheduler state when every rank holds all of it (DDP): what a
+        survivor saves as the JIT checkpoint. A trainer with sharded state (ZeRO-3) does not
+        override this, and gets no JIT checkpoint."""
+        return None
 
     def _save(self, *, blocking: bool) -> None:
         """Checkpoint the current step (all ranks call this at the same step)."""
@@ -264,9 +313,18 @@ class TrainingLoop:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Finish any save in flight, restore SIGTERM, leave the process group."""
+        """Finish any save in flight, restore SIGTERM, leave the process group. After a peer
+        failed, a save in flight waits for nobody (the dead rank's file never comes) and the broken
+        process group is not torn down (gloo's teardown can block on the dead peer)."""
+        if self.jit.peer_failed:
+            self.checkpointer.abandon()
         error = self.checkpointer.wait()
         if error is not None:
             log.error("checkpoint in flight at close failed: %r", error)
+        error = self.checkpointer.wait_replicas()
+        if error is not None:
+            log.error("replicating the last checkpoint to the persistent dir failed: %r", error)
+        self.jit.close()
         self.stop_flag.uninstall()
-        self.dist.close()
+        if not self.jit.peer_failed:
+            self.dist.close()

@@ -18,6 +18,9 @@ ENV_JOB = "SPX_JOB"
 ENV_ATTEMPT = "SPX_ATTEMPT"
 ENV_CHECKPOINT_DIR = "SPX_CHECKPOINT_DIR"
 ENV_RESUME_FROM = "SPX_RESUME_FROM"
+# A per-job directory on fast host-local storage (RAM under /dev/shm by default): spx.trainer writes
+# each checkpoint there first and replicates it to SPX_CHECKPOINT_DIR; the daemon removes it when the job ends.
+ENV_LOCAL_CHECKPOINT_DIR = "SPX_LOCAL_CHECKPOINT_DIR"
 ENV_HEARTBEAT_FILE = "SPX_HEARTBEAT_FILE"
 # A random id per attempt, inherited by every process of it: how the daemon finds an attempt's
 # processes in /proc after a restart of its own (pids are reused; job names repeat across roots).
