@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from spx.daemon.contract.worker_env import HEARTBEAT_MIN_INTERVAL_SECONDS, Heartbeat, write_heartbeat
+from spx.trainer import phases
 
 log = logging.getLogger("spx.trainer")
 
@@ -59,6 +60,7 @@ class HeartbeatWriter:
             last_checkpoint_step=last_checkpoint[0] if last_checkpoint else None,
             last_checkpoint_time=last_checkpoint[1] if last_checkpoint else None,
             status=status,
+            phases=phases.recorded() or None,
         )
         try:
             write_heartbeat(self.path, beat)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from spx.trainer import rng
+from spx.trainer import phases, rng
 from spx.trainer.checkpoint import Checkpointer, resolve_resume_path
 from spx.trainer.config import TrainerConfig
 from spx.trainer.data import batches_per_epoch, make_dataloader, start_epoch
@@ -38,6 +38,7 @@ from spx.trainer.progress import CheckpointSchedule, Progress
 from spx.trainer.tiers import checkpoint_bytes, has_room
 
 log = logging.getLogger("spx.trainer")
+phases.mark("torch_imported")  # spx.trainer imports torch first: its import ends about here
 
 StepHook = Callable[["TrainingLoop", int, torch.Tensor], None]
 """`on_step(trainer, step, loss)`: called on every rank after each optimizer step (the step
@@ -92,6 +93,7 @@ class TrainingLoop:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.dist = dist_ctx or DistContext()
+        phases.mark("rendezvous")
         _configure_logging(self.dist.rank)
         rng.seed_all(config.seed + self.dist.rank)
         token = self.dist.broadcast_object(uuid.uuid4().hex[:12] if self.dist.is_main else None)
@@ -143,6 +145,7 @@ class TrainingLoop:
     def _run(self, loader: DataLoader, on_step: StepHook | None) -> FitResult:
         cfg = self.config
         resumed_from = self._resume()
+        phases.mark("checkpoint_loaded")
         per_epoch = batches_per_epoch(loader)
         if per_epoch == 0:
             raise ValueError("the data loader yields no batches on this rank (dataset smaller than world size?)")
@@ -201,6 +204,7 @@ class TrainingLoop:
 
     def _after_step(self, loss: torch.Tensor, samples: int, on_step: StepHook | None) -> None:
         p = self.progress
+        phases.mark("first_step")
         self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=samples, last_checkpoint=self.checkpointer.last_published)
         if self.is_main and self.config.log_every_steps and p.step % self.config.log_every_steps == 0:
             log.info("step %d epoch %d loss %.4f %.1f samples/s", p.step, p.epoch, loss.item(),

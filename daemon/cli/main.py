@@ -367,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("--json", action="store_true")
     s.add_argument("--watch", action="store_true", help="live view, refreshing in place")
+    s.add_argument("--timeline", action="store_true", help="where each attempt's (re)start spent its time")
     s = sub.add_parser("logs", help="an attempt's log")
     s.add_argument("name")
     s.add_argument("--attempt", type=int)
@@ -409,7 +410,10 @@ def run(args: argparse.Namespace) -> int:
             return cmd_top(cfg, args, only=args.name)
         doc = ask(cfg, "status", args.name)
         assert isinstance(doc, dict)
-        if args.json:
+        if args.timeline:
+            from spx.daemon.cli import timeline
+            print(json.dumps(timeline.rows(doc), indent=1) if args.json else timeline.render(doc))
+        elif args.json:
             print(json.dumps(doc, indent=1))
         else:
             print_status(doc)

@@ -25,13 +25,21 @@ ENV_HEARTBEAT_FILE = "SPX_HEARTBEAT_FILE"
 # A random id per attempt, inherited by every process of it: how the daemon finds an attempt's
 # processes in /proc after a restart of its own (pids are reused; job names repeat across roots).
 ENV_ATTEMPT_ID = "SPX_ATTEMPT_ID"
-ENV_NAMES = (ENV_JOB, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_HEARTBEAT_FILE, ENV_ATTEMPT_ID)
+ENV_NAMES = (ENV_JOB, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_HEARTBEAT_FILE, ENV_ATTEMPT_ID,
+             ENV_LOCAL_CHECKPOINT_DIR)
 
 # A worker that checkpointed on SIGTERM exits with this code (EX_TEMPFAIL: "try again later"), and
 # says so in its heartbeat, because torchrun reports every non-zero worker exit as its own exit 1.
 EXIT_PREEMPTED = 75
 
 HEARTBEAT_MIN_INTERVAL_SECONDS = 1.0
+
+# When each start-up phase of an attempt ended on the worker (Unix seconds), carried in rank 0's
+# heartbeat so `spx status --timeline` shows where a (re)start spends its time. In start-up order:
+# the worker's interpreter started, `spx.trainer` finished importing (it imports torch), the
+# process group is up (rendezvous), the resume checkpoint is loaded (or none was found), the first
+# optimizer step is done. A name not listed here is dropped by the reader.
+WORKER_PHASES = ("interpreter_up", "torch_imported", "rendezvous", "checkpoint_loaded", "first_step")
 
 
 @dataclass
@@ -42,6 +50,7 @@ class Heartbeat:
     watches it move. `status` is "running", "checkpointing" (a periodic checkpoint is being written:
     a calibrated hang timeout waits for it), "preempted" (checkpointed on SIGTERM, then exited) or
     "finished". Times are Unix seconds, so the daemon can compare them across a restart of its own.
+    `phases` maps WORKER_PHASES names to when they ended in this attempt (None: not reported).
     """
 
     step: int
@@ -51,6 +60,7 @@ class Heartbeat:
     last_checkpoint_time: float | None = None
     status: str = "running"
     time: float = field(default_factory=time.time)
+    phases: dict[str, float] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -79,7 +89,19 @@ def parse_heartbeat(data: str | bytes) -> Heartbeat | None:
         beat = Heartbeat(**{k: raw[k] for k in Heartbeat.__dataclass_fields__ if k in raw})
     except (ValueError, TypeError, RecursionError):
         return None
+    beat.phases = _known_phases(beat.phases)
     return beat if _well_typed(beat) else None
+
+
+def _known_phases(raw: object) -> dict[str, float] | None:
+    """Only WORKER_PHASES names with finite times: odd phases never cost the beat itself (its step
+    drives hang detection), they are just not shown."""
+    if not isinstance(raw, dict):
+        return None
+    out = {k: float(raw[k]) for k in WORKER_PHASES
+           if isinstance(raw.get(k), (int, float)) and not isinstance(raw.get(k), bool)
+           and abs(raw[k]) != float("inf") and raw[k] == raw[k]}
+    return out or None
 
 
 def _well_typed(beat: Heartbeat) -> bool:

@@ -28,7 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
-from spx.daemon.run import attempt_files, cgroups, checkpoint_report, launcher, proctree, resume_fallback, step_types
+from spx.daemon.run import (
+    attempt_files,
+    cgroups,
+    checkpoint_report,
+    launcher,
+    local_tier,
+    proctree,
+    resume_fallback,
+    step_types,
+    timeline,
+)
 from spx.daemon.run.attempt_files import AttemptFiles
 from spx.daemon.run.oom import oom_killed
 from spx.daemon.run.rootcause import TAIL_BYTES, root_cause_of
@@ -96,6 +106,7 @@ class Executor:
         self.last_restart: tuple[str, float, str] | None = None  # (job, wall time, reason) for STATUS
         self.store_error: str | None = None  # the store's last refusal of a write
         self._index: dict[str, list[int]] | None = None  # this turn's tagged pids (proctree.tag_index)
+        self.timeline = timeline.Recorder(store, wall)  # per-attempt phase times (spx status --timeline)
 
     def close(self, wait: bool = False) -> None:
         """Nothing new starts; slow work still running finishes on its own deadline (`wait`: for it)."""
@@ -153,6 +164,7 @@ class Executor:
             beat = attempt_files.read_heartbeat(h.files.heartbeat_file)
             if beat is not None:
                 obs.append(step_types.HeartbeatSeen(beat.step, beat.time, beat.status))
+                self.timeline.beat(s.job_id, h.row_id, beat)
         now = self.clock()
         if now - h.pids_checked >= PIDS_EVERY_SECONDS or h.exit_reported or h.proc is None:
             h.pids_checked = now
@@ -166,9 +178,19 @@ class Executor:
             if ended is not None:
                 h.exit_reported = True
                 obs.append(ended)
+                self._timeline_exit(h)
         if h.exit_reported and h.procs.gone(h.pids):
             obs.append(step_types.AllGone())
+            self.timeline.phase(h.row_id, "group_dead")
         return obs
+
+    def _timeline_exit(self, h: Handles) -> None:
+        """The failure phases known at the exit: when the monitor recorded it, when we saw it."""
+        record = (launcher.recorded_exit(h.files.log_dir, h.files.log_name, h.attempt_id)
+                  if h.files is not None and h.attempt_id and h.row_id is not None else None)
+        if record is not None and record.ended is not None:
+            self.timeline.phase(h.row_id, "launcher_exit", record.ended)
+        self.timeline.phase(h.row_id, "failure_seen")
 
     def _activity(self, s: step_types.JobStep, h: Handles, now: float) -> step_types.ActivitySeen:
         """Did any of the attempt's GPUs compute, or its log grow, since the last look?"""
@@ -274,6 +296,7 @@ class Executor:
 
     def _find_checkpoint(self, job: JobRow, s: step_types.JobStep, a: step_types.FindCheckpoint) -> list[step_types.Observation]:
         cfg = self.cfg
+        self.timeline.before_spawn(job.id, "gpus_free")
 
         # The crash-loop fallback is decided here, from the stored history (resume_fallback is pure).
         avoid = resume_fallback.checkpoint_to_avoid(self.store.attempts(job.id))
@@ -291,6 +314,7 @@ class Executor:
 
     def _checkpoint_found(self, job: JobRow, number: int, files: AttemptFiles,
                           ref: CheckpointRef | None, found: dict) -> step_types.Observation:
+        self.timeline.before_spawn(job.id, "checkpoint_found")
         current = self.handles.get(job.id)
         if current is None or current.number != number or current.row_id is None:
             self.handles[job.id] = Handles(number=number, files=files)
@@ -319,6 +343,7 @@ class Executor:
             attempt=a.number, attempt_id=h.attempt_id or "", gpus=list(s.gpus), port=port,
             checkpoint_dir=files.checkpoint_dir, resume_from=Path(a.resume_from) if a.resume_from else None,
             heartbeat_file=files.heartbeat_file, rank_log_dir=files.rank_log_dir, home=user.pw_dir, user=user.pw_name,
+            local_checkpoint_dir=files.local_checkpoint_dir,
         )
         plan = launcher.plan_launch(job.spec, ctx)
         resumed = (f"resuming from {a.resume_from} (step {a.resume_step})" if a.resume_from
@@ -339,6 +364,7 @@ class Executor:
                 h.cgroup = None
             raise
         h.proc, h.relay, h.pgid = spawned.proc, spawned.relay, spawned.proc.pid
+        self.timeline.spawned(job.id, h.row_id, now)
         boot, ticks = proctree.boot_id(), proctree.start_ticks(spawned.proc.pid)
         row_id = h.row_id
 
@@ -438,6 +464,9 @@ class Executor:
         if a.release_gpus:
             job_fields["gpus"] = []
         self.store.finish_attempt(job.id, row, a.state, a.reason, now, attempt_fields, job_fields)
+        if a.state.terminal:
+            local_tier.remove(self.cfg, job)  # host RAM; the persistent copy outlives the job
+        self.timeline.phase(row, "end_recorded")
         if a.state is JobState.RESTARTING and a.reason_class not in ("daemon-restart", None):
             self.last_restart = (job.name, now, a.reason_class or "")
         if h is not None and h.number == a.number:
@@ -496,6 +525,7 @@ class Executor:
         """The supervisor is done with the job: its handles go (a relay still draining, no longer
         ours to poll, is collected by the orphan reaper)."""
         self.handles.pop(job_id, None)
+        self.timeline.forget(job_id)
 
     # --- views ---------------------------------------------------------------------------------------
 

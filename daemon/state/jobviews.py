@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from spx.daemon.state import phases as timeline
 from spx.daemon.state.store import JobRow, Store
 from spx.daemon.state.views import AttemptView, JobView
 from spx.daemon.userfs.heartbeat import read_heartbeat
@@ -37,7 +38,7 @@ def job_view(
         AttemptView(
             number=a.number, start=a.start, end=a.end, exit_code=a.exit_code, signal=a.signal,
             reason=a.reason, resumed_from_step=a.resumed_from_step, resumed_from=a.resumed_from,
-            root_cause=a.root_cause, reason_class=a.reason_class,
+            root_cause=a.root_cause, reason_class=a.reason_class, phases=timeline.stored(a.phases),
             checkpoint=json.loads(a.checkpoint_discovery) if a.checkpoint_discovery else None,
         )
         for a in attempts

@@ -98,6 +98,7 @@ _ADDED_COLUMNS = (
     ("attempts", "stop_cause", "TEXT"),
     ("attempts", "exited", "REAL"),
     ("jobs", "uid", "TEXT"),
+    ("attempts", "phases", "TEXT"),
     ("jobs", "held", "TEXT"),
     ("attempts", "checkpoint_discovery", "TEXT"),
 )
@@ -169,6 +170,7 @@ class AttemptRow:
     start_ticks: int | None = None  # from a later process that reuses the pid
     stop_cause: str | None = None   # why the daemon stops it, stored before the SIGTERM (outlives a restart)
     exited: float | None = None     # when its launcher's exit (exit_code, signal) was seen, before the end
+    phases: str | None = None       # JSON {phase: Unix seconds}: where its (re)start spent its time (run/timeline.py)
     checkpoint_discovery: str | None = None  # JSON: the layout found, what was skipped and why (checkpoint_discovery)
 
 
@@ -395,6 +397,15 @@ class Store:
         with self._tx() as db:
             db.execute("UPDATE attempts SET exit_code = ?, signal = ?, stop_cause = ?, exited = ? WHERE id = ?",
                        (exit_code, signal, stop_cause, now, attempt_row))
+
+    def add_attempt_phases(self, attempt_row: int, phases: dict[str, float]) -> None:
+        """Merge `phases` into the attempt's timeline (a phase already recorded keeps its time)."""
+        with self._tx() as db:
+            row = db.execute("SELECT phases FROM attempts WHERE id = ?", (attempt_row,)).fetchone()
+            if row is None:
+                return
+            merged = {**phases, **json.loads(row[0] or "{}")}
+            db.execute("UPDATE attempts SET phases = ? WHERE id = ?", (json.dumps(merged, sort_keys=True), attempt_row))
 
     def finish_attempt(self, job_id: int, attempt_row: int | None, new_state: JobState, reason: str | None,
                        now: float, attempt_fields: dict[str, object], job_fields: dict[str, object]) -> None:

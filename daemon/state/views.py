@@ -28,6 +28,8 @@ class AttemptView:
     resumed_from: str | None
     root_cause: str | None = None
     reason_class: str | None = None
+    # When each phase of its (re)start ended, Unix seconds (run/timeline.py; `spx status --timeline`).
+    phases: dict[str, float] = field(default_factory=dict)
     # Where it resumed from and why there: the layout recognised, candidates skipped with reasons,
     # `fallback_from` when a crash loop made it pass over the newest (contract/checkpoint_discovery).
     checkpoint: dict | None = None

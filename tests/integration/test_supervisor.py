@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from harness import EXAMPLES, Daemon, job_pids, wait_for
 from spx.daemon.run import proctree
+from spx.daemon.state.phases import ALL_PHASES
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
 PY = sys.executable
@@ -72,6 +74,12 @@ def test_kill9_of_one_worker_takes_the_group_down_and_the_job_resumes(daemon):
     daemon.wait_state("kill-worker", {"succeeded", "failed"}, 300)
     st = daemon.status("kill-worker")
     assert st["state"] == "succeeded" and st["history"][1]["resumed_from_step"] >= 10
+    # Where the relaunch spent its time (spx status --timeline): every phase recorded, in order.
+    rows = json.loads(daemon.spx("status", "kill-worker", "--timeline", "--json").stdout)
+    relaunch = [r for r in rows if r["attempt"] == 2]
+    assert [r["phase"] for r in relaunch] == list(ALL_PHASES), relaunch
+    times = [r["time"] for r in relaunch]
+    assert times == sorted(times), relaunch
 
 
 def test_setsid_grandchild_ignoring_sigterm_is_gone_after_cancel(daemon, tmp_path):

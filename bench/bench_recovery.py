@@ -1,0 +1,243 @@
+"""Recovery after a worker failure, spx against bare torchrun, side by side in one run (issue 17's table).
+
+    .venv/bin/python bench/bench_recovery.py [--kills 5] [--cold 3] [--quick]
+
+One 2-worker DDP job (examples/train_ddp.py, gloo on CPU, tiny model, a checkpoint every 10 steps,
+~0.1 s per step). "First step" is the worker's own record of its first optimizer step (the
+`first_step` phase spx.trainer writes into its heartbeat), so every figure below ends at the same
+instant, read the same way:
+
+- bare torchrun cold start: `torchrun` launched → first step (median of --cold);
+- torchrun --max-restarts=1, in-agent restart: rank 1 `kill -9`'d after step ~12; how many of K
+  kills reached a first step again within 60 s, and kill → first step (median of those);
+- spx cold start: the job file dropped into the spool → first step (median of --cold);
+- spx relaunch: rank 1 of the running attempt `kill -9`'d, K times in one job; kill → first step of
+  the next attempt (median of K), and where that time went: each phase of `spx status --timeline`
+  as its delta from the kill (median of K).
+
+Goals (ratios of this run): spx cold start ≤ 1.05× bare torchrun's; kill → first step ≤ 1.05× the spx
+cold start. Writes bench/results/recovery.json (bench/benchlib.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import Goal, write_result  # noqa: E402
+
+from harness import EXAMPLES, Daemon, wait_for  # noqa: E402
+
+PY = sys.executable
+SCRIPT_ARGS = ["--batch_size", "4", "--model-size", "tiny", "--seed", "7", "--checkpoint-every", "10",
+               "--sleep-per-step", "0.1"]
+KILL_AFTER_STEPS = 12      # past the first checkpoint of an attempt (every 10 steps)
+RECOVERY_TIMEOUT = 60.0    # a kill not followed by a first step within this is a miss
+
+
+def read_beat(path: Path) -> dict | None:
+    try:
+        beat = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return beat if isinstance(beat, dict) else None
+
+
+def first_step_after(path: Path, t: float) -> float | None:
+    """The first_step phase of the heartbeat at `path`, if it is after `t` (a new attempt's)."""
+    beat = read_beat(path) or {}
+    fs = (beat.get("phases") or {}).get("first_step")
+    return fs if isinstance(fs, float) and fs > t else None
+
+
+def rank_pid(tag: str, rank: int) -> int | None:
+    """The worker of global rank `rank` whose environment carries `tag` (KEY=VALUE)."""
+    want = {tag.encode(), f"RANK={rank}".encode(), f"LOCAL_RANK={rank}".encode()}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = set(Path(entry.path, "environ").read_bytes().split(b"\0"))
+            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if want <= env and state not in ("Z", "X"):
+            return int(entry.name)
+    return None
+
+
+def wait_step(path: Path, since: float, steps: int) -> None:
+    """Until the heartbeat (written after `since`) shows `steps` steps past the attempt's start."""
+    start: list[int] = []
+
+    def ready() -> bool:
+        beat = read_beat(path) or {}
+        if not first_step_after(path, since):
+            return False
+        if not start:
+            start.append(int(beat.get("step", 0)))
+        return int(beat.get("step", 0)) >= start[0] + steps
+
+    wait_for(ready, 120, f"{steps} steps", interval=0.05)
+
+
+# --- bare torchrun --------------------------------------------------------------------------------------------
+
+
+def torchrun(base: Path, name: str, max_restarts: int, steps: int) -> tuple[subprocess.Popen, Path, str]:
+    run = base / name
+    (run / "logs").mkdir(parents=True)
+    hb = run / "heartbeat.json"
+    tag = f"BENCH_RUN={name}"
+    env = {**os.environ, "SPX_HEARTBEAT_FILE": str(hb), "SPX_CHECKPOINT_DIR": str(run / "ckpt"), "BENCH_RUN": name}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [PY, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+            f"--master-port={port}", f"--max-restarts={max_restarts}", "--tee=3", f"--log-dir={run / 'logs'}",
+            str(EXAMPLES / "train_ddp.py"), *SCRIPT_ARGS, "--steps", str(steps)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return proc, hb, tag
+
+
+def end(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def bare_cold(base: Path, i: int) -> float:
+    t0 = time.time()
+    proc, hb, _ = torchrun(base, f"cold{i}", 0, 10_000)
+    try:
+        return wait_for(lambda: first_step_after(hb, t0), 120, "bare first step", interval=0.02) - t0
+    finally:
+        end(proc)
+
+
+def bare_restart(base: Path, i: int) -> float | None:
+    """kill → first step of torchrun's in-agent restart, or None if it never got there."""
+    t0 = time.time()
+    proc, hb, tag = torchrun(base, f"restart{i}", 1, 10_000)
+    try:
+        wait_step(hb, t0, KILL_AFTER_STEPS)
+        pid = rank_pid(tag, 1)
+        assert pid is not None, "rank 1 not found"
+        killed = time.time()
+        os.kill(pid, signal.SIGKILL)
+        try:
+            return wait_for(lambda: first_step_after(hb, killed), RECOVERY_TIMEOUT, "restart", interval=0.02) - killed
+        except AssertionError:
+            return None
+    finally:
+        end(proc)
+
+
+# --- spx ---------------------------------------------------------------------------------------------------------
+
+
+def job_yaml(name: str, steps: int) -> str:
+    argv = ", ".join(f'"{a}"' for a in [*SCRIPT_ARGS, "--steps", str(steps)])
+    return (f"name: {name}\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\npython: {PY}\n"
+            f"args: [{argv}]\nprocs: 2\nrestart: {{backoff_seconds: [0, 1], max_restarts: 100}}\n")
+
+
+def timeline(d: Daemon, name: str) -> list[dict]:
+    return json.loads(d.spx("status", name, "--timeline", "--json").stdout)
+
+
+def spx_cold(d: Daemon, i: int) -> float:
+    name = f"cold{i}"
+    d.drop(f"{name}.yaml", job_yaml(name, 3))
+    d.wait_state(name, {"succeeded", "failed"}, 180)
+    rows = timeline(d, name)
+    return next(r["from_origin"] for r in rows if r["attempt"] == 1 and r["phase"] == "first_step")
+
+
+def spx_relaunch(d: Daemon, kills: int) -> tuple[list[float], dict[str, list[float]]]:
+    """kill → first step per kill, and per phase its deltas from the kills."""
+    name = "relaunch"
+    d.drop(f"{name}.yaml", job_yaml(name, 100_000))
+    hb = wait_for(lambda: next(iter((d.root / "run" / "jobs").glob(f"*-{name}/heartbeat.json")), None), 120, "heartbeat")
+    since, kill_times = 0.0, []
+    for _ in range(kills):
+        wait_step(hb, since, KILL_AFTER_STEPS)
+        pid = rank_pid(f"SPX_JOB={name}", 1)
+        assert pid is not None, "rank 1 not found"
+        since = time.time()
+        os.kill(pid, signal.SIGKILL)
+        kill_times.append(since)
+        wait_for(lambda s=since: first_step_after(hb, s), RECOVERY_TIMEOUT * 2, "spx relaunch first step", interval=0.05)
+    rows = timeline(d, name)
+    d.spx("cancel", name)
+    d.wait_state(name, {"cancelled", "failed", "succeeded"}, 120)
+    recover: list[float] = []
+    phases: dict[str, list[float]] = {}
+    for n, killed in enumerate(kill_times, start=2):
+        for r in rows:
+            if r["attempt"] == n:
+                phases.setdefault(r["phase"], []).append(r["time"] - killed)
+                if r["phase"] == "first_step":
+                    recover.append(r["time"] - killed)
+    return recover, phases
+
+
+def med(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 2) if xs else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kills", type=int, default=5, help="kills per restart figure (K)")
+    ap.add_argument("--cold", type=int, default=3, help="cold starts per cold-start figure")
+    ap.add_argument("--quick", action="store_true", help="2 kills, 1 cold start each")
+    a = ap.parse_args()
+    kills, colds = (2, 1) if a.quick else (a.kills, a.cold)
+    with tempfile.TemporaryDirectory(prefix="spx-bench-recovery-") as tmp:
+        base = Path(tmp)
+        bare = [bare_cold(base, i) for i in range(colds)]
+        restarts = [bare_restart(base, i) for i in range(kills)]
+        d = Daemon(base / "spx")
+        d.start()
+        try:
+            cold = [spx_cold(d, i) for i in range(colds)]
+            relaunch, phases = spx_relaunch(d, kills)
+        finally:
+            d.stop()
+    ok = [r for r in restarts if r is not None]
+    bare_m, cold_m, relaunch_m = med(bare), med(cold), med(relaunch)
+    rows = [
+        {"case": "bare torchrun cold start (launch → first step)", "median_s": bare_m, "n": len(bare)},
+        {"case": "torchrun --max-restarts=1 in-agent restart (kill → first step)", "median_s": med(ok),
+         "reached": f"{len(ok)} of {len(restarts)}"},
+        {"case": "spx cold start (submit → first step)", "median_s": cold_m, "n": len(cold)},
+        {"case": "spx relaunch (kill → first step)", "median_s": relaunch_m, "reached": f"{len(relaunch)} of {kills}"},
+        *({"case": f"  spx relaunch phase {p} (from the kill)", "median_s": med(v)} for p, v in phases.items()),
+    ]
+    goals = [Goal("spx cold start / bare torchrun cold start", round((cold_m or 0) / (bare_m or 1), 3), "<=", 1.05),
+             Goal("spx kill → first step / spx cold start", round((relaunch_m or 0) / (cold_m or 1), 3), "<=", 1.05)]
+    path = write_result("recovery", rows, goals)
+    for r in rows:
+        extra = r.get("reached") or (f"n={r['n']}" if "n" in r else "")
+        print(f"{r['case']:<66} {r['median_s'] if r['median_s'] is not None else '-':>7} s  {extra}")
+    for g in goals:
+        print(f"goal {g.name}: {g.value} {g.op} {g.target}: {'met' if g.met else 'NOT met'}")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
