@@ -291,3 +291,19 @@ def test_cli_usage_errors_exit_2_with_the_reason(proj, tmp_path, monkeypatch, ca
     monkeypatch.setenv("PATH", f"{VENV_BIN}:/usr/bin:/bin")
     assert cli.main(["--root", str(tmp_path / "root"), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_readme_command_lines_are_the_ones_spx_submit_takes(proj):
+    """The README's "Bring your own script" lines, as written, make the job they describe (run from
+    a directory with their train.py and ds_config.json)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("\n### Bring your own script\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [line.split("  #", 1)[0].split() for line in block.splitlines() if line.strip()]
+    assert [line[:2] for line in lines] == [["spx", "submit"]] * 3
+    jobs = []
+    for line in lines:
+        options = {"name": line[line.index("--name") + 1]} if "--name" in line else {}
+        jobs.append(job(proj, line[line.index("--") + 1:], **options))
+    assert [(j["name"], j["launcher"], j["gpus"]) for j in jobs] == [
+        ("train", "torchrun", 8), ("llama", "deepspeed", 8), ("train", "torchrun", 8)]
+    assert jobs[1]["deepspeed_config"] == "ds_config.json"
