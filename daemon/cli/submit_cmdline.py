@@ -82,6 +82,8 @@ def gpus_option(text: str) -> int | list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `spx submit [OPTIONS] -- COMMAND`."""
+    parser.usage = ("spx submit [--fresh] FILE\n       spx submit [--name N] [--gpus G] [--checkpoints DIR] "
+                    "[--dry-run] [--fresh] -- torchrun|deepspeed|python …")
     parser.add_argument("--name", help="with -- COMMAND: the job's name (default: the script's, e.g. train)")
     parser.add_argument("--gpus", type=gpus_option,
                         help="with -- COMMAND: GPUs, a count or a list 0,1 (default: one per worker if the daemon "
