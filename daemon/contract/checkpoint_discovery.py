@@ -268,6 +268,8 @@ def discover(ckpt_dir: Path, pattern: str | None = None, exclude: Mapping[str, s
                 problem = f"newer than the `latest` tag ({scan.latest_tag}): DeepSpeed writes `latest` last"
         if problem is None:
             problem = _RULES[c.layout](c.path) if c.layout in _RULES else None
+        if problem is not None and problem.startswith(f"{c.path.name}: "):
+            problem = problem[len(c.path.name) + 2:]  # the file's own rule names it; the candidate does already
         judged = Candidate(c.name, c.path, c.layout, c.step, c.order, c.mtime, problem)
         if problem is not None:
             skipped.append(judged)
