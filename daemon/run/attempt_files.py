@@ -24,13 +24,14 @@ import errno
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
 from spx.daemon.contract.worker_env import Heartbeat
 from spx.daemon.intake import job_record
+from spx.daemon.run import local_tier
 from spx.daemon.service.config import DaemonConfig
 from spx.daemon.service.log import get_logger
 from spx.daemon.state import jobviews
@@ -60,6 +61,7 @@ class AttemptFiles:
     checkpoint_dir: Path   # job.spec.checkpoint_dir(cfg.checkpoints_root); created as the owner if missing
     owner_uid: int = -1    # who the log files are handed to (-1: leave as created)
     owner_gid: int = -1
+    local_checkpoint_dir: Path | None = None  # local_tier: host RAM, the owner's (None: the tier is off)
 
     @property
     def log_file(self) -> Path:
@@ -77,6 +79,7 @@ def paths(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
         checkpoint_dir=job.spec.checkpoint_dir(cfg.checkpoints_root),
         owner_uid=job.owner_uid,
         owner_gid=_gid_or_unchanged(job.owner_uid),
+        local_checkpoint_dir=local_tier.path(cfg, job),
     )
 
 
@@ -104,7 +107,7 @@ def prepare(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
         os.close(jobs_fd)
     _prepare_checkpoint_dir(cfg, user, files.checkpoint_dir)
     _publish_record(cfg, user, job, files.checkpoint_dir)
-    return files
+    return replace(files, local_checkpoint_dir=local_tier.prepare(cfg, job, user.uid, user.gid))
 
 
 def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_dir: Path) -> None:
@@ -282,7 +285,8 @@ def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float,
         if moved:
             log.info("checkpoints_set_aside", job=job.name, attempt=None, moved=moved,
                      into=str(files.checkpoint_dir / f".before-job-{job.id}"))
-    found = as_user.find_latest(user, str(files.checkpoint_dir), job.spec.checkpoints.pattern, timeout, exclude)
+    found = as_user.find_latest(user, str(files.checkpoint_dir), job.spec.checkpoints.pattern, timeout, exclude,
+                                local_dir=str(files.local_checkpoint_dir) if files.local_checkpoint_dir else None)
     path, step = found.get("path"), found.get("step")
     if path is None:
         if resume == "require":

@@ -46,6 +46,7 @@ class LaunchContext:
     rank_log_dir: Path
     home: str
     user: str
+    local_checkpoint_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
         worker_env.ENV_CHECKPOINT_DIR: str(ctx.checkpoint_dir),
         worker_env.ENV_RESUME_FROM: str(ctx.resume_from or ""),
         worker_env.ENV_HEARTBEAT_FILE: str(ctx.heartbeat_file),
+        **({worker_env.ENV_LOCAL_CHECKPOINT_DIR: str(ctx.local_checkpoint_dir)} if ctx.local_checkpoint_dir else {}),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(ctx.port),
     }

@@ -65,6 +65,10 @@ class DaemonConfig(BaseModel):
         "One cgroup v2 per attempt, so no process of it escapes a stop. auto = where systemd delegated the "
         "daemon's cgroup (Delegate=yes); on = the daemon's cgroup is its own, fail to start otherwise; off = never "
         "(processes are then found by their SPX_ATTEMPT_ID tag and process group only)."))
+    local_checkpoint_root: Path | None = Field(Path("/dev/shm/spx"), description=(
+        "Host-local checkpoint tier: each job gets a dir here (root-owned base, the job's own dir 0700), passed as "
+        "SPX_LOCAL_CHECKPOINT_DIR; spx.trainer checkpoints there first (RAM by default) and replicates to the "
+        "persistent checkpoint dir in the background. Removed when the job ends. null: off."))
     limits: GpuLimits = Field(default_factory=GpuLimits, description=(
         "GPUs one user's jobs may hold at once: {gpus_per_user: 4, users: {alice: 8}, groups: {ml: 6}}. A user's own "
         "entry wins, else the largest of their groups', else gpus_per_user (null: no limit). A job over its owner's "

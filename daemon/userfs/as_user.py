@@ -136,10 +136,11 @@ def set_aside(user: Owner, ckpt_dir: str, before: float, into: str, timeout: flo
 
 
 def find_latest(user: Owner, ckpt_dir: str, pattern: str | None, timeout: float,
-                exclude: dict[str, str] | None = None) -> dict[str, Any]:
+                exclude: dict[str, str] | None = None, local_dir: str | None = None) -> dict[str, Any]:
     """`checkpoint_discovery.discover` run as `user`: its capped JSON answer ("path" None: nothing
     complete to resume from). `exclude` maps checkpoint paths not to choose to the reason."""
-    result = run(user, "find_latest", {"dir": ckpt_dir, "pattern": pattern, "exclude": exclude or {}}, timeout)
+    result = run(user, "find_latest", {"dir": ckpt_dir, "pattern": pattern, "exclude": exclude or {},
+                                       "local_dir": local_dir}, timeout)
     if not isinstance(result, dict):
         raise UserPathError(errno.EIO, f"checkpoint discovery as {user.name} gave an odd answer")
     return result

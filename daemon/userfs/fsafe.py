@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import time
 from pathlib import Path
@@ -151,6 +152,20 @@ def open_root_dir(path: Path, mode: int) -> int:
 def ensure_root_dir(path: Path, mode: int) -> None:
     """Make `path` a trusted root-owned directory (see `ensure_root_dir_at`)."""
     os.close(open_root_dir(path, mode))
+
+
+def remove_tree_at(dir_fd: int, name: str) -> bool:
+    """Delete the directory `name` in `dir_fd` (a directory only root can write) and all below it,
+    fd-relative and never following a link (shutil.rmtree's symlink-attack-safe walk). False if it
+    was not there."""
+    _check_name(name)
+    if not shutil.rmtree.avoids_symlink_attacks:
+        raise UserPathError(errno.ENOTSUP, "this platform's rmtree follows links; not removing as root")
+    try:
+        shutil.rmtree(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def ensure_owned_dir_at(dir_fd: int, name: str, mode: int, uid: int, gid: int) -> int:

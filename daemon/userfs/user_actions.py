@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spx.daemon.contract import checkpoint_discovery
+from spx.daemon.contract import checkpoint_tiers
 from spx.daemon.userfs import spx_dir
 from spx.daemon.userfs.identity import become
 
@@ -101,7 +101,10 @@ def _find_latest(args: dict[str, Any]) -> dict[str, Any]:
     """checkpoint_discovery's answer (capped): the checkpoint to resume from, its layout, the
     candidates skipped and why, the older complete ones; `exclude` maps paths not to choose to why."""
     exclude = {str(k): str(v) for k, v in dict(args.get("exclude") or {}).items()}
-    return checkpoint_discovery.discover(Path(args["dir"]), args.get("pattern"), exclude).to_json()
+    local = args.get("local_dir")
+    found, _tier = checkpoint_tiers.discover_tiers(Path(args["dir"]), Path(local) if local else None,
+                                                   args.get("pattern"), exclude)
+    return found.to_json()
 
 
 def _set_aside(args: dict[str, Any]) -> list[str]:

@@ -74,7 +74,7 @@ ALLOWED: dict[str, str] = {
 # The trainer-side readers root must not run on a user's tree itself (userfs runs them as the owner).
 USER_TREE_READERS = {"find_latest", "latest_complete", "discover", "read_manifest", "complete_checkpoints"}
 USER_TREE_READER_MODULES = {"userfs/user_actions.py", "contract/checkpoint_layout.py", "contract/checkpoint_formats.py",
-                            "contract/checkpoint_discovery.py"}
+                            "contract/checkpoint_discovery.py", "contract/checkpoint_tiers.py"}
 # The writer side of the checkpoint layout (spx.trainer.layout_writer) deletes and renames in the
 # user's tree: workers only, never the daemon.
 USER_TREE_WRITERS = {"publish", "apply_retention", "remove_stale_tmp", "fsync_tree", "build_manifest"}
