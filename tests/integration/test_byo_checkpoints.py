@@ -57,6 +57,8 @@ def test_each_layout_resumes_from_its_latest_complete_checkpoint_and_a_crash_loo
     for name, (layout, extra, *_rest) in CASES.items():
         daemon.drop(f"{name}.yaml", job(f"byo-{name}", layout, extra, tmp_path / f"{name}.jsonl"))
     daemon.drop("poison.yaml", job("byo-poison", "seed", ["--poison"], tmp_path / "poison.jsonl"))
+    daemon.drop("fresh.yaml", job("byo-fresh", "nanogpt", [], tmp_path / "fresh.jsonl").replace(
+        "max_restarts: 5", "max_restarts: 0"))
     ckpts = daemon.root / "checkpoints"
 
     for name, (_layout, _extra, expected, recognised, skipped) in CASES.items():
@@ -95,15 +97,8 @@ def test_each_layout_resumes_from_its_latest_complete_checkpoint_and_a_crash_loo
     text = daemon.spx("status", "byo-poison").stdout
     assert f"fell back from {poisoned}: crash loop" in text
 
-
-@pytest.mark.slow
-def test_status_of_a_job_without_checkpoints_says_it_started_fresh(daemon, tmp_path):
-    """No checkpoint at all: the attempt's record says so (and nothing was skipped)."""
-    daemon.drop("fresh.yaml", f"name: fresh\nlauncher: python\nscript: {SCRIPT}\npython: {PY}\n"
-                              f"args: ['--layout', 'nanogpt', '--record', '{tmp_path / 'r.jsonl'}']\n"
-                              "restart: {max_restarts: 0}\n")
-    daemon.wait_state("fresh", {"succeeded", "failed"}, 60)
-    found = daemon.status("fresh")["history"][0]["checkpoint"]
+    # No checkpoint at all: the attempt's record says it started fresh, and nothing was skipped.
+    daemon.wait_state("byo-fresh", {"succeeded", "failed"}, 60)
+    found = daemon.status("byo-fresh")["history"][0]["checkpoint"]
     assert found["path"] is None and found["skipped"] == [] and found["layout"] is None
-    out = daemon.spx("status", "fresh", check=False).stdout
-    assert "checkpoint: no complete checkpoint; started fresh" in out
+    assert "checkpoint: no complete checkpoint; started fresh" in daemon.spx("status", "byo-fresh", check=False).stdout
