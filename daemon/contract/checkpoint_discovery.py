@@ -45,6 +45,7 @@ from spx.daemon.contract.checkpoint_layout import TMP_MARK
 
 MAX_SCAN = 10_000          # entries of the checkpoint dir read (a hostile dir may hold millions)
 MAX_EVALUATED = 64         # candidates judged, newest first
+MAX_PROBED_DIRS = 256      # unnamed directories looked into for torch.distributed.checkpoint files
 KEEP_OLDER = 3             # older complete candidates kept for the fallback
 MAX_REPORTED_SKIPS = 20    # skipped candidates in the answer (the rest are counted)
 
@@ -173,6 +174,7 @@ def _scan_zero_config(ckpt_dir: Path) -> _Scan:
     names = {e.name for e in entries}
     if "latest" in names:
         scan.latest_tag = fmt.read_latest_tag(ckpt_dir)
+    probes = 0  # directories of no named layout looked into for DCP's files
     for e in entries:
         if e.name.startswith("."):
             continue  # hidden: staging, set-aside dirs (`.before-job-ID`), editors' files
@@ -187,10 +189,12 @@ def _scan_zero_config(ckpt_dir: Path) -> _Scan:
         c = _classify(e.name, kind)
         if c is None and kind == "dir" and e.name == scan.latest_tag:
             c = ("deepspeed", tuple(int(n) for n in _DIGITS.findall(e.name))[-1:])
-        if c is None and kind == "dir" and fmt.looks_like_dcp(path):
-            c = ("dcp", tuple(int(n) for n in _DIGITS.findall(e.name))[-1:])
+        if c is None and kind == "dir" and probes < MAX_PROBED_DIRS:
+            probes += 1
+            if fmt.looks_like_dcp(path):
+                c = ("dcp", tuple(int(n) for n in _DIGITS.findall(e.name))[-1:])
         if c is not None:
-            scan.rows.append((e.name, path, c[0], c[1], e.stat(follow_symlinks=False).st_mtime, None))
+            scan.rows.append((e.name, path, c[0], c[1], _mtime(path), None))
     if scan.latest_tag is not None and scan.latest_tag not in names:
         scan.latest_missing = scan.latest_tag
     return scan

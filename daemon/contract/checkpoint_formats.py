@@ -262,7 +262,8 @@ def dcp_problem(path: Path) -> str | None:
 
 
 def looks_like_dcp(path: Path) -> bool:
-    return any(n == ".metadata" or n.endswith(".distcp") for n in names_in(path))
+    """Holds DCP's files? Every rank writes a `*.distcp`, so the first entries tell."""
+    return any(n == ".metadata" or n.endswith(".distcp") for n in names_in(path, 64))
 
 
 def generic_dir_problem(path: Path) -> str | None:
