@@ -32,6 +32,7 @@ from spx.daemon.run import (
     attempt_files,
     cgroups,
     checkpoint_report,
+    exit_wake,
     launcher,
     local_tier,
     proctree,
@@ -179,6 +180,7 @@ class Executor:
                 h.exit_reported = True
                 obs.append(ended)
                 self._timeline_exit(h)
+                h.pids = h.procs.pids()  # a fresh look (the turn's index may predate the exit): all gone now?
         if h.exit_reported and h.procs.gone(h.pids):
             obs.append(step_types.AllGone())
             self.timeline.phase(h.row_id, "group_dead")
@@ -364,6 +366,7 @@ class Executor:
                 h.cgroup = None
             raise
         h.proc, h.relay, h.pgid = spawned.proc, spawned.relay, spawned.proc.pid
+        exit_wake.watch(spawned.proc.pid, self._wake)
         self.timeline.spawned(job.id, h.row_id, now)
         boot, ticks = proctree.boot_id(), proctree.start_ticks(spawned.proc.pid)
         row_id = h.row_id
