@@ -179,7 +179,10 @@ def decide(
     refused = _restarted(outcome, policy, cls, why, earlier, class_earlier, rule)
     if refused is not None:
         return Decision(JobState.FAILED, refused, cls, no_progress_streak=streak)
-    level = 0 if outcome.ran_seconds >= healthy_seconds else backoff_level
     first, cap = policy.backoff_seconds
-    delay = backoff_delay(level, first, cap)
-    return Decision(JobState.RESTARTING, why, cls, delay, level + 1, streak)
+    if outcome.ran_seconds >= healthy_seconds:
+        # A failure after a healthy stretch is no crash loop: relaunch at once (every second of
+        # backoff is a second of every GPU idle), and a quick failure after that starts at `first`.
+        return Decision(JobState.RESTARTING, why, cls, 0.0, 0, streak)
+    delay = backoff_delay(backoff_level, first, cap)
+    return Decision(JobState.RESTARTING, why, cls, delay, backoff_level + 1, streak)

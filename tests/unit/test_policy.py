@@ -29,8 +29,11 @@ def test_backoff_doubles_and_caps():
 
 
 def test_backoff_resets_after_healthy_stretch():
+    # A failure after a healthy stretch relaunches at once; a quick failure after it backs off `first`.
     d = run(AttemptOutcome(exit_code=1, signal=None, progressed=True, ran_seconds=3600), level=5)
-    assert d.delay_seconds == 10
+    assert (d.delay_seconds, d.backoff_level) == (0, 0)
+    d = run(AttemptOutcome(exit_code=1, signal=None, progressed=True, ran_seconds=5), level=d.backoff_level)
+    assert (d.delay_seconds, d.backoff_level) == (10, 1)
 
 
 def test_running_to_restarting_on_signal():
