@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import Goal, write_result  # noqa: E402
 
 from harness import EXAMPLES, Daemon, wait_for  # noqa: E402
+from spx.daemon.state.phases import ALL_PHASES  # noqa: E402
 
 PY = sys.executable
 SCRIPT_ARGS = ["--batch_size", "4", "--model-size", "tiny", "--seed", "7", "--checkpoint-every", "10",
@@ -119,11 +120,14 @@ def end(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def bare_cold(base: Path, i: int) -> float:
+def bare_cold(base: Path, i: int) -> tuple[float, dict[str, float]]:
+    """launch → first step, and each worker phase from the launch."""
     t0 = time.time()
     proc, hb, _ = torchrun(base, f"cold{i}", 0, 10_000)
     try:
-        return wait_for(lambda: first_step_after(hb, t0), 120, "bare first step", interval=0.02) - t0
+        first = wait_for(lambda: first_step_after(hb, t0), 120, "bare first step", interval=0.02) - t0
+        phases = (read_beat(hb) or {}).get("phases") or {}
+        return first, {k: v - t0 for k, v in phases.items()}
     finally:
         end(proc)
 
@@ -159,12 +163,13 @@ def timeline(d: Daemon, name: str) -> list[dict]:
     return json.loads(d.spx("status", name, "--timeline", "--json").stdout)
 
 
-def spx_cold(d: Daemon, i: int) -> float:
+def spx_cold(d: Daemon, i: int) -> tuple[float, dict[str, float]]:
+    """submit → first step, and each phase of attempt 1 from the submission."""
     name = f"cold{i}"
     d.drop(f"{name}.yaml", job_yaml(name, 3))
     d.wait_state(name, {"succeeded", "failed"}, 180)
-    rows = timeline(d, name)
-    return next(r["from_origin"] for r in rows if r["attempt"] == 1 and r["phase"] == "first_step")
+    phases = {r["phase"]: r["from_origin"] for r in timeline(d, name) if r["attempt"] == 1}
+    return phases["first_step"], phases
 
 
 def spx_relaunch(d: Daemon, kills: int) -> tuple[list[float], dict[str, list[float]]]:
@@ -208,22 +213,29 @@ def main() -> int:
     kills, colds = (2, 1) if a.quick else (a.kills, a.cold)
     with tempfile.TemporaryDirectory(prefix="spx-bench-recovery-") as tmp:
         base = Path(tmp)
-        bare = [bare_cold(base, i) for i in range(colds)]
-        restarts = [bare_restart(base, i) for i in range(kills)]
         d = Daemon(base / "spx")
         d.start()
         try:
-            cold = [spx_cold(d, i) for i in range(colds)]
+            bare_runs, cold_runs = [], []
+            for i in range(colds):  # interleaved: a busy spell of this shared machine hits both alike
+                bare_runs.append(bare_cold(base, i))
+                cold_runs.append(spx_cold(d, i))
+            restarts = [bare_restart(base, i) for i in range(kills)]
             relaunch, phases = spx_relaunch(d, kills)
         finally:
             d.stop()
+    bare, cold = [b for b, _ in bare_runs], [c for c, _ in cold_runs]
     ok = [r for r in restarts if r is not None]
     bare_m, cold_m, relaunch_m = med(bare), med(cold), med(relaunch)
     rows = [
         {"case": "bare torchrun cold start (launch → first step)", "median_s": bare_m, "n": len(bare)},
         {"case": "torchrun --max-restarts=1 in-agent restart (kill → first step)", "median_s": med(ok),
          "reached": f"{len(ok)} of {len(restarts)}"},
+        *({"case": f"  bare torchrun cold phase {p} (from launch)", "median_s": med([r[p] for _, r in bare_runs if p in r])}
+          for p in sorted(bare_runs[0][1], key=ALL_PHASES.index)),
         {"case": "spx cold start (submit → first step)", "median_s": cold_m, "n": len(cold)},
+        *({"case": f"  spx cold phase {p} (from submit)", "median_s": med([r[p] for _, r in cold_runs if p in r])}
+          for p in sorted(cold_runs[0][1], key=ALL_PHASES.index)),
         {"case": "spx relaunch (kill → first step)", "median_s": relaunch_m, "reached": f"{len(relaunch)} of {kills}"},
         *({"case": f"  spx relaunch phase {p} (from the kill)", "median_s": med(v)} for p, v in phases.items()),
     ]
