@@ -283,6 +283,10 @@ def discover(ckpt_dir: Path, pattern: str | None = None, exclude: Mapping[str, s
             older.append(judged)
             if len(older) >= KEEP_OLDER:
                 break
+    if chosen is None and passed_over is not None:
+        # Nothing older to fall back to: starting from scratch would throw the run away; resume it.
+        skipped = [c for c in skipped if c.path != passed_over.path]
+        chosen, passed_over = passed_over, None
     return Discovery(chosen, older, skipped, layouts, capped, passed_over)
 
 

@@ -15,7 +15,8 @@ The rule, precisely. Attempt N+1 passes over checkpoint X when
   - and no attempt of the job fell back before: once per job, so two bad checkpoints in a row
     cannot walk the job back through its whole history.
 Discovery applies the exclusion only if X would be chosen again (it is still the newest complete
-one); a newer checkpoint supersedes X and nothing falls back.
+one; a newer checkpoint supersedes X and nothing falls back) and only if an older complete one
+exists (starting from scratch would throw the run away: X is resumed again).
 """
 
 from __future__ import annotations

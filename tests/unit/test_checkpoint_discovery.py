@@ -277,6 +277,17 @@ def test_exclude_passes_over_the_newest_only_while_it_is_the_newest(tmp_path):
     assert found.chosen.step == 30 and found.excluded is None and [c.step for c in found.older] == [20, 10]
 
 
+def test_exclude_never_leaves_nothing_to_resume(tmp_path):
+    torch.save(state(), tmp_path / "checkpoint_epoch0_step20.pt")
+    truncate_me = tmp_path / "checkpoint_epoch0_step10.pt"
+    torch.save(state(), truncate_me)
+    truncate(truncate_me)
+    only = str(tmp_path / "checkpoint_epoch0_step20.pt")
+    found = cd.discover(tmp_path, exclude={only: "crash loop"})
+    assert found.chosen.step == 20 and found.excluded is None
+    assert [c.step for c in found.skipped] == [10]
+
+
 def attempt(number, resumed_from, reason_class="user-code", max_step=None, fallback_from=None):
     doc = {"fallback_from": fallback_from} if fallback_from else {"layout": "seed"}
     return SimpleNamespace(number=number, end=100.0 + number, reason_class=reason_class, resumed_from=resumed_from,
