@@ -35,8 +35,9 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy daemon
 
+# make bench [BENCH_ARGS="--quick --only goodput"]: every bench/bench_*.py, then one table (bench/run_all.py).
 bench: venv
-	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	$(BIN)/python bench/run_all.py $(BENCH_ARGS)
 
 # sudo make install [DESTDIR=DIR] [INSTALL_ARGS="--venv DIR --prefix DIR --torch SPEC"]: see docs/systemd.md.
 install:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchlib import Goal, write_result
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
@@ -92,6 +93,8 @@ def main() -> None:
         "step_s_during_background_write": round(statistics.median(step_during), 4),
         "raw": {"sync": sync_times, "stall": stalls},
     }
+    write_result("checkpoint_stall", [{k: v for k, v in result.items() if k not in ("goal", "raw")}],
+                 [Goal("async save stall / synchronous torch.save", result["ratio"], "<=", 0.2)])
     if args.json:
         print(json.dumps(result, indent=1))
         return

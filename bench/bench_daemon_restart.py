@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from benchlib import Goal, write_result  # noqa: E402
+
 from harness import EXAMPLES, Daemon, wait_for  # noqa: E402
 
 PY = sys.executable
@@ -80,6 +82,14 @@ def main() -> int:
     adopt_lost = (results["adopt"][1] - reference) / a.restarts
     print(f"lost seconds per daemon restart: adopt {adopt_lost:.1f} vs relaunch {relaunch_lost:.1f} "
           f"(bench took {time.time() - t0:.0f} s)")
+    rows = [{"mode": "reference", "attempts": 1, "wall_s": round(reference, 1)}]
+    rows += [{"mode": mode, "attempts": attempts, "wall_s": round(wall, 1),
+              "job_restarts_per_daemon_restart": round((attempts - 1) / a.restarts, 2),
+              "lost_s_per_daemon_restart": round((wall - reference) / a.restarts, 1)} for mode, (attempts, wall) in results.items()]
+    write_result("daemon_restart", rows, [
+        Goal("adopt: job restarts per daemon restart", (results["adopt"][0] - 1) / a.restarts, "==", 0),
+        Goal("adopt: job wall / reference wall", round(results["adopt"][1] / reference, 3), "<=", 1.05),
+    ])
     return 0 if results["adopt"][0] == 1 else 1
 
 

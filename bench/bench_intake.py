@@ -19,13 +19,14 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from benchlib import Goal, write_result
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import Daemon  # noqa: E402
 
-JOB = "name: {name}\nlauncher: python\nscript: /nonexistent.py\ngpus: 64\n"  # queued, then fails: never runs
+JOB = f"name: {{name}}\nlauncher: python\nscript: {__file__}\ngpus: 64\n"  # an existing script (checked at intake); 64 GPUs: queued, never runs
 
 
 def bare_watcher(dir_: Path, drops: int) -> list[float]:
@@ -91,6 +92,9 @@ def main() -> None:
     print(f"{'':28}{'p50 ms':>10}{'p95 ms':>10}")
     print(f"{'baseline: bare inotify':28}{b50:10.2f}{b95:10.2f}")
     print(f"{'spx-trainer drop→queued':28}{d50:10.2f}{d95:10.2f}")
+    write_result("intake", [{"case": "baseline: bare inotify", "p50_ms": round(b50, 2), "p95_ms": round(b95, 2)},
+                            {"case": "spx-trainer drop→queued", "p50_ms": round(d50, 2), "p95_ms": round(d95, 2)}],
+                 [Goal("spx drop→queued p95", round(d95, 2), "<=", 100, "ms")])
     print(f"ratio (daemon / bare): p50 {d50 / b50:.1f}×, p95 {d95 / b95:.1f}×; goal p95 < 100 ms: "
           f"{'met' if d95 < 100 else 'NOT met'}")
 

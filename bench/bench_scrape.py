@@ -58,6 +58,8 @@ from spx.daemon.gpu.backend import GpuBackend, fake_backend
 from spx.daemon.gpu.fake import DEFAULT_FIXTURE, FakeNvml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from benchlib import Goal, write_result  # noqa: E402
+
 from harness import Daemon  # noqa: E402
 
 SCRAPE_INTERVAL = 15.0  # fake-clock seconds between scrapes (a common Prometheus interval)
@@ -435,9 +437,22 @@ def main() -> None:
     p.add_argument("--call-latency-us", type=float, default=20.0)
     args = p.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))  # the fixture's XID 79
-    print_scrape(scrape_costs(args.scrapes, args.call_latency_us / 1e6), args.scrapes, args.call_latency_us)
+    costs = scrape_costs(args.scrapes, args.call_latency_us / 1e6)
+    print_scrape(costs, args.scrapes, args.call_latency_us)
     print()
-    print_idle(idle(args.idle_seconds), args.idle_seconds)
+    footprint = idle(args.idle_seconds)
+    print_idle(footprint, args.idle_seconds)
+    write_result("scrape", [{"case": f"scrape {kind}, {links} links" + (", modelled latency" if slow else ""),
+                             **{k: round(v, 3) for k, v in m.items()}} for (kind, links, slow), m in costs.items()]
+                 + [{"case": f"idle {kind}", **{k: v if v is None else round(v, 3) for k, v in m.items()}}
+                    for kind, m in footprint.items()], [
+        Goal("NVML calls per scrape, spx / naive", round(costs[("spx", 18, False)]["calls"]
+                                                         / costs[("naive", 18, False)]["calls"], 3), "<=", 0.1),
+        Goal("spx NVML calls, 18 links / 4 links", costs[("spx", 18, False)]["calls"] / costs[("spx", 4, False)]["calls"],
+             "==", 1),
+        Goal("idle RSS, daemon / bare prometheus-client", round(footprint["fake"]["rss"] / footprint["bare"]["rss"], 2),
+             "<=", 3),
+    ])
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import Goal, write_result
+
 from spx.daemon.run.launcher import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,6 +132,8 @@ def main() -> None:
     result = {"steps_per_round": args.steps, "rounds": args.rounds, "plain_steps_per_s": round(plain, 3),
               "spx_steps_per_s": round(spx, 3), "ratio": round(spx / plain, 4), "goal": ">= 0.98",
               "raw": raw}
+    write_result("trainer_loop", [{k: v for k, v in result.items() if k not in ("goal", "raw")}],
+                 [Goal("spx.trainer / plain DDP loop, steps/s", result["ratio"], ">=", 0.98)])
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -1,0 +1,456 @@
+"""Goodput under failures: the same fixed training undisturbed, with a worker `kill -9`'d every T
+seconds, and once reclaimed like a spot host (SIGTERM), under spx-trainer and under bare
+`torchrun --max-restarts=K`, in one run.
+
+    .venv/bin/python bench/bench_goodput.py [--quick] [--steps N] [--intervals 60 20] [--seed 1]
+
+The work: examples/train_ddp.py, 2 ranks, gloo on CPU, tiny model, `--sleep-per-step 0.1`, a
+checkpoint every 100 steps (what a user sets: a few seconds of work per checkpoint, not every step),
+training seed 7. 1200 steps take ~2.5 min undisturbed on a 2-core machine (`--quick`: 500 steps,
+T = 60 s only). Each launcher runs:
+
+- undisturbed: its wall time is the floor (spx: first attempt's start → last attempt's end, from
+  `spx status`; torchrun: the launcher's start → exit, relaunches included);
+- kill -9 every T s: at T, 2T, … after the start a rank drawn from `random.Random(seed)` (the
+  schedule is printed) is SIGKILLed; when that rank has no live worker (between attempts) the kill
+  hits nothing and is recorded as skipped;
+- spot reclaim: at half the undisturbed wall time, SIGTERM to the launcher's process group (torchrun
+  and its workers), as a cloud's shutdown delivers it to every process. The workers checkpoint and
+  exit 75. Under spx the daemon sees a "preempted" attempt and relaunches it at once (on a real
+  reclaim the host goes; the replacement host resumes from the same volume: README "Host loss").
+  Bare torchrun just exits; the bench relaunches the same command at once (a user's retry loop, or
+  the replacement host's start), which flatters torchrun: no human delay is charged.
+
+spx jobs use `restart: {max_restarts: K, backoff_seconds: [0, 1]}` and torchrun `--max-restarts=K`
+(K = 100 by default, so neither runs out of restarts). A torchrun restart that never reaches a
+training step again within --stall-timeout seconds is a miss: the bench then kills the launcher's
+group and relaunches it, as a user's watchdog would; a launcher that exits without finishing the
+work is an unfinished run, relaunched the same way. Misses under spx are counted the same way from
+the outside (no step within --stall-timeout of a kill), but left to the daemon to resolve.
+
+Goodput = undisturbed wall / disturbed wall of the same launcher (the cost of the failures), and
+also against bare torchrun's undisturbed wall. Steps computed vs useful come from rank 0's
+heartbeat (written at most once a second, so the recomputed steps are a lower bound off by at most a
+second of steps per kill): every drop of the step counter is work done again.
+Goal (issue 17): spx goodput ≥ 0.95 at T = 60 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import Goal, write_result  # noqa: E402
+
+from harness import EXAMPLES, Daemon  # noqa: E402
+from spx.daemon.contract.worker_env import ENV_HEARTBEAT_FILE  # noqa: E402
+from spx.daemon.run.launcher import free_port  # noqa: E402
+
+PY = sys.executable
+SCRIPT = EXAMPLES / "train_ddp.py"
+PROCS = 2
+CHECKPOINT_EVERY = 100
+TRAIN_SEED = 7
+
+
+def train_args(steps: int) -> list[str]:
+    return ["--batch_size", "4", "--model-size", "tiny", "--seed", str(TRAIN_SEED), "--steps", str(steps),
+            "--checkpoint-every", str(CHECKPOINT_EVERY), "--sleep-per-step", "0.1"]
+
+
+# -- the processes of one run, found from /proc -----------------------------------------------------
+
+
+def _proc_env(pid: str) -> tuple[list[bytes], str, str] | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, IndexError):
+        return None
+    return env, state, cmdline
+
+
+def tagged(tag: str) -> list[tuple[int, list[bytes], str]]:
+    """Live processes whose environment holds `tag` (KEY=VALUE): (pid, environ, cmdline)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        info = _proc_env(entry.name)
+        if info is not None and tag.encode() in info[0] and info[1] not in ("Z", "X"):
+            out.append((int(entry.name), info[0], info[2]))
+    return out
+
+
+def worker_pids(tag: str) -> dict[int, int]:
+    """{rank: pid} of the training workers (torchrun sets RANK in each worker's environment)."""
+    ranks = {}
+    for pid, env, cmdline in tagged(tag):
+        rank = next((e[5:] for e in env if e.startswith(b"RANK=")), None)
+        if rank is not None and SCRIPT.name in cmdline:
+            ranks[int(rank)] = pid
+    return ranks
+
+
+def launcher_pgid(tag: str) -> int | None:
+    """The process group of the job's torchrun agent (it and its workers)."""
+    for pid, env, cmdline in tagged(tag):
+        is_agent = "torch.distributed.run" in cmdline or "torchrun" in cmdline
+        if is_agent and not any(e.startswith(b"RANK=") for e in env):
+            try:
+                return os.getpgid(pid)
+            except ProcessLookupError:
+                continue
+    return None
+
+
+# -- rank 0's heartbeat: steps computed ------------------------------------------------------------
+
+
+@dataclass
+class StepLog:
+    """Samples of rank 0's heartbeat file: (time, step, status), one per distinct write."""
+
+    samples: list[tuple[float, int, str]] = field(default_factory=list)
+
+    def last_step(self) -> int:
+        return self.samples[-1][1] if self.samples else 0
+
+    def running_since(self, t: float) -> bool:
+        return any(ts > t and status == "running" for ts, _, status in self.samples)
+
+    def computed(self) -> int:
+        """Steps computed: the final step plus, at each drop of the counter, the steps done again."""
+        total, prev = 0, 0
+        for _, step, _ in self.samples:
+            if step < prev:
+                total += prev - step + 1  # resumed from step-1: steps step..prev are recomputed
+            prev = step
+        return total + prev
+
+
+class HeartbeatWatch(threading.Thread):
+    """Poll a heartbeat file every 0.2 s; the path may be known only once the workers run."""
+
+    def __init__(self, path_of: Any) -> None:
+        super().__init__(daemon=True)
+        self.path_of = path_of
+        self.log = StepLog()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        last = None
+        while not self.done.wait(0.2):
+            path = self.path_of()
+            try:
+                raw = Path(path).read_text() if path else None
+            except OSError:
+                raw = None
+            if raw is None or raw == last:
+                continue
+            last = raw
+            try:
+                beat = json.loads(raw)
+            except ValueError:
+                continue
+            self.log.samples.append((time.time(), int(beat.get("step") or 0), str(beat.get("status"))))
+
+    def stop(self) -> StepLog:
+        self.done.set()
+        self.join(timeout=5)
+        return self.log
+
+
+# -- disturbances -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Disturbance:
+    """`kind` "none", "kill" (kill -9 a random rank every `every` s) or "sigterm" (at `at` s)."""
+
+    kind: str
+    every: float = 0.0
+    at: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return {"none": "undisturbed", "kill": f"kill -9 every {self.every:g} s",
+                "sigterm": f"SIGTERM (spot reclaim) at {self.at:.0f} s"}[self.kind]
+
+
+@dataclass
+class Outcome:
+    wall_s: float
+    finished: bool
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    restarts: int = 0
+    misses: int = 0
+    unfinished_runs: int = 0
+    steps: StepLog = field(default_factory=StepLog)
+
+
+class Disturber:
+    """Applies a Disturbance to a run whose processes carry `tag`; polled from the run's wait loop."""
+
+    def __init__(self, d: Disturbance, tag: str, seed: int, start: float, stall_timeout: float) -> None:
+        self.d, self.tag, self.start, self.stall_timeout = d, tag, start, stall_timeout
+        self.rng = random.Random(seed)
+        self.next_at = d.every if d.kind == "kill" else d.at
+        self.kills: list[dict[str, Any]] = []
+        self.fired = False
+
+    def poll(self, steps: StepLog) -> str | None:
+        """Fire what is due; return "stalled" when the last kill got no training step back in time."""
+        now = time.time()
+        if self.d.kind == "kill" and now - self.start >= self.next_at:
+            rank = self.rng.randrange(PROCS)
+            pid = worker_pids(self.tag).get(rank)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+            self.kills.append({"t": round(now - self.start, 1), "rank": rank, "pid": pid,
+                               "step": steps.last_step(), "hit": pid is not None})
+            print(f"  t={now - self.start:6.1f} s kill -9 rank {rank} "
+                  f"{'pid ' + str(pid) if pid else '(no worker up: skipped)'} near step {steps.last_step()}",
+                  flush=True)
+            self.next_at += self.d.every
+        elif self.d.kind == "sigterm" and not self.fired and now - self.start >= self.next_at:
+            pgid = launcher_pgid(self.tag)
+            if pgid is not None and pgid != os.getpgid(0):
+                os.killpg(pgid, signal.SIGTERM)
+                self.fired = True
+                self.kills.append({"t": round(now - self.start, 1), "signal": "SIGTERM", "pgid": pgid,
+                                   "step": steps.last_step(), "hit": True})
+                print(f"  t={now - self.start:6.1f} s SIGTERM to the launcher's group {pgid} near step "
+                      f"{steps.last_step()}", flush=True)
+        last_hit = next((k for k in reversed(self.kills) if k["hit"]), None)
+        if (last_hit is not None and not last_hit.get("missed") and now - self.start - last_hit["t"] > self.stall_timeout
+                and not steps.running_since(self.start + last_hit["t"] + 0.5)):
+            last_hit["missed"] = True
+            return "stalled"
+        return None
+
+    def misses(self, steps: StepLog) -> int:
+        """Kills after which training never came back before the next kill that hit, or at all."""
+        hits = [k for k in self.kills if k["hit"]]
+        missed = 0
+        for i, k in enumerate(hits):
+            t0 = self.start + k["t"] + 0.5
+            t1 = self.start + hits[i + 1]["t"] if i + 1 < len(hits) else float("inf")
+            if k.get("missed") or not any(t0 < ts < t1 and st == "running" for ts, _, st in steps.samples):
+                missed += 1
+        return missed
+
+
+def schedule(d: Disturbance, seed: int, horizon: float) -> str:
+    if d.kind != "kill":
+        return d.label
+    rng = random.Random(seed)
+    n = int(horizon // d.every)
+    return f"{d.label}: " + ", ".join(f"{(i + 1) * d.every:g} s→rank {rng.randrange(PROCS)}" for i in range(n))
+
+
+# -- the two launchers ------------------------------------------------------------------------------
+
+
+def run_torchrun(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
+    ck, hb = work / "ck", work / "heartbeat.json"
+    tag = f"GOODPUT_RUN={work.name}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_HEARTBEAT_FILE: str(hb), tag.split("=")[0]: work.name}
+    watch = HeartbeatWatch(lambda: hb)
+    watch.start()
+    start = time.time()
+    dist = Disturber(d, tag, a.seed, start, a.stall_timeout)
+    launches = 0
+    finished = False
+    log = (work / "torchrun.log").open("w")
+    try:
+        while not finished and launches < 1 + a.max_restarts:
+            launches += 1
+            cmd = [PY, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={PROCS}",
+                   f"--max-restarts={a.max_restarts}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+                   str(SCRIPT), *train_args(a.steps), "--checkpoint-dir", str(ck)]
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            while proc.poll() is None:
+                if dist.poll(watch.log) == "stalled":
+                    print("  torchrun: no training step since the last kill: relaunching (a miss)", flush=True)
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    break
+                time.sleep(0.1)
+            finished = proc.returncode == 0
+            if proc.returncode not in (0, -signal.SIGKILL) and not finished:
+                print(f"  torchrun exited {proc.returncode} before the end: relaunching", flush=True)
+        wall = time.time() - start
+    finally:
+        log.close()
+        steps = watch.stop()
+    text = (work / "torchrun.log").read_text(errors="replace")
+    restarts = text.count("] failed (exitcode:")  # the agent's log line for each worker group failure
+    return Outcome(wall, finished, dist.kills, restarts, dist.misses(steps), launches - 1, steps)
+
+
+def spx_job_yaml(name: str, a: argparse.Namespace, ck: Path, tag: str) -> str:
+    argv = ", ".join(f'"{x}"' for x in train_args(a.steps))
+    key, value = tag.split("=", 1)
+    return (f"name: {name}\nlauncher: torchrun\nscript: {SCRIPT}\npython: {PY}\nargs: [{argv}]\nprocs: {PROCS}\n"
+            f"env: {{OMP_NUM_THREADS: '1', {key}: '{value}'}}\ncheckpoints: {{dir: {ck}}}\n"
+            f"restart: {{max_restarts: {a.max_restarts}, backoff_seconds: [0, 1]}}\nstop: {{grace_seconds: 60}}\n")
+
+
+def run_spx(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
+    """One job on a fresh daemon; a job that fails is submitted again over the same checkpoint dir
+    (what its user would do), counted as an unfinished run."""
+    tag = f"GOODPUT_RUN={work.name}"
+    hb: dict[str, Any] = {"path": None, "at": 0.0}
+
+    def heartbeat() -> str | None:  # the daemon's per-job heartbeat path, from a worker's environment
+        if time.monotonic() - hb["at"] > 2:
+            hb["at"] = time.monotonic()
+            for _, env, _ in tagged(tag):
+                prefix = f"{ENV_HEARTBEAT_FILE}=".encode()
+                found = next((e[len(prefix):].decode() for e in env if e.startswith(prefix)), None)
+                if found:
+                    hb["path"] = found
+                    break
+        return hb["path"]
+
+    daemon = Daemon(work / "root")
+    daemon.start()
+    watch = HeartbeatWatch(heartbeat)
+    histories: list[dict[str, Any]] = []
+    try:
+        start = time.time()  # the disturbances' clock starts at the launch, as torchrun's does
+        watch.start()
+        dist = Disturber(d, tag, a.seed, start, a.stall_timeout)
+        state = None
+        while state != "succeeded" and len(histories) <= a.max_restarts:
+            name = f"goodput-{work.name}-{len(histories) + 1}"
+            daemon.drop(f"{name}.yaml", spx_job_yaml(name, a, work / "ck", tag))
+            checked = 0.0
+            while True:
+                if time.monotonic() - checked > 1:
+                    checked = time.monotonic()
+                    state = (daemon.job(name) or {}).get("state")
+                    rejected = daemon.spool / "rejected" / f"{name}.yaml.error"
+                    if rejected.exists():
+                        raise RuntimeError(rejected.read_text())
+                    if state in ("succeeded", "failed", "cancelled"):
+                        break
+                dist.poll(watch.log)  # a stall is the daemon's to resolve (its hang detection); counted below
+                time.sleep(0.1)
+            st = daemon.status(name)
+            histories.append(st)
+            if state != "succeeded":
+                print(f"  spx: job {name} {state} ({st.get('reason')}): submitting it again", flush=True)
+    finally:
+        steps = watch.stop()
+        daemon.stop()
+    wall = histories[-1]["history"][-1]["end"] - histories[0]["history"][0]["start"]
+    restarts = sum(len(h["history"]) for h in histories) - 1
+    return Outcome(wall, state == "succeeded", dist.kills, restarts, dist.misses(steps), len(histories) - 1, steps)
+
+
+RUNNERS = {"spx": run_spx, "torchrun": run_torchrun}
+
+
+# -- report -----------------------------------------------------------------------------------------
+
+
+def row(launcher: str, d: Disturbance, o: Outcome, own_floor: float, torchrun_floor: float, steps: int) -> dict[str, Any]:
+    computed = o.steps.computed()
+    return {
+        "launcher": launcher, "disturbance": d.label, "wall_s": round(o.wall_s, 1), "finished": o.finished,
+        "goodput": round(own_floor / o.wall_s, 3) if o.finished else 0.0,
+        "goodput_vs_bare_torchrun": round(torchrun_floor / o.wall_s, 3) if o.finished else 0.0,
+        "kills": sum(1 for k in o.kills if k["hit"]), "kills_skipped": sum(1 for k in o.kills if not k["hit"]),
+        "restarts": o.restarts, "misses": o.misses, "unfinished_runs": o.unfinished_runs,
+        "steps_useful": steps, "steps_computed": computed,
+        "step_goodput": round(steps / computed, 3) if computed and o.finished else None,
+        "kill_log": o.kills,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="500 steps, T = 60 s only")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default 1200; --quick 500)")
+    ap.add_argument("--intervals", type=float, nargs="+", default=None, help="kill every T s (default 60 20)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the kill schedule")
+    ap.add_argument("--max-restarts", type=int, default=100)
+    ap.add_argument("--stall-timeout", type=float, default=120.0)
+    ap.add_argument("--launchers", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
+    a = ap.parse_args()
+    a.steps = a.steps or (500 if a.quick else 1200)
+    intervals = a.intervals or ([60.0] if a.quick else [60.0, 20.0])
+    t0 = time.time()
+    rows: list[dict[str, Any]] = []
+    floors: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="spx-bench-goodput-") as tmp:
+        if os.environ.get("GOODPUT_DEBUG"):
+            tmp = tempfile.mkdtemp(prefix="spx-bench-goodput-debug-")
+        base = Path(tmp)
+        runs = 0
+
+        def once(launcher: str, d: Disturbance) -> Outcome:
+            nonlocal runs
+            runs += 1
+            work = base / f"r{runs}"
+            work.mkdir()
+            print(f"{launcher}: {d.label}", flush=True)
+            o = RUNNERS[launcher](d, a, work)
+            if os.environ.get("GOODPUT_DEBUG"):
+                print(o.steps.samples)
+            print(f"  → {o.wall_s:.1f} s, finished {o.finished}, restarts {o.restarts}, misses {o.misses}", flush=True)
+            return o
+
+        undisturbed = {launcher: once(launcher, Disturbance("none")) for launcher in a.launchers}
+        floors = {launcher: o.wall_s for launcher, o in undisturbed.items()}
+        disturbances = [Disturbance("kill", every=t) for t in intervals]
+        disturbances.append(Disturbance("sigterm", at=round(min(floors.values()) / 2)))
+        for d in disturbances:
+            print(schedule(d, a.seed, 2 * max(floors.values())), flush=True)
+        torchrun_floor = floors.get("torchrun", min(floors.values()))
+        for launcher, o in undisturbed.items():
+            rows.append(row(launcher, Disturbance("none"), o, floors[launcher], torchrun_floor, a.steps))
+        for d in disturbances:
+            for launcher in a.launchers:
+                rows.append(row(launcher, d, once(launcher, d), floors[launcher], torchrun_floor, a.steps))
+    print(f"\nwork: {a.steps} steps of a 2-rank DDP job (checkpoint every {CHECKPOINT_EVERY}); kill seed {a.seed}; "
+          f"bench took {time.time() - t0:.0f} s")
+    head = f"{'launcher':<9} {'disturbance':<30} {'wall s':>7} {'goodput':>8} {'vs bare':>8} {'kills':>5} " \
+           f"{'restarts':>8} {'misses':>6} {'unfinished':>10} {'steps computed':>14}"
+    print(head)
+    for r in rows:
+        print(f"{r['launcher']:<9} {r['disturbance']:<30} {r['wall_s']:>7.1f} {r['goodput']:>8.3f} "
+              f"{r['goodput_vs_bare_torchrun']:>8.3f} {r['kills']:>5} {r['restarts']:>8} {r['misses']:>6} "
+              f"{r['unfinished_runs']:>10} {r['steps_computed']:>14}")
+    goals = []
+    for r in rows:
+        if r["launcher"] == "spx" and r["disturbance"] == "kill -9 every 60 s":
+            goals.append(Goal("spx goodput, kill -9 every 60 s", r["goodput"], ">=", 0.95))
+        if r["launcher"] == "spx" and r["disturbance"] != "undisturbed":
+            goals.append(Goal(f"spx misses, {r['disturbance']}", r["misses"], "==", 0))
+    for r in rows:  # torchrun's figures beside spx's, as reported goals of the baseline
+        if r["launcher"] == "torchrun" and r["disturbance"] == "kill -9 every 60 s":
+            goals.append(Goal("(baseline) torchrun goodput, kill -9 every 60 s", r["goodput"], ">=", 0.95))
+    path = write_result("goodput", rows, goals)
+    print(f"wrote {path}")
+    return 0 if all(g.met for g in goals if not g.name.startswith("(baseline)")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""benchlib's result files and `make bench`'s table and summary (bench/run_all.py), from sample
+results: the shape, goals marked met or not, failed benchmarks shown as errors. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+import run_all  # noqa: E402
+from benchlib import Goal, machine, write_result  # noqa: E402
+
+
+@pytest.mark.parametrize(("op", "value", "target", "met"), [
+    ("<=", 1.02, 1.05, True), ("<=", 1.2, 1.05, False), (">=", 0.97, 0.95, True), (">=", 0.9, 0.95, False),
+    ("==", 0, 0, True), ("==", 1, 0, False),
+])
+def test_goal_met(op, value, target, met):
+    assert Goal("g", value, op, target).met is met
+
+
+def test_write_result_shape(tmp_path):
+    path = write_result("sample", [{"case": "a", "s": 1.5}], [Goal("ratio", 0.5, "<=", 1.0, "x")], results_dir=tmp_path)
+    assert path == tmp_path / "sample.json"
+    assert [p.name for p in tmp_path.iterdir()] == ["sample.json"]  # no temp file left behind
+    doc = json.loads(path.read_text())
+    assert set(doc) == {"bench", "machine", "when", "rows", "goals"}
+    assert doc["bench"] == "sample" and doc["rows"] == [{"case": "a", "s": 1.5}]
+    assert doc["goals"] == [{"name": "ratio", "value": 0.5, "op": "<=", "target": 1.0, "unit": "x", "met": True}]
+    assert doc["machine"] == machine() and doc["machine"]["cpus"] >= 1
+
+
+def _samples(results: Path) -> list[dict]:
+    write_result("alpha", [{"x": 1}], [Goal("alpha ratio", 0.97, ">=", 0.95), Goal("alpha misses", 2, "==", 0)],
+                 results_dir=results)
+    write_result("beta", [{"x": 2}], [Goal("beta p95", 12.5, "<=", 100, "ms")], results_dir=results)
+    return [run_all.load("alpha", results), run_all.load("beta", results),
+            {"bench": "gamma", "exit": 3, "seconds": 1.0}, run_all.load("delta", results)]
+
+
+def test_table_marks_each_goal(tmp_path):
+    entries = _samples(tmp_path)
+    rows = run_all.table_rows(entries)
+    assert rows == [
+        ("alpha", "alpha ratio", "0.97", ">= 0.95", "yes"),
+        ("alpha", "alpha misses", "2", "== 0", "NO"),
+        ("beta", "beta p95", "12.5 ms", "<= 100", "yes"),
+        ("gamma", "no result (exit 3)", "–", "–", "error"),
+        ("delta", "not run", "–", "–", "–"),
+    ]
+    text = run_all.render(entries, markdown=False)
+    lines = text.splitlines()
+    assert lines[0].split() == ["bench", "goal", "value", "target", "met"]
+    assert any(line.startswith("machine: ") and f"{machine()['cpus']} CPUs" in line for line in lines)
+    assert len([line for line in lines if line.startswith(("alpha", "beta", "gamma", "delta"))]) == 5
+
+
+def test_markdown_table(tmp_path):
+    md = run_all.render(_samples(tmp_path), markdown=True).splitlines()
+    assert md[0] == "| bench | goal | value | target | met |"
+    assert md[1] == "|---|---|---|---|---|"
+    assert "| alpha | alpha misses | 2 | == 0 | NO |" in md
+    assert md[-1].startswith("Machine: ")
+
+
+def test_summary_file(tmp_path):
+    entries = _samples(tmp_path)
+    doc = json.loads(run_all.write_summary(entries, tmp_path).read_text())
+    assert [b["bench"] for b in doc["benches"]] == ["alpha", "beta", "gamma", "delta"]
+    assert doc["benches"][2] == {"bench": "gamma", "exit": 3, "seconds": 1.0, "when": None, "goals": None}
+    assert doc["benches"][1]["goals"][0]["met"] is True
+    assert doc["all_met"] is False
+    only_met = [run_all.load("beta", tmp_path)]
+    assert run_all.summary(only_met)["all_met"] is True
+
+
+def test_discovers_every_bench_script(tmp_path):
+    (tmp_path / "bench_one.py").write_text('p.add_argument("--quick")\n')
+    (tmp_path / "bench_two.py").write_text("")
+    (tmp_path / "benchlib.py").write_text("")
+    found = run_all.discover(tmp_path)
+    assert list(found) == ["one", "two"]
+    assert run_all.quick_args("one", found["one"]) == ["--quick"]
+    assert run_all.quick_args("intake", found["two"]) == run_all.QUICK_ARGS["intake"]
+    assert set(run_all.discover()) >= {"checkpoint_stall", "daemon_restart", "goodput", "intake", "scrape",
+                                       "trainer_loop"}
+
+
+SAMPLE_BENCH = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, {bench!r})
+from benchlib import Goal, write_result
+print("sample bench ran", sys.argv[1:])
+if os.environ.get("SAMPLE_FAIL"):
+    sys.exit(2)
+write_result("sample", [{{"quick": "--quick" in sys.argv}}], [Goal("sample ratio", 1.0, "<=", 1.05)],
+             results_dir=Path(os.environ["SAMPLE_RESULTS"]))
+"""
+
+
+def test_main_runs_a_bench_and_prints_one_table(tmp_path, monkeypatch, capsys):
+    (tmp_path / "bench_sample.py").write_text(SAMPLE_BENCH.format(bench=str(BENCH)) + '# "--quick"\n')
+    results = tmp_path / "results"
+    monkeypatch.setenv("SAMPLE_RESULTS", str(results))
+    argv = ["--bench-dir", str(tmp_path), "--results", str(results), "--quick"]
+    assert run_all.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "sample ratio" in out and "yes" in out
+    assert json.loads((results / "sample.json").read_text())["rows"] == [{"quick": True}]
+    assert json.loads((results / "summary.json").read_text())["all_met"] is True
+    # Rendering alone reads what is there; a bench that writes nothing is an error and fails the run.
+    assert run_all.main(["--bench-dir", str(tmp_path), "--results", str(results), "--no-run", "--markdown"]) == 0
+    assert "| sample | sample ratio | 1 | <= 1.05 | yes |" in capsys.readouterr().out
+    monkeypatch.setenv("SAMPLE_FAIL", "1")
+    assert run_all.main(["--bench-dir", str(tmp_path), "--results", str(results), "--only", "sample"]) == 1
+    assert "no result (exit 2)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        run_all.main(["--bench-dir", str(tmp_path), "--only", "nosuch", "--no-run"])
