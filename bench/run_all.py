@@ -8,6 +8,7 @@ goal: bench | goal | value | target | met, under the machine the figures came fr
 that wrote no result in this run shows as an error line. bench/results/summary.json holds the same
 (machine, each bench's exit code, seconds and goals). `--no-run` only renders the results already
 there; `--markdown` renders the table as Markdown (the README's Benchmarks section is made so).
+`--readme README.md` also puts the Markdown table between the README's bench-table markers.
 `--quick` gives each benchmark its short form: `--quick` where the script has one, else QUICK_ARGS.
 Exit status: 1 if a benchmark failed to write its result, else 0 (unmet goals are in the table).
 """
@@ -36,6 +37,8 @@ QUICK_ARGS = {
     "trainer_loop": ["--steps", "50", "--rounds", "1"],
 }
 HEADER = ("bench", "goal", "value", "target", "met")
+README_BEGIN = "<!-- bench-table: bench/run_all.py --no-run --readme README.md -->"
+README_END = "<!-- /bench-table -->"
 
 
 def discover(bench_dir: Path = BENCH) -> dict[str, Path]:
@@ -140,12 +143,23 @@ def write_summary(entries: list[dict[str, Any]], results: Path) -> Path:
     return path
 
 
+def update_readme(path: Path, table: str) -> None:
+    """Replace what lies between the README's bench-table markers with `table`."""
+    text = path.read_text()
+    head, sep, rest = text.partition(README_BEGIN)
+    _, sep2, tail = rest.partition(README_END)
+    if not sep or not sep2:
+        raise SystemExit(f"{path}: no {README_BEGIN} … {README_END} markers")
+    path.write_text(f"{head}{README_BEGIN}\n{table}\n{README_END}{tail}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", metavar="NAME", help="these benchmarks only (bench_NAME.py)")
     ap.add_argument("--quick", action="store_true", help="each benchmark's short form")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     ap.add_argument("--no-run", action="store_true", help="render the results already in bench/results")
+    ap.add_argument("--readme", type=Path, help="also write the Markdown table into this README's bench-table markers")
     ap.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
     ap.add_argument("--bench-dir", type=Path, default=BENCH, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -160,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         entries = [run_one(n, found[n], a.quick, a.results) for n in names]
         print(f"wrote {write_summary(entries, a.results)}")
     print(render(entries, a.markdown))
+    if a.readme:
+        update_readme(a.readme, render([e for e in entries if e.get("result")], markdown=True))
     return 1 if any(e["exit"] is not None and not e.get("result") for e in entries) else 0
 
 

@@ -121,3 +121,15 @@ def test_main_runs_a_bench_and_prints_one_table(tmp_path, monkeypatch, capsys):
     assert "no result (exit 2)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         run_all.main(["--bench-dir", str(tmp_path), "--only", "nosuch", "--no-run"])
+
+
+def test_readme_table_between_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{run_all.README_BEGIN}\nold table\n{run_all.README_END}\n\n## Next\n")
+    table = run_all.render(_samples(tmp_path)[:2], markdown=True)
+    run_all.update_readme(readme, table)
+    run_all.update_readme(readme, table)  # idempotent
+    assert readme.read_text() == f"# x\n\n{run_all.README_BEGIN}\n{table}\n{run_all.README_END}\n\n## Next\n"
+    (tmp_path / "plain.md").write_text("# no markers\n")
+    with pytest.raises(SystemExit):
+        run_all.update_readme(tmp_path / "plain.md", table)
