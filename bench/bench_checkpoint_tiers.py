@@ -202,18 +202,31 @@ def final_hash(log: Path) -> str:
     return found[0]
 
 
-def rank_pid(session_leader: int, rank: int) -> int | None:
+def descendants(root: int) -> list[int]:
+    """Every live process below `root` (torchrun starts its workers in sessions of their own)."""
+    parent: dict[int, int] = {}
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if os.getsid(int(d.name)) != session_leader:
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
-            env = (d / "environ").read_bytes().split(b"\0")
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, ppid in parent.items() if ppid in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def rank_pid(launcher: int, rank: int) -> int | None:
+    for pid in descendants(launcher):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
         if f"RANK={rank}".encode() in env and f"LOCAL_RANK={rank}".encode() in env:
-            return int(d.name)
+            return pid
     return None
 
 
@@ -244,10 +257,12 @@ def wait(pred, timeout: float, what: str):
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGKILL the launcher and every process below it (workers have sessions of their own)."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait(60)
 
 
