@@ -22,11 +22,13 @@ T = 60 s only). Each launcher runs:
   the replacement host's start), which flatters torchrun: no human delay is charged.
 
 spx jobs use `restart: {max_restarts: K, backoff_seconds: [0, 1]}` and torchrun `--max-restarts=K`
-(K = 100 by default, so neither runs out of restarts). A torchrun restart that never reaches a
-training step again within --stall-timeout seconds is a miss: the bench then kills the launcher's
-group and relaunches it, as a user's watchdog would; a launcher that exits without finishing the
-work is an unfinished run, relaunched the same way. Misses under spx are counted the same way from
-the outside (no step within --stall-timeout of a kill), but left to the daemon to resolve.
+(K = 100 by default, so neither runs out of restarts). A miss is a kill after which training never
+reached a step again before the next kill that hit a worker, or within --stall-timeout seconds (so
+when T is near the restart time, a restart killed before its first step counts too). A torchrun
+stuck that long is killed (its whole group) and relaunched, as a user's watchdog would; an spx stall
+is left to the daemon's hang detection. A run that ends without finishing the work (torchrun exiting
+non-zero; an spx job failed, e.g. by its crash-loop guard) is relaunched / submitted again over the
+same checkpoints and counted as an unfinished run; its wall time runs on.
 
 Goodput = undisturbed wall / disturbed wall of the same launcher (the cost of the failures), and
 also against bare torchrun's undisturbed wall. Steps computed vs useful come from rank 0's
@@ -400,8 +402,6 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     floors: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="spx-bench-goodput-") as tmp:
-        if os.environ.get("GOODPUT_DEBUG"):
-            tmp = tempfile.mkdtemp(prefix="spx-bench-goodput-debug-")
         base = Path(tmp)
         runs = 0
 
@@ -412,8 +412,6 @@ def main() -> int:
             work.mkdir()
             print(f"{launcher}: {d.label}", flush=True)
             o = RUNNERS[launcher](d, a, work)
-            if os.environ.get("GOODPUT_DEBUG"):
-                print(o.steps.samples)
             print(f"  → {o.wall_s:.1f} s, finished {o.finished}, restarts {o.restarts}, misses {o.misses}", flush=True)
             return o
 
