@@ -387,11 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("gpu", help="root/admin: release a quarantined GPU (`spx gpu release N`)")
     s.add_argument("action", choices=["release"])
     s.add_argument("index", type=int)
+    queue_cmds.add_parsers(sub)
     s = sub.add_parser("top", help="live view of jobs and GPUs")
     s.add_argument("--once", action="store_true", help="print one frame and exit")
     return p
 
-    queue_cmds.add_parsers(sub)
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.root, gpu_backend=getattr(args, "gpu_backend", None))
@@ -432,6 +432,8 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "gpu":
         print(ask(cfg, "gpu-release", str(args.index)))
         return EXIT_OK
+    if args.command in queue_cmds.COMMANDS:
+        return queue_cmds.run(args, lambda op, name, arg=None: ask(cfg, op, name, arg))
     return cmd_top(cfg, args)
 
 
@@ -441,8 +443,6 @@ def main(argv: list[str] | None = None) -> int:
     args.launch_argv = launch_argv  # `spx submit … -- COMMAND`: the command line, kept from argparse
     try:
         return run(args)
-    if args.command in queue_cmds.COMMANDS:
-        return queue_cmds.run(args, lambda op, name, arg=None: ask(cfg, op, name, arg))
     except (ConfigError, CommandLineError) as e:
         print(f"spx: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -56,7 +56,7 @@ def place(queued: Iterable[JobRow], free: set[int], budget: UserBudget | None = 
     the queue). `why` (if given) gets, for each job not placed, why it waits."""
     free = set(free)
     placements = []
-    blocker: JobRow | None = None
+    blocked = False  # a GPU job ahead waits for GPUs
     why = {} if why is None else why
     for job in queued:
         want = job.spec.gpus
@@ -67,8 +67,9 @@ def place(queued: Iterable[JobRow], free: set[int], budget: UserBudget | None = 
         if want == 0:
             placements.append(Placement(job, []))
             continue
-        if blocker is not None:
-            why[job.id] = f"waiting behind {blocker.name} (no backfill past the head of the queue)"
+        if blocked:
+            # Not named: the head changes as the queue moves, and a thousand reasons must not change with it.
+            why[job.id] = "waiting behind an earlier job that waits for GPUs (no backfill)"
             continue
         if isinstance(want, list):
             chosen = sorted(want) if set(want) <= free else None
@@ -76,8 +77,8 @@ def place(queued: Iterable[JobRow], free: set[int], budget: UserBudget | None = 
             chosen = sorted(free)[:want] if len(free) >= want else None
         if chosen is None:
             # Head-of-line: later GPU jobs wait behind this one; CPU jobs may still pass.
-            why[job.id] = f"waiting for GPUs {want}" if isinstance(want, list) else f"waiting for {want} free GPUs"
-            blocker = job
+            why[job.id] = f"waiting for GPUs {want}" if isinstance(want, list) else f"waiting for {want} free GPU{'' if want == 1 else 's'}"
+            blocked = True
             continue
         placements.append(Placement(job, chosen))
         free -= set(chosen)

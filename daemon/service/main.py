@@ -308,14 +308,15 @@ class Daemon:
         facts = self.queue.facts(live, queued, time.monotonic()) if queued else None
         plan = scheduler.plan(queued, waiting, [d.index for d in self.backend.devices()], held, idle,
                               self.backend.description, quarantined=frozenset(self.quarantined), facts=facts)
-        for job_id, why in plan.waiting.items():
-            if self._waiting_reasons.get(job_id) != why:  # said once per change, not every turn
-                self.store.update_job(job_id, time.time(), reason=why)
-                if job_id in self.supervisor.jobs:
-                    log.warning("relaunch_waiting", job=self.supervisor.jobs[job_id].name, attempt=None, reason=why)
-                else:
-                    log.info("job_waiting", job=next((j.name for j in queued if j.id == job_id), None),
-                             attempt=None, reason=why)
+        changed = {i: why for i, why in plan.waiting.items() if self._waiting_reasons.get(i) != why}
+        if changed:  # said once per change, not every turn
+            self.store.set_reasons(changed, time.time())
+        names = {j.id: j.name for j in queued} if changed else {}
+        for job_id, why in changed.items():
+            if job_id in self.supervisor.jobs:
+                log.warning("relaunch_waiting", job=self.supervisor.jobs[job_id].name, attempt=None, reason=why)
+            else:
+                log.debug("job_waiting", job=names.get(job_id), attempt=None, reason=why)
         self._waiting_reasons = dict(plan.waiting)
         for imp in plan.impossible:
             self.store.transition(imp.job.id, JobState.FAILED, imp.reason, time.time())

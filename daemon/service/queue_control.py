@@ -52,8 +52,8 @@ def dependency_problem(store: Store, spec: JobSpec, uid: int, admin_group: str |
     """At intake: the first `after:` name that names no job the submitter can see, said with the fix."""
     for name in spec.after:
         if resolve_dep(store, name, _EVERY_JOB, uid, admin_group) is None:
-            return (f"after: no job named {name!r} of yours was submitted before this one (spx ls --all lists "
-                    "them); submit it first, or remove it from `after`")
+            return (f"after: no job named {name!r} that you can see was submitted before this one (spx ls --all "
+                    "lists them); submit it first, or remove it from `after`")
     return None
 
 
@@ -150,7 +150,7 @@ class QueueControl:
         try:
             value = int(cmd.arg or "")
         except ValueError:
-            return {"ok": False, "error": f"priority must be a whole number, not {cmd.arg!r}", "code": 2}
+            return {"ok": False, "error": f"priority must be a whole number, not {(cmd.arg or '')[:40]!r}", "code": 2}
         if not -1000 <= value <= 1000:
             return {"ok": False, "error": "priority must be between -1000 and 1000", "code": 2}
         if job.state.terminal:

@@ -145,9 +145,9 @@ class JobRow:
     # The job's identity across hosts: 32 hex digits made when it was submitted, kept when another
     # host adopts it from its checkpoint dir (`spx adopt`), so both name the same job alike.
     uid: str = ""
-
-
     held: str | None = None  # who holds it queued (`spx hold`), None when not held
+
+
 @dataclass(frozen=True)
 class AttemptRow:
     id: int
@@ -212,11 +212,11 @@ def _job(row: sqlite3.Row) -> JobRow:
         staging=row["staging"],
         spec_problem=spec_problem,
         uid=row["uid"] or "",
+        held=row["held"],
     )
 
 
 def _attempt(row: sqlite3.Row) -> AttemptRow:
-        held=row["held"],
     return AttemptRow(**{k: row[k] for k in row.keys() if k in _ATTEMPT_COLUMNS})  # noqa: SIM118 (sqlite3.Row iterates values)
 
 
@@ -488,20 +488,6 @@ class Store:
                 failed.append(job)
         return failed
 
-    # --- reads ------------------------------------------------------------------------------------
-
-    def live_jobs(self) -> list[JobRow]:
-        marks = ",".join("?" * len(LIVE))
-        rows = self._db.execute(
-            f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY priority DESC, submitted, id",
-            [s.value for s in LIVE],
-        ).fetchall()
-        return [_job(r) for r in rows]
-
-    def all_jobs(self) -> list[JobRow]:
-        return [_job(r) for r in self._db.execute("SELECT * FROM jobs ORDER BY id").fetchall()]
-
-    def current_jobs(self, finished_since: float) -> list[JobRow]:
     # --- queue switches (spx drain) -------------------------------------------------------------------
 
     def drained(self) -> str | None:
@@ -520,12 +506,33 @@ class Store:
             db.execute("INSERT INTO events (job_id, time, kind, detail) VALUES (NULL, ?, ?, ?)",
                        (now, "drained" if by else "undrained", by))
 
+    def set_reasons(self, reasons: dict[int, str], now: float) -> None:
+        """Why each of these jobs waits (the scheduler's `Plan.waiting`), in one transaction: a
+        thousand queued jobs must not cost a thousand commits."""
+        with self._tx() as db:
+            db.executemany("UPDATE jobs SET reason = ?, updated = ? WHERE id = ?",
+                           [(why, now, job_id) for job_id, why in reasons.items()])
+
     def jobs_named_before(self, name: str, before_id: int, limit: int = 64) -> list[JobRow]:
         """Jobs called `name` submitted before job `before_id`, newest first (what `after:` names)."""
         rows = self._db.execute("SELECT * FROM jobs WHERE name = ? AND id < ? ORDER BY id DESC LIMIT ?",
                                 (name, before_id, limit)).fetchall()
         return [_job(r) for r in rows]
 
+    # --- reads ------------------------------------------------------------------------------------
+
+    def live_jobs(self) -> list[JobRow]:
+        marks = ",".join("?" * len(LIVE))
+        rows = self._db.execute(
+            f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY priority DESC, submitted, id",
+            [s.value for s in LIVE],
+        ).fetchall()
+        return [_job(r) for r in rows]
+
+    def all_jobs(self) -> list[JobRow]:
+        return [_job(r) for r in self._db.execute("SELECT * FROM jobs ORDER BY id").fetchall()]
+
+    def current_jobs(self, finished_since: float) -> list[JobRow]:
         """One job per name, the one `job_by_name` gives (the live one, else the newest finished),
         without finished ones that ended before `finished_since`."""
         rows = self._db.execute(

@@ -150,7 +150,7 @@ def test_priority_reorders_the_queue(daemon):
     d.wait_state("blocker", "running", 30)
     queued(d, "low", sleeper("low", 1, gpus=8))
     queued(d, "urgent", sleeper("urgent", 1, gpus=8))
-    assert reason_of(d, "urgent", "waiting behind") == "waiting behind low (no backfill past the head of the queue)"
+    assert reason_of(d, "urgent", "waiting behind") == "waiting behind an earlier job that waits for GPUs (no backfill)"
     assert "priority 0 -> 10" in d.spx("priority", "urgent", "10").stdout
     d.spx("cancel", "blocker")
     d.wait_state("low", "succeeded", 90)

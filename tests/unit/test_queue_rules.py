@@ -91,7 +91,7 @@ def test_queued_jobs_that_wait_for_gpus_say_so_and_name_the_head_of_the_queue():
     head, behind = job("head", 8, 1), job("behind", 1, 2)
     p = run([head, behind], QueueFacts(), held_gpus={0})
     assert p.waiting == {head.id: "waiting for 8 free GPUs",
-                         behind.id: "waiting behind head (no backfill past the head of the queue)"}
+                         behind.id: "waiting behind an earlier job that waits for GPUs (no backfill)"}
 
 
 def test_after_names_jobs_once_each():
