@@ -133,3 +133,24 @@ def test_readme_table_between_markers(tmp_path):
     (tmp_path / "plain.md").write_text("# no markers\n")
     with pytest.raises(SystemExit):
         run_all.update_readme(tmp_path / "plain.md", table)
+
+
+def test_goodput_steps_misses_and_goals():
+    import bench_goodput as g
+
+    log = g.StepLog([(1.0, 10, "running"), (2.0, 20, "running"), (5.0, 11, "running"), (6.0, 30, "finished")])
+    assert log.computed() == 30 + (20 - 11 + 1)  # resumed from step 10: steps 11..20 done twice
+    assert g.StepLog([(1.0, 5, "running"), (2.0, 9, "finished")]).computed() == 9
+    d = g.Disturber(g.Disturbance("kill", every=10), "GOODPUT_RUN=none", seed=1, start=0.0, stall_timeout=60)
+    d.kills = [{"t": 1.0, "hit": True}, {"t": 3.0, "hit": True}, {"t": 4.0, "hit": False}]
+    assert d.misses(log) == 0  # training came back (t=5) after the second kill, and after the first
+    assert d.misses(g.StepLog([(2.0, 3, "running")])) == 1  # after the kill at t=3: nothing
+    rows = [{"launcher": launcher, "disturbance": dist, "goodput": gp, "misses": 0, "unfinished_runs": u}
+            for launcher, dist, gp, u in [("spx", "undisturbed", 1.0, 0), ("spx", "kill -9 every 60 s", 0.96, 0),
+                                          ("torchrun", "kill -9 every 60 s", 0.9, 1),
+                                          ("spx", "SIGTERM (spot reclaim) at 36 s", 0.9, 0)]]
+    goals = {x.name: x.met for x in g.goodput_goals(rows)}
+    assert goals == {"spx goodput, kill -9 every 60 s": True, "(baseline) torchrun goodput, kill -9 every 60 s": False,
+                     "(reported) spx goodput, SIGTERM (spot reclaim)": False,
+                     "spx misses + unfinished runs, kill -9 runs": True,
+                     "(baseline) torchrun misses + unfinished runs, kill -9 runs": False}
