@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from spx.trainer import determinism, phases, rng
+from spx.trainer import phases, rng
 from spx.trainer.checkpoint import Checkpointer, resolve_resume_path
 from spx.trainer.config import TrainerConfig
 from spx.trainer.data import batches_per_epoch, make_dataloader, start_epoch
@@ -91,7 +91,7 @@ class TrainingLoop:
         if config.deterministic:
             # cuBLAS needs this set before its first handle for deterministic GEMMs.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            determinism.enable(warn_only=True)  # as torch.use_deterministic_algorithms, minus 2-4 s
+            torch.use_deterministic_algorithms(True, warn_only=True)
         self.dist = dist_ctx or DistContext()
         phases.mark("rendezvous")
         _configure_logging(self.dist.rank)
