@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
-from example_args import common_parser, exit_without_teardown, fault_hook, print_final_hash, trainer_config
+from example_args import common_parser, fault_hook, print_final_hash, run_main, trainer_config
 from tinylm import SIZES, MarkovCorpus, TinyLM
 
 from spx.trainer import Trainer
@@ -46,5 +46,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    exit_without_teardown()
+    run_main(main)

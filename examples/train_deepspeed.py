@@ -12,7 +12,7 @@ the spx layout, written by every rank and published by rank 0 once all are done.
 
 from __future__ import annotations
 
-from example_args import common_parser, exit_without_teardown, fault_hook, print_final_hash, trainer_config
+from example_args import common_parser, fault_hook, print_final_hash, run_main, trainer_config
 from tinylm import SIZES, MarkovCorpus, TinyLM
 
 from spx.trainer import DeepSpeedTrainer
@@ -38,5 +38,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    exit_without_teardown()
+    run_main(main)
