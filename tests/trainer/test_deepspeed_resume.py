@@ -42,6 +42,7 @@ def test_deepspeed_zero3_job_killed_once_resumes_from_its_checkpoint_with_the_un
                    if b"train_deepspeed.py" in Path(f"/proc/{p}/cmdline").read_bytes()
                    and b"deepspeed.launcher" not in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert victims
+        killed_at = (d.job("ds-job") or {}).get("step") or 0
         os.kill(victims[-1], signal.SIGKILL)
         latest = layout.latest_complete(ckpt)
         assert latest is not None and latest.step < 9
@@ -51,12 +52,15 @@ def test_deepspeed_zero3_job_killed_once_resumes_from_its_checkpoint_with_the_un
         assert {"engine/zero_pp_rank_0_mp_rank_00_model_states.pt", "engine/zero_pp_rank_1_mp_rank_00_model_states.pt",
                 "rank-00000.pt", "rank-00001.pt"} <= shards, shards
         assert layout.verify_checksums(latest.path)
+        # ZeRO-3 state is sharded: no JIT checkpoint (no per-step boundary files); the periodic one rules.
+        assert "jit" not in manifest.get("extra", {}) and not list(ckpt.glob(".spx-boundary-*"))
 
         d.wait_state("ds-job", {"succeeded", "failed"}, 600)
         st = d.status("ds-job")
         assert st["state"] == "succeeded", st
         resumed = st["history"][-1]
         assert len(st["history"]) == 2 and resumed["resumed_from_step"] >= latest.step >= 3, st["history"]
+        assert killed_at - resumed["resumed_from_step"] <= 3, "a kill loses at most the periodic interval"
         log = (d.root / "log" / "ds-job" / "attempt-2.log").read_text()
         assert f"resumed from {resumed['resumed_from']}: step {resumed['resumed_from_step']}" in log
         found = set(re.findall(r"final_state_sha256=([0-9a-f]{64})$", log, re.M))

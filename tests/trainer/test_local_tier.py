@@ -22,6 +22,8 @@ from spx.trainer import Preempted, Trainer, TrainerConfig
 sys.path.insert(0, str(EXAMPLES))
 from tinylm import SIZES, MarkovCorpus, TinyLM  # noqa: E402
 
+pytestmark = pytest.mark.slow  # five in-process training runs, ~40 s on 2 cores
+
 STEPS = 17
 
 
