@@ -22,6 +22,7 @@ Goal (issue 17): ≤ 1 step lost per worker failure on DDP.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -331,9 +332,12 @@ def steps_lost_rows(work: Path, kills: int, rnd: random.Random) -> tuple[list[di
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one DDP kill instead of SPX_BENCH_KILLS (default 3)")
+    args = ap.parse_args()
     seed = int(os.environ.get("SPX_BENCH_SEED", time.time_ns() % 10_000))
     rnd = random.Random(seed)
-    kills = int(os.environ.get("SPX_BENCH_KILLS", "3"))
+    kills = 1 if args.quick else int(os.environ.get("SPX_BENCH_KILLS", "3"))
     tier, tier_goals, how = tier_rows()
     with tempfile.TemporaryDirectory(prefix="spx-bench-jit-") as work:
         lost, lost_goals = steps_lost_rows(Path(work), kills, rnd)
