@@ -76,7 +76,7 @@ class DaemonConfig(BaseModel):
 
     @classmethod
     def rooted(cls, root: Path, **overrides: object) -> DaemonConfig:
-        """All paths under `root`: root/{spool,state,log,checkpoints,run}."""
+        """All paths under `root`: root/{spool,state,log,checkpoints,run,local-checkpoints}."""
         root = root.absolute()
         paths = {
             "spool_dir": root / "spool",
@@ -84,6 +84,8 @@ class DaemonConfig(BaseModel):
             "log_dir": root / "log",
             "checkpoints_root": root / "checkpoints",
             "run_dir": root / "run",
+            # Under the root too, so a rooted daemon (tests, a dev box) never leaves job dirs in /dev/shm.
+            "local_checkpoint_root": root / "local-checkpoints",
         }
         return cls(**{**paths, **overrides})
 
