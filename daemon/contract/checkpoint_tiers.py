@@ -53,6 +53,12 @@ def discover_tiers(persistent_dir: Path, local_dir: Path | None, pattern: str | 
     """`checkpoint_discovery.discover` in each tier, and the answer of the tier `prefer` picks
     (the persistent one's when neither has a complete checkpoint: its skips explain why). Only
     the spx layout has a local tier; a `pattern` job's checkpoints are the persistent dir's."""
+    if local_dir is not None and exclude:
+        # A checkpoint excluded in one tier (the crash-loop fallback) is excluded in both: its
+        # replica holds the same state.
+        exclude = {**{str(d / Path(k).name): v for k, v in exclude.items()
+                      for d in (persistent_dir, local_dir) if Path(k).parent in (persistent_dir, local_dir)},
+                   **exclude}
     persistent = discover(persistent_dir, pattern, exclude)
     if local_dir is None or pattern:
         return persistent, PERSISTENT if persistent.chosen else None

@@ -6,6 +6,7 @@ publish (torch-free)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from spx.daemon.contract import checkpoint_tiers as tiers
@@ -77,3 +78,18 @@ def test_neither_tier_complete_and_pattern_jobs_use_the_persistent_dir_only(tmp_
     discovery, tier = tiers.discover_tiers(persistent, local, pattern="ckpt.pt")
     assert tier is None and discovery.chosen is None
     assert json.dumps(discovery.to_json())  # what userfs sends back stays serialisable
+
+
+def test_a_checkpoint_excluded_in_one_tier_is_excluded_in_both(tmp_path):
+    """The crash-loop fallback passes over the checkpoint the job died on: its replica in the other
+    tier is the same state, so the next older complete one is chosen."""
+    persistent, local = tmp_path / "persistent", tmp_path / "local"
+    for step in (10, 20):
+        publish(persistent, step)
+        publish(local, step)
+    poisoned = {str(local / "step-000000020"): "the job crashed twice on it"}
+    discovery, tier = tiers.discover_tiers(persistent, local, exclude=poisoned)
+    assert tier == tiers.LOCAL and discovery.chosen.path == local / "step-000000010"
+    shutil.rmtree(local)
+    discovery, tier = tiers.discover_tiers(persistent, local, exclude=poisoned)
+    assert tier == tiers.PERSISTENT and discovery.chosen.path == persistent / "step-000000010"
