@@ -166,7 +166,13 @@ def timeline(d: Daemon, name: str) -> list[dict]:
 def spx_cold(d: Daemon, i: int) -> tuple[float, dict[str, float]]:
     """submit → first step, and each phase of attempt 1 from the submission."""
     name = f"cold{i}"
+    t0 = time.time()
     d.drop(f"{name}.yaml", job_yaml(name, 3))
+    # Until its first step, watch only the heartbeat file, as for bare torchrun: polling `spx ls`
+    # (a Python process per look) would take CPU from the start-up being measured.
+    hb = wait_for(lambda: next(iter((d.root / "run" / "jobs").glob(f"*-{name}/heartbeat.json")), None), 120,
+                  "heartbeat", interval=0.02)
+    wait_for(lambda: first_step_after(hb, t0), 120, "spx first step", interval=0.02)
     d.wait_state(name, {"succeeded", "failed"}, 180)
     phases = {r["phase"]: r["from_origin"] for r in timeline(d, name) if r["attempt"] == 1}
     return phases["first_step"], phases
