@@ -236,7 +236,7 @@ def test_daemon_killed_while_stopping_still_leaves_nothing_running(unit):
     the guard sees the stop it had begun and kills what is left, so the stop still leaves nothing."""
     sb = unit
     sb.systemctl("start", UNIT)
-    submit(sb, "sd-stopkill", "--steps", "400", "--checkpoint-every", "0", "--sleep-per-step", "5", grace=60)
+    submit(sb, "sd-stopkill", "--steps", "400", "--checkpoint-every", "0", "--sleep-per-step", "15", grace=60)  # a step far longer than the stop guard takes to start on a loaded host
     wait_status(sb, "sd-stopkill", "training", lambda s: s["state"] == "running" and (s["step"] or 0) >= 1)
     workers = job_pids("sd-stopkill")
     main = sb.show(UNIT, "MainPID")["MainPID"]
