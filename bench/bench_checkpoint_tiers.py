@@ -43,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import Goal, write_result  # noqa: E402
+from process_tree import descendants, kill_tree  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 PY = sys.executable
@@ -203,23 +204,6 @@ def final_hash(log: Path) -> str:
     return found[0]
 
 
-def descendants(root: int) -> list[int]:
-    """Every live process below `root` (torchrun starts its workers in sessions of their own)."""
-    parent: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = [], [root]
-    while frontier:
-        children = [pid for pid, ppid in parent.items() if ppid in frontier]
-        found += children
-        frontier = children
-    return found
-
-
 def rank_pid(launcher: int, rank: int) -> int | None:
     for pid in descendants(launcher):
         try:
@@ -257,16 +241,6 @@ def wait(pred, timeout: float, what: str):
     return value
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher and every process below it (workers have sessions of their own)."""
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(60)
-
-
 def steps_lost_rows(work: Path, kills: int, rnd: random.Random) -> tuple[list[dict], list[Goal]]:
     ref, ref_log = torchrun(work, "ddp-reference", [], work / "ddp-reference-ckpt")
     assert ref.wait(600) == 0, ref_log.read_text()[-3000:]
@@ -282,7 +256,7 @@ def steps_lost_rows(work: Path, kills: int, rnd: random.Random) -> tuple[list[di
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
         proc.wait(120)
-        kill_group(proc)
+        kill_tree(proc)
         finished = max(boundary_steps(ckpt).values())
         resume = latest_step(ckpt) or 0
         lost_jit.append(finished - resume)
@@ -310,7 +284,7 @@ def steps_lost_rows(work: Path, kills: int, rnd: random.Random) -> tuple[list[di
     victim = rank_pid(ds.pid, 1)
     assert victim is not None
     os.kill(victim, signal.SIGKILL)
-    kill_group(ds)
+    kill_tree(ds)
     ds_resume = latest_step(ckpt) or 0
     ds_again, ds_again_log = deepspeed(work, "ds-kill", [], ckpt, attempt=2)
     assert ds_again.wait(900) == 0, ds_again_log.read_text()[-3000:]

@@ -58,6 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import Goal, write_result  # noqa: E402
+from process_tree import kill_tree  # noqa: E402
 
 from harness import EXAMPLES, Daemon  # noqa: E402
 from spx.daemon.contract.worker_env import ENV_HEARTBEAT_FILE  # noqa: E402
@@ -295,13 +296,11 @@ def run_torchrun(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
             while proc.poll() is None:
                 if d.over(start):
                     print(f"  torchrun: not finished after {d.give_up_s:.0f} s: giving up", flush=True)
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    kill_tree(proc)
                     break
                 if dist.poll(watch.log) == "stalled":
                     print("  torchrun: no training step since the last kill: relaunching (a miss)", flush=True)
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    kill_tree(proc)
                     break
                 time.sleep(0.1)
             finished = proc.returncode == 0

@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import Goal, write_result  # noqa: E402
+from process_tree import kill_tree  # noqa: E402
 
 from harness import EXAMPLES, Daemon, wait_for  # noqa: E402
 from spx.daemon.state.phases import ALL_PHASES  # noqa: E402
@@ -112,14 +113,6 @@ def torchrun(base: Path, name: str, max_restarts: int, steps: int) -> tuple[subp
     return proc, hb, tag
 
 
-def end(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 def bare_cold(base: Path, i: int) -> tuple[float, dict[str, float]]:
     """launch → first step, and each worker phase from the launch."""
     t0 = time.time()
@@ -129,7 +122,7 @@ def bare_cold(base: Path, i: int) -> tuple[float, dict[str, float]]:
         phases = (read_beat(hb) or {}).get("phases") or {}
         return first, {k: v - t0 for k, v in phases.items()}
     finally:
-        end(proc)
+        kill_tree(proc)
 
 
 def bare_restart(base: Path, i: int) -> float | None:
@@ -147,7 +140,7 @@ def bare_restart(base: Path, i: int) -> float | None:
         except AssertionError:
             return None
     finally:
-        end(proc)
+        kill_tree(proc)
 
 
 # --- spx ---------------------------------------------------------------------------------------------------------

@@ -1,0 +1,43 @@
+"""Ending a bare torchrun run completely: its agent starts the workers in sessions of their own, so
+killing the agent's process group leaves the workers running (orphans that train on for hours and
+skew every later measurement). The benchmarks find the whole tree by parent pid and kill all of it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below `root`, parents before children."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        children = [pid for pid, ppid in parent.items() if ppid in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to `proc`'s process group and to every process below it, then reap `proc`."""
+    below = descendants(proc.pid)
+    for pid in below:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    proc.wait()
