@@ -315,7 +315,15 @@ def _checkpoint_found(s: JobStep, obs: CheckpointFound, now: float) -> tuple[Job
     if obs.number != s.number:
         return s, []
     # preparing → running (once Spawned comes back): spawn from the checkpoint found.
-    return replace(s, resumed_from_step=obs.step, checkpoint_found=True), [Spawn(s.number, obs.path, obs.step)]
+    streak = s.no_progress_streak
+    if s.number > 1 and obs.step is not None and (s.resumed_from_step is None or obs.step > s.resumed_from_step):
+        # The previous attempt left a newer checkpoint than it started from: it made progress, even
+        # if no heartbeat said so (a script of its own). Without this a script that trains for
+        # minutes and then keeps crashing on a bad newest checkpoint would be failed as a crash loop
+        # one attempt before the crash-loop fallback (run/resume_fallback.py) resumes an older one.
+        streak = 0
+    return replace(s, resumed_from_step=obs.step, checkpoint_found=True, no_progress_streak=streak), [
+        Spawn(s.number, obs.path, obs.step)]
 
 
 def _spawned(s: JobStep, obs: Spawned, now: float) -> tuple[JobStep, list[Action]]:

@@ -335,6 +335,24 @@ def test_crash_loop_to_failed():
     assert s.phase is Phase.DONE and finish.state is JobState.FAILED and finish.reason.startswith("crash loop")
 
 
+def test_an_attempt_that_left_a_newer_checkpoint_made_progress_without_a_heartbeat():
+    """A script without a heartbeat trains, checkpoints and crashes; the next two attempts crash on
+    its newest checkpoint. That is 2 attempts without progress, not 3: the job is relaunched (and
+    the crash-loop fallback resumes an older checkpoint), not failed as a crash loop."""
+    s = running()
+    resumes = {2: 40, 3: 40}
+    for n in range(1, 4):
+        s, _ = ended(s, 10.0 * n, code=1)
+        s, actions = st.step(s, Diagnosed(n, None, False), 10.0 * n)
+        if n < 3:
+            s = replace(s, phase=Phase.READY, backoff_remaining=0.0)
+            s, _ = st.step(s, Go((0, 1)), 10.0 * n)
+            s, _ = st.step(s, CheckpointFound(f"/ck/step-{resumes[n + 1]}", resumes[n + 1], n + 1), 10.0 * n)
+            s, _ = st.step(s, Spawned(1000 + n, WALL0), 10.0 * n)
+    finish = only(actions, FinishAttempt)
+    assert finish.state is JobState.RESTARTING and s.no_progress_streak == 2, finish
+
+
 def test_max_restarts_counts_only_the_jobs_own_faults():
     """max_restarts 1: one real crash is restarted even after a daemon restart ended an attempt."""
     limits = replace(LIMITS, restart=Restart(max_restarts=1, backoff_seconds=(1, 1)))
