@@ -321,17 +321,23 @@ def test_backoff_then_go_relaunches_as_attempt_2():
     assert actions == [MarkStarting((0, 1), "relaunching"), FindCheckpoint(2)] and s.number == 2
 
 
-def test_crash_loop_to_failed():
-    s = running()
+def _three_quick_crashes(resume_steps: dict[int, int | None]) -> tuple[step_types.JobStep, FinishAttempt]:
+    """Three attempts that each fail at once with no heartbeat; attempt n resumes resume_steps[n]."""
+    s, actions = running(), []
     for n in range(1, 4):
         s, _ = ended(s, 10.0 * n, code=1)
         s, actions = st.step(s, Diagnosed(n, None, False), 10.0 * n)
         if n < 3:
+            step = resume_steps.get(n + 1)
             s = replace(s, phase=Phase.READY, backoff_remaining=0.0)
             s, _ = st.step(s, Go((0, 1)), 10.0 * n)
-            s, _ = st.step(s, CheckpointFound(None, None, n + 1), 10.0 * n)
+            s, _ = st.step(s, CheckpointFound(None if step is None else f"/ck/step-{step}", step, n + 1), 10.0 * n)
             s, _ = st.step(s, Spawned(1000 + n, WALL0), 10.0 * n)
-    finish = only(actions, FinishAttempt)
+    return s, only(actions, FinishAttempt)
+
+
+def test_crash_loop_to_failed():
+    s, finish = _three_quick_crashes({})
     assert s.phase is Phase.DONE and finish.state is JobState.FAILED and finish.reason.startswith("crash loop")
 
 
@@ -339,17 +345,7 @@ def test_an_attempt_that_left_a_newer_checkpoint_made_progress_without_a_heartbe
     """A script without a heartbeat trains, checkpoints and crashes; the next two attempts crash on
     its newest checkpoint. That is 2 attempts without progress, not 3: the job is relaunched (and
     the crash-loop fallback resumes an older checkpoint), not failed as a crash loop."""
-    s = running()
-    resumes = {2: 40, 3: 40}
-    for n in range(1, 4):
-        s, _ = ended(s, 10.0 * n, code=1)
-        s, actions = st.step(s, Diagnosed(n, None, False), 10.0 * n)
-        if n < 3:
-            s = replace(s, phase=Phase.READY, backoff_remaining=0.0)
-            s, _ = st.step(s, Go((0, 1)), 10.0 * n)
-            s, _ = st.step(s, CheckpointFound(f"/ck/step-{resumes[n + 1]}", resumes[n + 1], n + 1), 10.0 * n)
-            s, _ = st.step(s, Spawned(1000 + n, WALL0), 10.0 * n)
-    finish = only(actions, FinishAttempt)
+    s, finish = _three_quick_crashes({2: 40, 3: 40})
     assert finish.state is JobState.RESTARTING and s.no_progress_streak == 2, finish
 
 
