@@ -180,8 +180,11 @@ def test_ctrl_c_ends_the_live_view_and_restores_the_cursor() -> None:
         data += _read_pty(master, HOME.encode(), timeout=5)
         assert data.count(HOME.encode()) >= 2, data  # at least two frames drawn in place
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-        data += _read_pty(master, SHOW_CURSOR.encode(), timeout=10)
+        # Keep reading while it ends: frames queued in the pty meanwhile would otherwise fill it and
+        # block the final write (and so the exit) on a slow machine.
+        data += _read_pty(master, SHOW_CURSOR.encode(), timeout=60)
+        assert proc.wait(timeout=30) == 0
+        data += _read_pty(master, b"\0never", timeout=0.5)  # anything after it (nothing is expected)
     finally:
         if proc.poll() is None:
             proc.kill()
