@@ -171,8 +171,10 @@ def test_ctrl_c_ends_the_live_view_and_restores_the_cursor() -> None:
         """
     )
     master, slave = os.openpty()
+    # SIGINT as at a terminal: a test run started in the background (`cmd &` without job control)
+    # has it ignored, and an ignored SIGINT is inherited and never becomes KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=slave, stdout=slave, stderr=slave,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(slave)
     try:
         data = _read_pty(master, b"H100")
