@@ -66,15 +66,22 @@ class QueueControl:
         self.store = store
         self.drained = store.drained()
         self._limits: dict[int, Limit | None] = {}
+        self._resolved: dict[tuple[int, str], int | None] = {}  # (job, after: name) → the job it names
+        self._ended: dict[int, JobRow] = {}  # dependencies seen ended (terminal: they stay so)
         self._limits_read = 0.0
 
     # --- what the scheduler is told ---------------------------------------------------------------
 
     def facts(self, live: list[JobRow], queued: list[JobRow], now_mono: float) -> QueueFacts:
+        live_by_id = {j.id: j for j in live}
+        waiting_ids = {j.id for j in queued}
+        self._resolved = {k: v for k, v in self._resolved.items() if k[0] in waiting_ids}  # started jobs need none
+        named = set(self._resolved.values())
+        self._ended = {i: j for i, j in self._ended.items() if i in named}
         deps = {}
         for job in queued:
             if job.spec.after:
-                resolved = (resolve_dep(self.store, n, job.id, job.owner_uid, self.cfg.admin_group) for n in job.spec.after)
+                resolved = (self._dependency(job, n, live_by_id) for n in job.spec.after)
                 deps[job.id] = tuple(Dep(n, d.state.value if d else None, d.reason if d else None)
                                      for n, d in zip(job.spec.after, resolved, strict=True))
         usage: dict[int, int] = {}
@@ -85,6 +92,23 @@ class QueueControl:
             self._limits, self._limits_read = {}, now_mono
         limits = {j.owner_uid: self._limit(j.owner_uid) for j in queued}
         return QueueFacts(self.drained, deps, usage, limits)
+
+    def _dependency(self, job: JobRow, name: str, live_by_id: dict[int, JobRow]) -> JobRow | None:
+        """The job `name` in `job`'s `after:` is, as it stands now. What a name resolves to never
+        changes (only jobs submitted before `job` count), nor does an ended job: both are kept, so a
+        turn with many waiting jobs reads the store only for what it has not seen yet."""
+        key = (job.id, name)
+        if key not in self._resolved:
+            dep = resolve_dep(self.store, name, job.id, job.owner_uid, self.cfg.admin_group)
+            self._resolved[key] = dep.id if dep else None
+        dep_id = self._resolved[key]
+        if dep_id is None:
+            return None
+        if dep_id in live_by_id:
+            return live_by_id[dep_id]
+        if dep_id not in self._ended:
+            self._ended[dep_id] = self.store.job(dep_id)
+        return self._ended[dep_id]
 
     def _limit(self, uid: int) -> Limit | None:
         if uid not in self._limits:
