@@ -266,7 +266,8 @@ class Store:
         `StoreUnavailable` with nothing written."""
         db = self._db
         if fault_points.ACTIVE:  # tests/faults only: name the write, maybe die around its commit
-            number, op = fault_points.begin(), sys._getframe(2).f_code.co_name
+            op = sys._getframe(2).f_code.co_name
+            number = fault_points.begin(op)
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
