@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from spx.daemon.intake.nodes import Nodes, multi_node_problem
 from spx.daemon.intake.spec_yaml import SpecError, line_of, read_yaml
 
 MAX_SPEC_BYTES = 64 * 1024
@@ -181,10 +182,6 @@ class Data(_Strict):
     stage: Stage | None = None
 
 
-class Nodes(_Strict):
-    count: int = Field(1, ge=1, le=1, description="Multi-node jobs are not supported yet (design §7).")
-
-
 class JobSpec(_Strict):
     """A validated job. Field descriptions are the reference in the README."""
 
@@ -199,7 +196,7 @@ class JobSpec(_Strict):
     procs: int | None = Field(None, ge=1, le=512, description="Worker processes; default the number of GPUs (1 if none).")
     deepspeed_config: str | None = Field(None, description="DeepSpeed JSON config (launcher: deepspeed only).")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the workers.")
-    nodes: Nodes = Field(default_factory=lambda: Nodes())
+    nodes: Nodes = Field(default_factory=lambda: Nodes(), description="Hosts the job spans (nodes.py).")
     checkpoints: Checkpoints = Field(default_factory=lambda: Checkpoints())
     resume_args: list[str] = Field(default_factory=list, description="Appended only when resuming.")
     restart: Restart = Field(default_factory=lambda: Restart())
@@ -266,6 +263,9 @@ class JobSpec(_Strict):
             raise ValueError("launcher: deepspeed runs a `script`, not a `module`")
         if self.launcher == "python" and self.worker_count > 1:
             raise ValueError("launcher: python runs one process; use torchrun for procs > 1")
+        if self.nodes.count > 1 and (problem := multi_node_problem(
+                self.launcher, self.checkpoints.dir is not None, self.checkpoints.resume)):
+            raise ValueError(problem)
         return self
 
     @property

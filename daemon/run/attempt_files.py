@@ -113,8 +113,9 @@ def prepare(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
 def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_dir: Path) -> None:
     """Host loss: take the job's lease and write `.spx/job.yaml` in its checkpoint dir, as the owner
     (intake/job_record.py). A lease another live daemon holds means that daemon runs a job in this
-    dir now (it adopted this one, or another job shares the dir): this attempt does not start."""
-    if not job.uid:
+    dir now (it adopted this one, or another job shares the dir): this attempt does not start.
+    Not for a job across hosts: every host's daemon runs it in this dir (docs/multinode.md)."""
+    if not job.uid or job.spec.nodes.count > 1:
         return
     host, now = job_record.host_id(cfg.state_dir), time.time()
     reply = as_user.run(user, "spx_publish", {

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from spx.daemon.contract import worker_env
 from spx.daemon.intake.spec import JobSpec
+from spx.daemon.run import rendezvous
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The exec shim runs as root by file path, with site packages off, so it can only ever run stdlib.
@@ -100,8 +101,7 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
     if spec.launcher == "torchrun":
         argv = [
             python, "-m", "torch.distributed.run",
-            "--nnodes=1", f"--nproc-per-node={nproc}",
-            "--master-addr=127.0.0.1", f"--master-port={ctx.port}",
+            *rendezvous.torchrun_args(spec.nodes, spec.name, nproc, ctx.port),
             # Every restart is a fresh launch by the daemon (design §7): torchrun's in-agent
             # restart proved unreliable, and the daemon must see each failure to back off.
             "--max-restarts=0",
