@@ -1,9 +1,14 @@
-"""Rank 0's heartbeat file (design §6): the daemon's view of progress.
+"""Each node's heartbeat file (design §6): its daemon's view of progress.
 
 The daemon detects hangs by watching `step` move and exports samples/s and the last checkpoint as
-job metrics. Writes are atomic (`contract.write_heartbeat`) and rate-limited to one per
-`min_interval` seconds; a status change ("preempted", "finished") is written at once because it is
-the last word of the attempt.
+job metrics. Every host's daemon supervises its own share of a job (docs/multinode.md), so local
+rank 0 of each node writes the file its daemon gave (`node_heartbeat_file`): with only global rank 0
+writing, the daemons of the other hosts would see no progress and declare a hang. The last
+checkpoint is known where it is published, on global rank 0; other nodes report none.
+
+Writes are atomic (`contract.write_heartbeat`) and rate-limited to one per `min_interval` seconds;
+a status change ("preempted", "finished") is written at once because it is the last word of the
+attempt.
 """
 
 from __future__ import annotations
@@ -18,8 +23,15 @@ from spx.trainer import phases
 log = logging.getLogger("spx.trainer")
 
 
+def node_heartbeat_file(configured: str | None, local_rank: int) -> str | None:
+    """The heartbeat file this process writes: the `configured` one (SPX_HEARTBEAT_FILE, each
+    host's daemon its own) for local rank 0 of its node, none for the node's other ranks. On one host
+    local rank 0 is global rank 0."""
+    return configured if local_rank == 0 else None
+
+
 class HeartbeatWriter:
-    """Throttled heartbeat; without a `path` (not rank 0, or no file configured) it only measures samples/s."""
+    """Throttled heartbeat; without a `path` (not local rank 0, or no file configured) it only measures samples/s."""
 
     def __init__(self, path: str | Path | None, min_interval: float = HEARTBEAT_MIN_INTERVAL_SECONDS) -> None:
         self.path = Path(path) if path else None

@@ -142,7 +142,7 @@ def save_jit(
 
 
 def sweep_boundaries(parent: Path, live_token: str) -> None:
-    """Remove boundary directories of earlier attempts under `parent` (rank 0, at start-up)."""
+    """Remove boundary directories of earlier attempts under `parent` (each node's local rank 0, at start-up)."""
     try:
         entries = list(parent.iterdir())
     except OSError:
@@ -160,7 +160,7 @@ class JitCheckpoint:
     """
 
     def __init__(self, *, enabled: bool, boundary_parent: Path, ckpt_dir: Path, rank: int, world_size: int,
-                 token: str, fmt: str, checksums: bool) -> None:
+                 token: str, fmt: str, checksums: bool, local_rank: int = 0) -> None:
         self.ckpt_dir, self.rank, self.world_size = ckpt_dir, rank, world_size
         self.token, self.fmt, self.checksums = token, fmt, checksums
         self.peer_failed = False
@@ -169,7 +169,7 @@ class JitCheckpoint:
         self.on_published: Callable[[Path], None] | None = None
         self.boundaries: BoundaryLog | None = None
         if enabled and world_size > 1:
-            if rank == 0:
+            if local_rank == 0:  # the boundary parent is host-local: each node sweeps its own
                 sweep_boundaries(boundary_parent, token)
             self.boundaries = BoundaryLog(boundary_parent / (BOUNDARY_PREFIX + token), rank)
 

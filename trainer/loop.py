@@ -31,7 +31,7 @@ from spx.trainer.checkpoint import Checkpointer, resolve_resume_path
 from spx.trainer.config import TrainerConfig
 from spx.trainer.data import batches_per_epoch, make_dataloader, start_epoch
 from spx.trainer.dist import DistContext
-from spx.trainer.heartbeat import HeartbeatWriter
+from spx.trainer.heartbeat import HeartbeatWriter, node_heartbeat_file
 from spx.trainer.jit import JitCheckpoint
 from spx.trainer.preemption import Preempted, StopFlag
 from spx.trainer.progress import CheckpointSchedule, Progress
@@ -108,7 +108,7 @@ class TrainingLoop:
             publish_timeout_seconds=config.publish_timeout_seconds,
             debug_write_delay_seconds=config.debug_write_delay_seconds,
         )
-        self.heartbeat = HeartbeatWriter(config.resolved_heartbeat_file() if self.dist.is_main else None)
+        self.heartbeat = HeartbeatWriter(node_heartbeat_file(config.resolved_heartbeat_file(), self.dist.local_rank))
         self.stop_flag = StopFlag()
         if config.handle_sigterm:
             self.stop_flag.install()
@@ -118,7 +118,7 @@ class TrainingLoop:
             enabled=config.jit_checkpoint and type(self)._replicated_state is not TrainingLoop._replicated_state,
             boundary_parent=config.resolved_boundary_parent(), ckpt_dir=self.checkpointer.dir,
             rank=self.dist.rank, world_size=self.dist.world_size, token=token, fmt=self.FORMAT,
-            checksums=config.checksums)
+            checksums=config.checksums, local_rank=self.dist.local_rank)
 
     @property
     def is_main(self) -> bool:
