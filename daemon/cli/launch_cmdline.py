@@ -73,7 +73,8 @@ RESTARTS = ("the daemon relaunches failed attempts itself, with backoff (the lau
             "of its own); set restart.max_restarts in a job file instead")
 LOGS = ("the daemon keeps every rank's output, rank-prefixed, in the attempt's log (`spx logs NAME`) and the "
         "per-rank files beside it; drop it")
-MULTI_NODE = "multi-node jobs are not supported yet (the job spec's nodes.count is 1); run on one host"
+MULTI_NODE = ("multi-node jobs are not translated from a command line: write a job file with nodes.count, "
+              "nodes.rdzv_endpoint and a shared checkpoints.dir, and submit it on every host (docs/multinode.md)")
 MONITOR = ("the daemon watches the attempt itself (exit, heartbeat, hangs: restart.hang_timeout_seconds); "
            "drop it")
 NOT_TRANSLATED = f"not something `spx submit --` translates; {JOB_FILE_HINT}"

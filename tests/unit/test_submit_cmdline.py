@@ -110,7 +110,7 @@ ERRORS = [
     ("torchrun --rdzv_backend c10d train.py", "torchrun --rdzv_backend: the daemon sets the rendezvous"),
     ("torchrun --max-restarts=3 train.py", "torchrun --max-restarts: the daemon relaunches failed attempts itself"),
     ("torchrun --max_restarts 3 train.py", "set restart.max_restarts in a job file"),
-    ("torchrun --nnodes=2 train.py", "torchrun nodes=2: multi-node jobs are not supported yet (the job spec's nodes.count"),
+    ("torchrun --nnodes=2 train.py", "torchrun nodes=2: multi-node jobs are not translated from a command line: write a job file with nodes.count"),
     ("torchrun --nnodes=1:4 train.py", "nodes.count"),
     ("torchrun --node_rank=1 train.py", "torchrun node rank 1: multi-node"),
     ("torchrun --monitor-interval 5 train.py", "restart.hang_timeout_seconds"),
