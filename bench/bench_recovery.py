@@ -13,7 +13,10 @@ instant, read the same way:
 - spx cold start: the job file dropped into the spool → first step (median of --cold);
 - spx relaunch: rank 1 of the running attempt `kill -9`'d, K times in one job; kill → first step of
   the next attempt (median of K), and where that time went: each phase of `spx status --timeline`
-  as its delta from the kill (median of K).
+  as its delta from the kill (median of K). The next attempt's launcher is a standby, started
+  ahead with torch imported (daemon/run/standby.py);
+- the same relaunch by a daemon with `launch_standby: false` (every launcher starts cold), for
+  what the standby saves.
 
 Goals (ratios of this run): spx cold start ≤ 1.05× bare torchrun's; kill → first step ≤ 1.05× the spx
 cold start. Writes bench/results/recovery.json (bench/benchlib.py).
@@ -171,9 +174,8 @@ def spx_cold(d: Daemon, i: int) -> tuple[float, dict[str, float]]:
     return phases["first_step"], phases
 
 
-def spx_relaunch(d: Daemon, kills: int) -> tuple[list[float], dict[str, list[float]]]:
+def spx_relaunch(d: Daemon, kills: int, name: str = "relaunch") -> tuple[list[float], dict[str, list[float]]]:
     """kill → first step per kill, and per phase its deltas from the kills."""
-    name = "relaunch"
     d.drop(f"{name}.yaml", job_yaml(name, 100_000))
     hb = wait_for(lambda: next(iter((d.root / "run" / "jobs").glob(f"*-{name}/heartbeat.json")), None), 120, "heartbeat")
     since, kill_times = 0.0, []
@@ -223,6 +225,12 @@ def main() -> int:
             relaunch, phases = spx_relaunch(d, kills)
         finally:
             d.stop()
+        d = Daemon(base / "spx-no-standby", config={"launch_standby": False})
+        d.start()
+        try:
+            relaunch_cold, _ = spx_relaunch(d, kills, "relaunch-cold")
+        finally:
+            d.stop()
     bare, cold = [b for b, _ in bare_runs], [c for c, _ in cold_runs]
     ok = [r for r in restarts if r is not None]
     bare_m, cold_m, relaunch_m = med(bare), med(cold), med(relaunch)
@@ -237,6 +245,8 @@ def main() -> int:
           for p in sorted(cold_runs[0][1], key=ALL_PHASES.index)),
         {"case": "spx relaunch (kill → first step)", "median_s": relaunch_m, "reached": f"{len(relaunch)} of {kills}"},
         *({"case": f"  spx relaunch phase {p} (from the kill)", "median_s": med(v)} for p, v in phases.items()),
+        {"case": "spx relaunch without a standby (launch_standby: false)", "median_s": med(relaunch_cold),
+         "reached": f"{len(relaunch_cold)} of {kills}"},
     ]
     goals = [Goal("spx cold start / bare torchrun cold start", round((cold_m or 0) / (bare_m or 1), 3), "<=", 1.05),
              Goal("spx kill → first step / spx cold start", round((relaunch_m or 0) / (cold_m or 1), 3), "<=", 1.05)]

@@ -36,10 +36,20 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
         time.sleep(interval)
 
 
-def job_pids(name: str) -> list[int]:
+def attempt_tag(pid: int) -> str | None:
+    """The SPX_ATTEMPT_ID a process was started with (every process of an attempt has it)."""
+    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        if item.startswith(b"SPX_ATTEMPT_ID="):
+            return item.split(b"=", 1)[1].decode()
+    return None
+
+
+def job_pids(name: str, attempt_id: str | None = None) -> list[int]:
     """Every live (non-zombie) process whose environment says it belongs to job `name` (the
-    daemon sets SPX_JOB for all of a job's processes), found from /proc as an operator would."""
+    daemon sets SPX_JOB for all of a job's processes), found from /proc as an operator would; with
+    `attempt_id`, only that attempt's (the job's next attempt may have a standby launcher already)."""
     tag = f"SPX_JOB={name}".encode()
+    attempt = f"SPX_ATTEMPT_ID={attempt_id}".encode() if attempt_id else None
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -49,17 +59,34 @@ def job_pids(name: str) -> list[int]:
             state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if tag in env and state not in ("Z", "X"):
+        if tag in env and (attempt is None or attempt in env) and state not in ("Z", "X"):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def running_attempt_pids(name: str) -> list[int]:
+    """The processes of job `name`'s running attempt: those tagged as its workers are (LOCAL_RANK
+    set). A torchrun/DeepSpeed job's next attempt may already have its launcher waiting as a
+    standby (daemon/run/standby.py), tagged for that attempt: it is not one of these."""
+    for pid in job_pids(name):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(item.startswith(b"LOCAL_RANK=") for item in env):
+            tag = attempt_tag(pid)
+            return job_pids(name, tag) if tag else []
+    return []
 
 
 class Daemon:
     """A running `spx-trainer` rooted in `root`."""
 
     def __init__(self, root: Path, gpu_backend: str = "none", extra_args: list[str] | None = None,
-                 config: dict | None = None, env: dict[str, str] | None = None, cgroup: Path | None = None):
+                 config: dict | None = None, env: dict[str, str] | None = None, cgroup: Path | None = None,
+                 prefix: list[str] | None = None):
         self.root = root
+        self.prefix = prefix or []  # runs the daemon under it, e.g. ["ip", "netns", "exec", NS] (it execs)
         self.cgroup = cgroup  # start the daemon in this cgroup v2 directory (as systemd starts it in the unit's)
         self.gpu_backend = gpu_backend
         self.extra_args = extra_args or []
@@ -85,6 +112,7 @@ class Daemon:
             args += ["--config", str(cfg)]
         if self.cgroup is not None:
             args = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.cgroup), *args]
+        args = [*self.prefix, *args]
         self.lines = []
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      env={**os.environ, **self.env}, text=True)

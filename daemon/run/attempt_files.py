@@ -42,7 +42,7 @@ from spx.daemon.userfs.fsafe import UserPathError
 
 log = get_logger()
 
-__all__ = ["AttemptFiles", "UserPathError", "latest_checkpoint", "note", "open_log_dir", "paths", "prepare",
+__all__ = ["AttemptFiles", "UserPathError", "job_log_dir_fd", "latest_checkpoint", "note", "open_log_dir", "paths", "prepare",
            "read_heartbeat", "read_log_tail", "staging_log"]
 
 MARKER = ".job-id"
@@ -73,7 +73,7 @@ def paths(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
     log_dir = cfg.log_dir / job.name
     return AttemptFiles(
         log_dir=log_dir,
-        log_name=f"attempt-{number}.log",
+        log_name=attempt_log_names(number)[0],
         rank_log_dir=log_dir / f"attempt-{number}.ranks",
         heartbeat_file=jobviews.heartbeat_path(cfg.run_dir, job),
         checkpoint_dir=job.spec.checkpoint_dir(cfg.checkpoints_root),
@@ -81,6 +81,12 @@ def paths(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
         owner_gid=_gid_or_unchanged(job.owner_uid),
         local_checkpoint_dir=local_tier.path(cfg, job),
     )
+
+
+def attempt_log_names(number: int) -> tuple[str, ...]:
+    """The files attempt `number` has in its job's log dir: its log, the log's rotated part, its
+    exit record (attempt_monitor.py)."""
+    return f"attempt-{number}.log", f"attempt-{number}.log.1", f"attempt-{number}.exit"
 
 
 def _gid_or_unchanged(uid: int) -> int:
@@ -95,7 +101,7 @@ def prepare(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
     UserPathError with the reason — also when the owner has no account any more."""
     user = as_user.owner(job.owner_uid)
     files = paths(cfg, job, number)
-    log_fd = _job_log_dir_fd(cfg, job)
+    log_fd = job_log_dir_fd(cfg, job)
     try:
         os.close(fsafe.ensure_owned_dir_at(log_fd, files.rank_log_dir.name, 0o750, user.uid, user.gid))
     finally:
@@ -132,11 +138,11 @@ def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_di
 
 def staging_log(cfg: DaemonConfig, job: JobRow) -> Path:
     """`log/NAME/staging.log`, its root-owned directory made ready (as for an attempt)."""
-    os.close(_job_log_dir_fd(cfg, job))
+    os.close(job_log_dir_fd(cfg, job))
     return cfg.log_dir / job.name / "staging.log"
 
 
-def _job_log_dir_fd(cfg: DaemonConfig, job: JobRow) -> int:
+def job_log_dir_fd(cfg: DaemonConfig, job: JobRow) -> int:
     """fd of the root-owned `log/NAME` of this job, the earlier job of a reused name moved aside."""
     base = fsafe.open_trusted_dir(cfg.log_dir)  # the admin's choice (mode and all); made at start
     try:

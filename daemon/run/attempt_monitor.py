@@ -1,7 +1,7 @@
 """The per-attempt monitor: the parent of the attempt's launcher, so its exit status outlives the daemon.
 
-    python -I -S .../attempt_monitor.py DIR_FD NAME ATTEMPT_ID REQUEST_FD STATUS_FD -- SHIM_ARGV...
-                                                                                   (launcher.spawn runs this)
+    python -I -S .../attempt_monitor.py DIR_FD NAME ATTEMPT_ID REQUEST_FD STATUS_FD [PLAN_FD GO_FD] -- SHIM_ARGV...
+                                                                                   (launcher.start runs this)
 
 Why: only a process's parent learns how it ended. If that is the daemon and the daemon is killed, a
 launcher that exits meanwhile (done, or crashed) leaves no trace, and the next daemon must relaunch
@@ -12,6 +12,14 @@ pipes), passes it the launch request read whole from REQUEST_FD and passes its s
 NAME in the root-owned directory DIR_FD (temp file, fsync, rename, fsync dir),
 and then ends the way its child ended (same exit code, or killed by the same signal), so the daemon,
 its parent, reads the status from its own Popen exactly as before.
+
+With PLAN_FD and GO_FD it starts a *standby* (launcher.Standby, standby_agent.py): the shim execs the
+standby agent with a pipe from here as its stdin, the agent imports the launcher's modules and waits.
+The attempt's final plan (argv, environment) arrives later, whole, on PLAN_FD and is passed on to the
+agent; GO_FD then tells the daemon whether it got there (EOF: yes; a JSON error: the agent was gone).
+Until a whole plan has reached the agent the attempt has not launched: a plan that never came (the
+daemon discarded the standby, or died) ends the agent and is recorded as `launched: false`, exit 127,
+so nobody takes the standby's end for the job's.
 
 It is the attempt's session and process-group leader (spawn starts it with a new session), so the
 stored pgid names it, and it carries the attempt's SPX_ATTEMPT_ID tag, so a stop that finds the
@@ -80,11 +88,40 @@ def _read_all(fd: int) -> bytes:
     return data
 
 
+def _pass_plan(plan_fd: int, go_fd: int, to_agent: int) -> bool:
+    """Pass the whole plan from PLAN_FD to the standby agent (on `to_agent`, its stdin); tell GO_FD
+    how it went. True once the agent has it: from then on the attempt is launched."""
+    plan = _read_all(plan_fd)
+    os.close(plan_fd)
+    delivered = False
+    try:
+        if not isinstance(json.loads(plan or b"null"), dict):
+            raise ValueError("no plan")
+        view = memoryview(plan)
+        while view:  # the agent reads to EOF before it does anything with it
+            view = view[os.write(to_agent, view):]
+        delivered = True
+    except ValueError:  # discarded, or the daemon died mid-write: the agent ends unlaunched
+        pass
+    except OSError as e:  # the agent is gone: its end (and the log) says why
+        try:
+            os.write(go_fd, json.dumps({"step": "standby", "errno": e.errno,
+                                        "strerror": "the standby ended before the attempt's plan reached it",
+                                        "filename": None}).encode())
+        except OSError:
+            pass
+    os.close(to_agent)
+    os.close(go_fd)
+    return delivered
+
+
 def main(argv: list[str]) -> int:
     dir_fd, name, attempt_id = int(argv[1]), argv[2], argv[3]
     request_fd, status_fd = int(argv[4]), int(argv[5])
+    standby = argv.index("--") == 8
+    plan_fd, go_fd = (int(argv[6]), int(argv[7])) if standby else (-1, -1)
     shim_argv = argv[argv.index("--") + 1:]
-    for fd in (dir_fd, request_fd, status_fd):
+    for fd in (dir_fd, request_fd, status_fd, *((plan_fd, go_fd) if standby else ())):
         os.set_inheritable(fd, False)
     for sig in STOP_SIGNALS:  # handled, not ignored: a handler does not pass to the child through exec
         signal.signal(sig, _note_stop)
@@ -100,16 +137,21 @@ def main(argv: list[str]) -> int:
     from_shim_r, from_shim_w = os.pipe()
     os.set_inheritable(to_shim_r, True)
     os.set_inheritable(from_shim_w, True)
+    agent_r, agent_w = os.pipe() if standby else (-1, -1)
     pid = os.fork()
     if pid == 0:
         try:
             for sig in STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
+            if standby:
+                os.dup2(agent_r, 0)  # the agent's stdin: its plan comes this way
             os.execv(shim_argv[0], [*shim_argv, str(to_shim_r), str(from_shim_w)])
         finally:
             os._exit(127)
     os.close(to_shim_r)
     os.close(from_shim_w)
+    if standby:
+        os.close(agent_r)  # the agent's stdin is its own: EOF reaches it once we close ours
     try:
         os.write(to_shim_w, request)
     except BrokenPipeError:
@@ -124,6 +166,12 @@ def main(argv: list[str]) -> int:
     except OSError:  # the daemon is gone: the record below still says how the launch went
         pass
     os.close(status_fd)
+    if standby:
+        if launched:
+            launched = _pass_plan(plan_fd, go_fd, agent_w)
+        else:
+            for fd in (plan_fd, go_fd, agent_w):
+                os.close(fd)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -132,6 +180,8 @@ def main(argv: list[str]) -> int:
             continue
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     killed_by = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    if standby and not launched and not status_report:  # a standby never given its plan: no end of the job's
+        code, killed_by = 127, None
     record = {"attempt_id": attempt_id, "launched": launched, "exit_code": code, "signal": killed_by,
               "stop_signal": _stop_signal[0] if _stop_signal else None, "end": time.time()}
     try:

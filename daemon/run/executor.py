@@ -37,6 +37,7 @@ from spx.daemon.run import (
     local_tier,
     proctree,
     resume_fallback,
+    standby,
     step_types,
     timeline,
 )
@@ -83,6 +84,7 @@ class Handles:
     staging_text: str | None = None
     deferred: list[Callable[[], None]] = field(default_factory=list)  # store writes the store refused
     discovery: dict | None = None  # checkpoint discovery's answer for this attempt (stored with its row)
+    standby_age: float | None = None  # seconds its launcher waited as a standby (None: launched cold)
 
     @property
     def procs(self) -> proctree.AttemptProcesses:
@@ -108,10 +110,15 @@ class Executor:
         self.store_error: str | None = None  # the store's last refusal of a write
         self._index: dict[str, list[int]] | None = None  # this turn's tagged pids (proctree.tag_index)
         self.timeline = timeline.Recorder(store, wall)  # per-attempt phase times (spx status --timeline)
+        self.standbys: dict[int, standby.Standby] = {}  # job → its next attempt's launcher, started ahead
+        self._standby_refused: dict[int, int] = {}  # job → the attempt whose standby could not start (not retried)
 
     def close(self, wait: bool = False) -> None:
-        """Nothing new starts; slow work still running finishes on its own deadline (`wait`: for it)."""
+        """Nothing new starts; slow work still running finishes on its own deadline (`wait`: for it).
+        Standbys end: a next daemon starts its own."""
         self._pool.shutdown(wait=wait, cancel_futures=True)
+        for job_id in list(self.standbys):
+            self._discard_standby(job_id)
 
     # --- slow work ---------------------------------------------------------------------------------
 
@@ -153,19 +160,22 @@ class Executor:
             if s.phase is step_types.Phase.STAGING and h.staging is not None:
                 obs += self._observe_staging(job, h)
             if s.phase.has_processes and h.number == s.number:
-                obs += self._observe_attempt(s, h)
+                obs += self._observe_attempt(job, s, h)
             if h.relay is not None and h.relay.poll() is not None:
                 h.relay = None
         obs.append(step_types.Tick())
         return obs
 
-    def _observe_attempt(self, s: step_types.JobStep, h: Handles) -> list[step_types.Observation]:
+    def _observe_attempt(self, job: JobRow, s: step_types.JobStep, h: Handles) -> list[step_types.Observation]:
         obs: list[step_types.Observation] = []
         if h.files is not None:
             beat = attempt_files.read_heartbeat(h.files.heartbeat_file)
             if beat is not None:
                 obs.append(step_types.HeartbeatSeen(beat.step, beat.time, beat.status))
                 self.timeline.beat(s.job_id, h.row_id, beat)
+                if (beat.step is not None and s.phase is step_types.Phase.RUNNING and h.row_id is not None
+                        and s.job_id not in self.standbys and job.spec.restart.max_restarts > 0):
+                    self._start_standby(job, s, s.number + 1)
         now = self.clock()
         if now - h.pids_checked >= PIDS_EVERY_SECONDS or h.exit_reported or h.proc is None:
             h.pids_checked = now
@@ -299,6 +309,9 @@ class Executor:
     def _find_checkpoint(self, job: JobRow, s: step_types.JobStep, a: step_types.FindCheckpoint) -> list[step_types.Observation]:
         cfg = self.cfg
         self.timeline.before_spawn(job.id, "gpus_free")
+        # The launcher starts importing while the checkpoint is looked for (a relaunch's was started
+        # during the attempt before).
+        self._start_standby(job, s, a.number)
 
         # The crash-loop fallback is decided here, from the stored history (resume_fallback is pure).
         avoid = resume_fallback.checkpoint_to_avoid(self.store.attempts(job.id))
@@ -329,8 +342,9 @@ class Executor:
         files = h.files
         assert files is not None and h.number == a.number
         now = self.wall()
+        ready = self.standbys.get(job.id)
         if h.row_id is None:  # a retried Spawn (the store refused the row) must not add a second one
-            h.attempt_id = uuid.uuid4().hex
+            h.attempt_id = ready.attempt_id if ready is not None and ready.number == a.number else uuid.uuid4().hex
             h.port = launcher.free_port()
             h.row_id = self.store.start_attempt(job.id, number=a.number, attempt_id=h.attempt_id, now=now,
                                                 resumed_from=a.resume_from, resumed_from_step=a.resume_step,
@@ -353,18 +367,20 @@ class Executor:
         attempt_files.note(files, f"attempt {a.number} of job {job.name} at "
                                   f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}; {resumed}\n"
                                   f"gpus {list(s.gpus) or 'none'}, port {port}, argv {plan.argv}")
-        h.cgroup = self._make_attempt_cgroup(job, a.number, h.attempt_id or "")
-        try:
-            fd = attempt_files.open_log_dir(files)
+        spawned = self._go_standby(job, a.number, h, plan)
+        if spawned is None:
+            h.cgroup = self._make_attempt_cgroup(job, a.number, h.attempt_id or "")
             try:
-                spawned = launcher.spawn(plan, job.owner_uid, fd, files.log_name, h.cgroup, self.cfg.log_max_bytes)
-            finally:
-                os.close(fd)
-        except BaseException:
-            if h.cgroup is not None:
-                cgroups.remove(h.cgroup)
-                h.cgroup = None
-            raise
+                fd = attempt_files.open_log_dir(files)
+                try:
+                    spawned = launcher.spawn(plan, job.owner_uid, fd, files.log_name, h.cgroup, self.cfg.log_max_bytes)
+                finally:
+                    os.close(fd)
+            except BaseException:
+                if h.cgroup is not None:
+                    cgroups.remove(h.cgroup)
+                    h.cgroup = None
+                raise
         h.proc, h.relay, h.pgid = spawned.proc, spawned.relay, spawned.proc.pid
         exit_wake.watch(spawned.proc.pid, self._wake)
         self.timeline.spawned(job.id, h.row_id, now)
@@ -383,8 +399,90 @@ class Executor:
         self._log(job, s, step_types.Log("attempt_started", "info", (
             ("pid", spawned.proc.pid), ("gpus", list(s.gpus)), ("port", port),
             ("cgroup", str(h.cgroup) if h.cgroup else None), ("resumed_from", a.resume_from),
-            ("resumed_from_step", a.resume_step))), number=a.number)
+            ("resumed_from_step", a.resume_step), ("standby", h.standby_age))), number=a.number)
         return [step_types.Spawned(spawned.proc.pid, now)]
+
+    # --- standbys (standby.py) ---------------------------------------------------------------------
+
+    def _start_standby(self, job: JobRow, s: step_types.JobStep, number: int) -> None:
+        """Start attempt `number`'s launcher ahead (where the config and the launcher allow), unless
+        one is ready; one for another attempt goes. Never fails the job: without it, the attempt
+        launches cold."""
+        ready = self.standbys.get(s.job_id)
+        if ready is not None and ready.number == number:
+            return
+        self._discard_standby(s.job_id)
+        if (not self.cfg.launch_standby or job.spec.launcher not in ("torchrun", "deepspeed")
+                or self._standby_refused.get(s.job_id) == number):
+            return
+        attempt_id, cgroup = uuid.uuid4().hex, None
+        try:
+            user = pwd.getpwuid(job.owner_uid)
+            files = attempt_files.paths(self.cfg, job, number)
+            plan = launcher.plan_launch(job.spec, launcher.LaunchContext(
+                attempt=number, attempt_id=attempt_id, gpus=list(s.gpus), port=0, checkpoint_dir=files.checkpoint_dir,
+                resume_from=None, heartbeat_file=files.heartbeat_file, rank_log_dir=files.rank_log_dir,
+                home=user.pw_dir, user=user.pw_name, local_checkpoint_dir=files.local_checkpoint_dir))
+            cgroup = self._make_attempt_cgroup(job, number, attempt_id)
+            fd = attempt_files.job_log_dir_fd(self.cfg, job)
+            try:
+                ready = standby.start(number, attempt_id, plan, job.owner_uid, fd, files.log_name, cgroup,
+                                      self.cfg.log_max_bytes)
+            finally:
+                os.close(fd)
+        except (OSError, KeyError) as e:
+            log.warning("standby_not_started", job=job.name, attempt=number, error=f"{type(e).__name__}: {e}")
+            self._standby_refused[s.job_id] = number
+            ready = None
+        if ready is None:
+            if cgroup is not None:
+                cgroups.remove(cgroup)
+            return
+        self.standbys[s.job_id] = ready
+
+    def _go_standby(self, job: JobRow, number: int, h: Handles, plan: launcher.LaunchPlan) -> launcher.Spawned | None:
+        """Attempt `number` through its standby, if one is ready and fits the plan; None: launch cold
+        (a standby that failed is discarded, and the cold launch says why, if it fails too)."""
+        ready = self.standbys.get(job.id)
+        h.standby_age = None
+        if ready is None or ready.number != number or ready.attempt_id != h.attempt_id or not ready.fits(plan):
+            self._discard_standby(job.id)
+            return None
+        del self.standbys[job.id]
+        try:
+            spawned = ready.go(plan)
+        except OSError as e:
+            log.warning("standby_failed", job=job.name, attempt=number, error=str(e))
+            self._end_standby(ready)
+            return None
+        h.cgroup, h.standby_age = ready.cgroup, round(self.clock() - ready.started, 3)
+        return spawned
+
+    def _discard_standby(self, job_id: int) -> None:
+        """End the job's standby unlaunched, with what it left: its cgroup, and the log its import
+        may have written to (no attempt of its number has run: it was started for the next one)."""
+        ready = self.standbys.pop(job_id, None)
+        if ready is None:
+            return
+        ready.discard()
+        self._end_standby(ready)
+        try:
+            fd = attempt_files.open_log_dir(attempt_files.paths(self.cfg, self.store.job(job_id), ready.number))
+        except (OSError, KeyError, StoreUnavailable):
+            return
+        try:
+            for name in attempt_files.attempt_log_names(ready.number):
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _end_standby(ready: standby.Standby) -> None:
+        if ready.cgroup is not None:
+            cgroups.remove(ready.cgroup)
 
     def _make_attempt_cgroup(self, job: JobRow, number: int, attempt_id: str) -> Path | None:
         """The attempt's own cgroup, where cgroups are managed. If it cannot be made, the attempt
@@ -467,6 +565,8 @@ class Executor:
         if a.release_gpus:
             job_fields["gpus"] = []
         self.store.finish_attempt(job.id, row, a.state, a.reason, now, attempt_fields, job_fields)
+        if a.state.terminal or a.release_gpus:
+            self._discard_standby(job.id)  # no next attempt here soon: its standby would only hold memory
         if a.state.terminal:
             local_tier.remove(self.cfg, job)  # host RAM; the persistent copy outlives the job
         self.timeline.phase(row, "end_recorded")
@@ -529,6 +629,8 @@ class Executor:
         ours to poll, is collected by the orphan reaper)."""
         self.handles.pop(job_id, None)
         self.timeline.forget(job_id)
+        self._discard_standby(job_id)
+        self._standby_refused.pop(job_id, None)
 
     # --- views ---------------------------------------------------------------------------------------
 
@@ -542,10 +644,13 @@ class Executor:
             for p in (h.proc, h.relay, h.staging.proc if h.staging else None):
                 if p is not None:
                     out.add(p.pid)
+        for ready in list(self.standbys.values()):
+            out.update((ready.monitor.proc.pid, ready.monitor.relay.pid))
         return out
 
     def attempt_cgroups(self) -> set[Path]:
-        return {h.cgroup for h in list(self.handles.values()) if h.cgroup is not None}
+        return ({h.cgroup for h in list(self.handles.values()) if h.cgroup is not None}
+                | {r.cgroup for r in list(self.standbys.values()) if r.cgroup is not None})
 
 
 def _recorded_end(h: Handles) -> step_types.LauncherExited:

@@ -233,6 +233,28 @@ def spawn(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Pa
     rotated file. Returns once the attempt's argv has been exec'd; raises OSError, as subprocess would,
     when any step before that failed (the relay then has the shim's last words in the log and has
     exited). The plan's SPX_ATTEMPT_ID ties the exit record to this attempt."""
+    started = start_monitor(plan, uid, log_dir_fd, log_name, cgroup, max_log_bytes)
+    raise_launch_failure(started, started.status_r)
+    return Spawned(proc=started.proc, relay=started.relay)
+
+
+@dataclass
+class Started:
+    """An attempt monitor just started: `status_r` tells whether the shim exec'd (EOF) or why not;
+    for a standby, `plan_w` takes its plan and `go_r` tells whether the plan reached the agent."""
+
+    proc: subprocess.Popen
+    relay: subprocess.Popen
+    status_r: int
+    plan_w: int = -1
+    go_r: int = -1
+
+
+def start_monitor(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Path | None,
+                  max_log_bytes: int, standby: bool = False) -> Started:
+    """The attempt monitor and its log relay, started; the shim's status is the caller's to read
+    (`raise_launch_failure`). With `standby`, the monitor keeps the attempt's stdin pipe and waits
+    for a plan (attempt_monitor.py's doc; standby.py)."""
     attempt_id = plan.env.get(worker_env.ENV_ATTEMPT_ID, "")
     user = pwd.getpwuid(uid)
     as_other = uid != os.getuid()
@@ -253,40 +275,55 @@ def spawn(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Pa
         os.close(out_r)
     request_r, request_w = os.pipe()
     status_r, status_w = os.pipe()
+    plan_r, plan_w = os.pipe() if standby else (-1, -1)
+    go_r, go_w = os.pipe() if standby else (-1, -1)
+    theirs = (request_r, status_w, *((plan_r, go_w) if standby else ()))
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(MONITOR), str(log_dir_fd), exit_record_name(log_name), attempt_id,
-             str(request_r), str(status_w), "--", sys.executable, "-I", "-S", str(SHIM)],
+             str(request_r), str(status_w), *((str(plan_r), str(go_w)) if standby else ()),
+             "--", sys.executable, "-I", "-S", str(SHIM)],
             cwd="/", env={**SHIM_ENV, worker_env.ENV_ATTEMPT_ID: attempt_id}, stdin=subprocess.DEVNULL,
-            stdout=out_w, stderr=out_w, close_fds=True, pass_fds=(request_r, status_w, log_dir_fd),
+            stdout=out_w, stderr=out_w, close_fds=True, pass_fds=(*theirs, log_dir_fd),
             start_new_session=True,
         )
     except BaseException:
-        os.close(request_w)
-        os.close(status_r)
-        os.close(out_w)  # the relay sees EOF and exits
+        for fd in (request_w, status_r, out_w, *((plan_w, go_r) if standby else ())):
+            os.close(fd)  # the relay sees EOF and exits
         relay.wait()
         raise
     finally:
-        os.close(request_r)
-        os.close(status_w)
+        for fd in theirs:
+            os.close(fd)
     os.close(out_w)
     with os.fdopen(request_w, "wb") as w:
         try:
             w.write(json.dumps(request).encode())
         except BrokenPipeError:  # the shim died before reading; its status (or exit) says why
             pass
-    with os.fdopen(status_r, "rb") as r:
+    return Started(proc, relay, status_r, plan_w, go_r)
+
+
+def plan_json(plan: LaunchPlan) -> bytes:
+    """A plan as a standby's agent reads it (standby_agent.py): the argv and the environment."""
+    return json.dumps({"argv": plan.argv, "env": plan.env}).encode()
+
+
+def raise_launch_failure(started: Started, status_fd: int) -> None:
+    """Read `status_fd` (closed here) to its end: nothing means the step it reports happened; a
+    JSON failure is raised as the OSError a failed exec gives, once the monitor and the relay have
+    ended (the relay has the shim's last words in the log)."""
+    with os.fdopen(status_fd, "rb") as r:
         status = r.read()
-    if status:
-        proc.wait()
-        try:  # the shim was the pipe's only writer: EOF once its message is in the log
-            relay.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # a stuck disk: the daemon's reaper collects it later
-            pass
-        failure = json.loads(status)
-        what = failure["strerror"] if failure["step"] == "exec" else f"{failure['step']}: {failure['strerror']}"
-        if failure["errno"] is None:
-            raise OSError(what)
-        raise OSError(failure["errno"], what, failure["filename"])
-    return Spawned(proc=proc, relay=relay)
+    if not status:
+        return
+    started.proc.wait()
+    try:  # the shim was the pipe's only writer: EOF once its message is in the log
+        started.relay.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # a stuck disk: the daemon's reaper collects it later
+        pass
+    failure = json.loads(status)
+    what = failure["strerror"] if failure["step"] == "exec" else f"{failure['step']}: {failure['strerror']}"
+    if failure["errno"] is None:
+        raise OSError(what)
+    raise OSError(failure["errno"], what, failure["filename"])

@@ -69,6 +69,11 @@ class DaemonConfig(BaseModel):
         "Host-local checkpoint tier: each job gets a dir here (root-owned base, the job's own dir 0700), passed as "
         "SPX_LOCAL_CHECKPOINT_DIR; spx.trainer checkpoints there first (RAM by default) and replicates to the "
         "persistent checkpoint dir in the background. Removed when the job ends. null: off."))
+    launch_standby: bool = Field(True, description=(
+        "Start each torchrun/DeepSpeed attempt's launcher ahead, with its modules imported: the next attempt's while "
+        "the current one trains (about one Python process with torch imported per job, no CUDA), a first attempt's "
+        "while its checkpoint is looked for. It becomes the attempt's launcher when the attempt starts, so a "
+        "relaunch skips the launcher's start-up. false: every attempt starts cold."))
     limits: GpuLimits = Field(default_factory=GpuLimits, description=(
         "GPUs one user's jobs may hold at once: {gpus_per_user: 4, users: {alice: 8}, groups: {ml: 6}}. A user's own "
         "entry wins, else the largest of their groups', else gpus_per_user (null: no limit). A job over its owner's "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import EXAMPLES, Daemon, job_pids, wait_for
+from harness import EXAMPLES, Daemon, attempt_tag, job_pids, wait_for
 from spx.daemon.run import proctree
 from spx.daemon.state.phases import ALL_PHASES
 
@@ -67,7 +67,7 @@ def test_kill9_of_one_worker_takes_the_group_down_and_the_job_resumes(daemon):
              240, "training progress")
     victims = worker_pids("kill-worker")
     assert len(victims) == 2
-    attempt1 = job_pids("kill-worker")
+    attempt1 = job_pids("kill-worker", attempt_tag(victims[0]))
     os.kill(victims[1], signal.SIGKILL)
     wait_for(lambda: daemon.job("kill-worker")["attempts"] >= 2, 120, "second attempt")
     assert not set(attempt1) & set(job_pids("kill-worker")), "a process of attempt 1 survived"

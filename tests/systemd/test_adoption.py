@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import JOB_USER, UNIT
 
-from harness import EXAMPLES, REPO, job_pids, wait_for
+from harness import EXAMPLES, REPO, running_attempt_pids, wait_for
 from spx.daemon.run.launcher import free_port
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
@@ -105,7 +105,7 @@ def test_job_survives_20_daemon_kills_and_an_in_place_upgrade_in_one_attempt(uni
         sb.systemctl("start", UNIT)
         _submit(sb)
         wait_for(lambda: (_status(sb).get("step") or 0) >= 2, 120, "the job to train", interval=0.5)
-        workers = set(job_pids(NAME))
+        workers = set(running_attempt_pids(NAME))
         assert len(workers) >= 3, f"launcher and two workers: {workers}"
         seen = set(workers)
 
@@ -118,7 +118,7 @@ def test_job_survives_20_daemon_kills_and_an_in_place_upgrade_in_one_attempt(uni
             wait_for(lambda n=restarts + i + 1: int(sb.show(UNIT, "NRestarts")["NRestarts"]) == n, 30,
                      f"restart {i + 1} (seed {seed})", interval=0.05)
             wait_for(lambda old=pid: _main_pid(sb) not in (0, old), 30, "the new daemon", interval=0.05)
-            seen |= set(job_pids(NAME))
+            seen |= set(running_attempt_pids(NAME))
         wait_for(lambda: sb.show(UNIT, "SubState")["SubState"] == "running", 30, "the last daemon to be ready")
         s = _status(sb)
         assert s["state"] == "running" and s["attempts"] == 1, (seed, s)
@@ -137,7 +137,7 @@ def test_job_survives_20_daemon_kills_and_an_in_place_upgrade_in_one_attempt(uni
                  if e.get("_PID") == str(pid) and e.get("spx", {}).get("event") == "daemon_ready"]
         assert ready[-1]["version"] == NEXT_VERSION and ready[-1]["adopted"] == 1, ready[-1]
         assert 'adopted 1 running job' in sb.systemctl("status", UNIT, check=False).stdout
-        seen |= set(job_pids(NAME))
+        seen |= set(running_attempt_pids(NAME))
         wait_for(lambda: (_status(sb).get("step") or 0) > step_after_kills, 60, "training to go on after the reload")
 
         # --- the end: one attempt, the same processes, the uninterrupted model ----------------------

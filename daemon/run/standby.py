@@ -1,0 +1,116 @@
+"""A pre-started launcher for an attempt, so the attempt does not wait for torch to import.
+
+Where a relaunch's time goes (docs/recovery.md): after the failure is handled, a new torchrun must
+start an interpreter and import torch and its own modules (~1 s on a small host, more with CUDA
+libraries) before it can start a single worker. A `Standby` does that ahead: the daemon starts the
+next attempt's launcher — as the job's user, in the attempt's cgroup and session, under its attempt
+monitor, logging to the attempt's log, exactly as a launch would — but with the standby agent
+(standby_agent.py) in place of the launcher, which imports the launcher's module and waits for the
+plan. `go(plan)` hands it the attempt's final argv and environment (its GPUs, port, resume
+checkpoint), and from then on it *is* the attempt's launcher: the same monitor, pids, log and exit
+record as a cold launch. For a first attempt it is started as the checkpoint search begins, so the
+import overlaps that search.
+
+Only launchers that are a `python -m MODULE` of their own get one (torchrun, DeepSpeed's
+launcher): their process runs no job code before the plan. A standby fits a plan only if it was
+started with the same interpreter, working directory and module (`fits`); otherwise, or when it is
+gone, the attempt launches cold. What a GPU host cannot do ahead is CUDA: neither the agent nor
+anything before the plan creates a CUDA context, and workers start fresh, as torchrun starts them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from spx.daemon.run import launcher
+
+AGENT = Path(__file__).with_name("standby_agent.py")
+# Each launcher module, and what its standby imports ahead. DeepSpeed's launcher gets torch only:
+# importing deepspeed settles its accelerator (CUDA or CPU) for good, which must wait for the GPUs.
+PREIMPORTS = {"torch.distributed.run": "torch.distributed.run", "deepspeed.launcher.launch": "torch"}
+
+
+def module_of(plan: launcher.LaunchPlan) -> str | None:
+    """The launcher module a standby can prepare for this plan, or None (no standby)."""
+    argv = plan.argv
+    return argv[2] if len(argv) > 2 and argv[1] == "-m" and argv[2] in PREIMPORTS else None
+
+
+@dataclass
+class Standby:
+    """A launcher waiting for attempt `number`'s plan (see the module doc)."""
+
+    number: int
+    attempt_id: str
+    cgroup: Path | None
+    python: str
+    cwd: str
+    module: str
+    started: float                  # monotonic
+    monitor: launcher.Started
+
+    @property
+    def pid(self) -> int:
+        return self.monitor.proc.pid
+
+    def fits(self, plan: launcher.LaunchPlan) -> bool:
+        return (self.monitor.proc.poll() is None and plan.argv[0] == self.python and plan.cwd == self.cwd
+                and module_of(plan) == self.module)
+
+    def go(self, plan: launcher.LaunchPlan) -> launcher.Spawned:
+        """The plan, to the agent: from here on the attempt runs. Raises OSError as `launcher.spawn`
+        does (the shim could not start the agent, or the agent was gone before its plan)."""
+        started = self.monitor
+        status_r, go_r, plan_w = started.status_r, started.go_r, started.plan_w
+        started.status_r = started.go_r = started.plan_w = -1  # each is closed below, whatever happens
+        try:
+            launcher.raise_launch_failure(started, status_r)
+        except BaseException:
+            os.close(plan_w)
+            os.close(go_r)
+            raise
+        with os.fdopen(plan_w, "wb") as w:
+            try:
+                w.write(launcher.plan_json(plan))
+            except BrokenPipeError:  # the monitor is gone: the go status says nothing, its exit does
+                pass
+        launcher.raise_launch_failure(started, go_r)
+        return launcher.Spawned(proc=started.proc, relay=started.relay)
+
+    def discard(self) -> None:
+        """End it unlaunched: its whole session, its pipes; the monitor and relay are waited for
+        (a killed monitor records nothing, and the agent never ran job code)."""
+        started = self.monitor
+        for fd in (started.status_r, started.plan_w, started.go_r):
+            if fd >= 0:
+                os.close(fd)
+        started.status_r = started.plan_w = started.go_r = -1
+        try:
+            os.killpg(started.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        started.proc.wait()
+        try:
+            started.relay.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a stuck disk: the daemon's reaper collects it later
+            pass
+
+
+def start(number: int, attempt_id: str, plan: launcher.LaunchPlan, uid: int, log_dir_fd: int, log_name: str,
+          cgroup: Path | None, max_log_bytes: int) -> Standby | None:
+    """A standby for attempt `number` from a provisional `plan` (its GPUs, port and checkpoint may
+    still change: only the interpreter, working directory, module and user count), or None where
+    the plan's launcher gets none. It sees no GPU until its plan (standby_agent.py). Does not wait
+    for the agent's start: its errors come at `go`."""
+    module = module_of(plan)
+    if module is None:
+        return None
+    env = {k: v for k, v in plan.env.items() if k != "CUDA_DEVICE_ORDER"} | {"CUDA_VISIBLE_DEVICES": ""}
+    agent = launcher.LaunchPlan(argv=[plan.argv[0], str(AGENT), PREIMPORTS[module], module], env=env, cwd=plan.cwd)
+    started = launcher.start_monitor(agent, uid, log_dir_fd, log_name, cgroup, max_log_bytes, standby=True)
+    return Standby(number, attempt_id, cgroup, plan.argv[0], plan.cwd, module, time.monotonic(), started)

@@ -1,0 +1,76 @@
+"""The standby: an attempt's launcher started before its plan, its modules already imported.
+
+    PYTHON .../spx/daemon/run/standby_agent.py PREIMPORT MODULE
+                           (the attempt monitor starts it, through the exec shim, as the job's user with
+                            the job's python; standby.py says which PREIMPORT each launcher MODULE gets)
+
+Why: half of a relaunch is the launcher's own start — an interpreter, `import torch`, torchrun's
+modules — before a single worker exists. The daemon starts this for the next attempt while the
+current one trains (and, for a first attempt, while it still looks for the checkpoint): it imports
+PREIMPORT and waits on stdin. The attempt's plan — argv `[python, -m, MODULE, …]` and its
+environment — arrives there whole once the daemon knows it (GPUs, port, resume checkpoint); the
+agent takes that environment as its own and runs MODULE as `python -m` would, in this process.
+Until then it sees no GPU (`CUDA_VISIBLE_DEVICES` is empty): nothing imported ahead can create a
+CUDA context, or settle on a device, before the plan says which; each worker still starts fresh
+with its devices, as torchrun starts it.
+
+It is the job's code from the start (the user's interpreter, the user's environment), so it is no
+more trusted than the job; it only must not change what the job sees: this file's directory is
+taken off `sys.path` (the daemon's modules never shadow the job's), stdin is /dev/null again for
+the launcher and its workers, and an import that fails here is left for the launch itself to
+report, exactly as a cold start would. No plan (EOF: the daemon discarded the standby, or died)
+ends it with 127, which its monitor records as an attempt that never launched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+
+
+def _read_plan() -> dict | None:
+    data = b""
+    while chunk := os.read(0, 65536):
+        data += chunk
+    if not data:
+        return None
+    plan = json.loads(data)
+    return plan if isinstance(plan, dict) else None
+
+
+def _module_search_path() -> None:
+    """sys.path as `python -m` has it: the working directory first, unless PYTHONSAFEPATH says not."""
+    del sys.path[0]
+    if not os.environ.get("PYTHONSAFEPATH"):
+        sys.path.insert(0, os.getcwd())
+
+
+def main(argv: list[str]) -> int:
+    preimport, module = argv[1], argv[2]
+    _module_search_path()
+    try:
+        __import__(preimport)
+    except BaseException:  # noqa: BLE001 — the launch, not the standby, reports a broken install
+        pass
+    plan = _read_plan()
+    if plan is None:
+        return 127
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.environ.clear()
+    os.environ.update(plan["env"])
+    launch = plan["argv"]
+    if launch[1:3] != ["-m", module]:  # not what was prepared: run it as a cold start would
+        os.execve(launch[0], launch, plan["env"])
+    sys.argv = [module, *launch[3:]]
+    # As `python -m`: the module runs afresh as __main__ (its own imports are kept, that is the gain).
+    sys.modules.pop(module, None)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
