@@ -1,0 +1,155 @@
+"""One job across two hosts (docs/multinode.md, slice 1): two network namespaces joined by a veth pair,
+each with its own address and its own real `spx-trainer` (own --root, fake GPUs), one checkpoint
+directory both mount. The same 2-node × 2-process job file is dropped in both spools; each daemon
+launches its share under torchrun's c10d rendezvous at host 0's address, both jobs succeed, each
+daemon saw its own node's progress, and the final model equals a 1-node × 4-process run's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness import EXAMPLES, Daemon
+from spx.daemon.contract import checkpoint_layout as layout
+
+pytestmark = pytest.mark.slow
+
+PY = sys.executable
+HASH = re.compile(r"final_state_sha256=([0-9a-f]{64})")
+IFNAME = "spx0"  # the veth end's name in both namespaces, so one job file names it for gloo
+RDZV_PORT = 29400
+STEPS = 16
+ARGS = ("--batch_size", "4", "--model-size", "tiny", "--seed", "7", "--steps", str(STEPS), "--checkpoint-every", "8",
+        "--dataset-size", "128")
+
+
+@dataclass(frozen=True)
+class Hosts:
+    namespaces: tuple[str, str]
+    addresses: tuple[str, str]
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+def _free_subnet() -> int:
+    """X of a 10.77.X.0/24 no interface of this machine (or of a leftover namespace) uses."""
+    taken = _ip("-o", "addr").stdout + "".join(_ip("-n", ns.split()[0], "-o", "addr").stdout
+                                               for ns in _ip("netns", "list").stdout.splitlines() if ns.strip())
+    start = os.getpid() % 250
+    return next(x for x in ((start + i) % 250 + 2 for i in range(250)) if f"10.77.{x}." not in taken)
+
+
+@contextmanager
+def two_hosts() -> Iterator[Hosts]:
+    """Two network namespaces joined by a veth pair (10.77.X.1/24 and 10.77.X.2/24, loopback up in
+    each). On the way out, whatever happened, what still runs in them is killed (only this test's
+    daemons and their jobs can be there) and they are deleted, which deletes the veth pair."""
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 (`ip`) is not installed")
+    tag = uuid.uuid4().hex[:8]
+    namespaces = (f"spxmn-{tag}-0", f"spxmn-{tag}-1")
+    veths = (f"spxv{tag}a", f"spxv{tag}b")
+    created: list[str] = []
+    try:
+        for ns in namespaces:
+            res = _ip("netns", "add", ns)
+            if res.returncode != 0:
+                pytest.skip(f"cannot create a network namespace here: {res.stderr.strip()}")
+            created.append(ns)
+        x = _free_subnet()
+        addresses = (f"10.77.{x}.1", f"10.77.{x}.2")
+        steps = [("link", "add", veths[0], "type", "veth", "peer", "name", veths[1])]
+        for ns, veth, addr in zip(namespaces, veths, addresses, strict=True):
+            steps += [("link", "set", veth, "netns", ns), ("-n", ns, "link", "set", veth, "name", IFNAME),
+                      ("-n", ns, "addr", "add", f"{addr}/24", "dev", IFNAME), ("-n", ns, "link", "set", IFNAME, "up"),
+                      ("-n", ns, "link", "set", "lo", "up")]
+        for step in steps:
+            res = _ip(*step)
+            assert res.returncode == 0, f"ip {' '.join(step)}: {res.stderr}"
+        yield Hosts(namespaces, addresses)
+    finally:
+        for ns in created:
+            for pid in _ip("netns", "pids", ns).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _ip("netns", "del", ns)
+        _ip("link", "del", veths[0])  # only there if it was never moved into a namespace
+
+
+def job_text(name: str, *, procs: int, ckpt: Path | None = None, nodes: str | None = None) -> str:
+    argv = ", ".join(f'"{a}"' for a in ARGS)
+    return (f"name: {name}\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\npython: {PY}\n"
+            f"args: [{argv}]\ngpus: {procs}\nprocs: {procs}\nenv: {{GLOO_SOCKET_IFNAME: {IFNAME}}}\n"
+            f"restart: {{max_restarts: 0}}\nstop: {{grace_seconds: 30}}\n"
+            + (f"checkpoints: {{dir: {ckpt}}}\n" if ckpt else "") + (f"nodes: {nodes}\n" if nodes else ""))
+
+
+def attempt_log(d: Daemon, name: str) -> str:
+    return (d.root / "log" / name / "attempt-1.log").read_text(errors="replace")
+
+
+def test_a_job_across_two_hosts_succeeds_on_both_with_the_model_of_one_host(tmp_path):
+    shared = tmp_path / "shared"  # the volume both hosts mount
+    shared.mkdir()
+    with two_hosts() as hosts:
+        daemons = [Daemon(tmp_path / f"host{i}", gpu_backend="fake", prefix=["ip", "netns", "exec", ns])
+                   for i, ns in enumerate(hosts.namespaces)]
+        try:
+            for d in daemons:
+                d.start()
+            nodes = f"{{count: 2, rdzv_endpoint: '{hosts.addresses[0]}:{RDZV_PORT}'}}"
+            text = job_text("wide", procs=2, ckpt=shared / "wide", nodes=nodes)
+            started = time.monotonic()
+            for d in daemons:
+                d.drop("wide.yaml", text)
+            for d in daemons:
+                d.wait_state("wide", {"succeeded", "failed"}, 180)
+            took = time.monotonic() - started
+            for i, d in enumerate(daemons):
+                st = d.status("wide")
+                assert st["state"] == "succeeded" and st["attempts"] == 1, (i, st, attempt_log(d, "wide")[-3000:])
+                # Each daemon watched its own node's heartbeat (its local rank 0), to the last step.
+                assert st["step"] == STEPS, (i, st)
+            logs = [attempt_log(d, "wide") for d in daemons]
+            # The attempt log's first lines hold the argv: each host advertises its own address; the
+            # endpoint's host (and only it) serves the rendezvous store.
+            for i, log in enumerate(logs):
+                assert f"'--local-addr={hosts.addresses[i]}'" in log, log[:2000]
+                assert ("'--rdzv-conf=is_host=true'" in log) == (i == 0), log[:2000]
+            for ckpt_step in (8, STEPS):
+                manifest = layout.read_manifest(shared / "wide" / layout.step_dirname(ckpt_step))
+                assert manifest is not None and manifest["world_size"] == 4, ckpt_step
+            # Global rank 0 is on one host (torch sorts the hosts by address: host 0); its log has the hash.
+            hashes = [HASH.findall(log) for log in logs]
+            assert [len(h) for h in hashes] == [1, 0], hashes
+            assert "DDP on 4 rank(s)" in logs[0], logs[0][-3000:]
+            wide = hashes[0]
+
+            # The reference: the same job, 1 node × 4 processes, on host 0.
+            daemons[0].drop("narrow.yaml", job_text("narrow", procs=4))
+            st = daemons[0].wait_state("narrow", {"succeeded", "failed"}, 120)
+            assert st["state"] == "succeeded", attempt_log(daemons[0], "narrow")[-3000:]
+            narrow = HASH.findall(attempt_log(daemons[0], "narrow"))
+            print(f"2 nodes x 2 procs: {took:.1f} s from drop to both succeeded; hash {wide[0][:16]}; "
+                  f"1 node x 4 procs: hash {narrow[0][:16]}")
+            assert wide == narrow, "the same 4 ranks, seeds and shards: the same model, bit for bit"
+        finally:
+            for d in daemons:
+                d.stop()
