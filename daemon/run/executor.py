@@ -85,6 +85,7 @@ class Handles:
     deferred: list[Callable[[], None]] = field(default_factory=list)  # store writes the store refused
     discovery: dict | None = None  # checkpoint discovery's answer for this attempt (stored with its row)
     standby_age: float | None = None  # seconds its launcher waited as a standby (None: launched cold)
+    spawned_wall: float = 0.0  # when this daemon spawned it (0: adopted; any heartbeat is then its own)
 
     @property
     def procs(self) -> proctree.AttemptProcesses:
@@ -173,8 +174,11 @@ class Executor:
             if beat is not None:
                 obs.append(step_types.HeartbeatSeen(beat.step, beat.time, beat.status))
                 self.timeline.beat(s.job_id, h.row_id, beat)
-                if (beat.step is not None and s.phase is step_types.Phase.RUNNING and h.row_id is not None
-                        and s.job_id not in self.standbys and job.spec.restart.max_restarts > 0):
+                # The next attempt's launcher starts once this one has trained a step — its own
+                # beat, not the last attempt's still in the file — so it never slows this start.
+                if (beat.step is not None and beat.time >= h.spawned_wall and s.phase is step_types.Phase.RUNNING
+                        and h.row_id is not None and s.job_id not in self.standbys
+                        and job.spec.restart.max_restarts > 0):
                     self._start_standby(job, s, s.number + 1)
         now = self.clock()
         if now - h.pids_checked >= PIDS_EVERY_SECONDS or h.exit_reported or h.proc is None:
@@ -381,7 +385,7 @@ class Executor:
                     cgroups.remove(h.cgroup)
                     h.cgroup = None
                 raise
-        h.proc, h.relay, h.pgid = spawned.proc, spawned.relay, spawned.proc.pid
+        h.proc, h.relay, h.pgid, h.spawned_wall = spawned.proc, spawned.relay, spawned.proc.pid, now
         exit_wake.watch(spawned.proc.pid, self._wake)
         self.timeline.spawned(job.id, h.row_id, now)
         boot, ticks = proctree.boot_id(), proctree.start_ticks(spawned.proc.pid)

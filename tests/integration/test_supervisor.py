@@ -74,6 +74,11 @@ def test_kill9_of_one_worker_takes_the_group_down_and_the_job_resumes(daemon):
     daemon.wait_state("kill-worker", {"succeeded", "failed"}, 300)
     st = daemon.status("kill-worker")
     assert st["state"] == "succeeded" and st["history"][1]["resumed_from_step"] >= 10
+    # Attempt 2's launcher was started during attempt 1 (a standby, daemon/run/standby.py); the one
+    # started for attempt 3 went with the job's end, with its cgroup and log.
+    assert daemon.events("attempt_started", job="kill-worker", attempt=2)[0]["standby"] > 0
+    assert job_pids("kill-worker") == []
+    assert sorted(p.name for p in (daemon.root / "log" / "kill-worker").glob("attempt-3*")) == []
     # Where the relaunch spent its time (spx status --timeline): every phase recorded, in order.
     rows = json.loads(daemon.spx("status", "kill-worker", "--timeline", "--json").stdout)
     relaunch = [r for r in rows if r["attempt"] == 2]
