@@ -20,6 +20,7 @@ Every failure is a `UserPathError` whose message is the job's reason.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -42,8 +43,8 @@ from spx.daemon.userfs.fsafe import UserPathError
 
 log = get_logger()
 
-__all__ = ["AttemptFiles", "UserPathError", "job_log_dir_fd", "latest_checkpoint", "note", "open_log_dir", "paths", "prepare",
-           "read_heartbeat", "read_log_tail", "staging_log"]
+__all__ = ["AttemptFiles", "UserPathError", "job_log_dir_fd", "latest_checkpoint", "note", "open_log_dir",
+           "paths", "prepare", "remove_attempt_logs", "read_heartbeat", "read_log_tail", "staging_log"]
 
 MARKER = ".job-id"
 MARKER_MAX_BYTES = 64
@@ -87,6 +88,21 @@ def attempt_log_names(number: int) -> tuple[str, ...]:
     """The files attempt `number` has in its job's log dir: its log, the log's rotated part, its
     exit record (attempt_monitor.py)."""
     return f"attempt-{number}.log", f"attempt-{number}.log.1", f"attempt-{number}.exit"
+
+
+def remove_attempt_logs(cfg: DaemonConfig, job: JobRow, number: int) -> None:
+    """Remove what attempt `number` left in its job's root-owned log dir (by the dir's fd): for a
+    standby launcher that never became its attempt, whose import may have written a line."""
+    try:
+        fd = open_log_dir(paths(cfg, job, number))
+    except OSError:  # no log dir: nothing to remove
+        return
+    try:
+        for name in attempt_log_names(number):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _gid_or_unchanged(uid: int) -> int:

@@ -471,17 +471,9 @@ class Executor:
         ready.discard()
         self._end_standby(ready)
         try:
-            fd = attempt_files.open_log_dir(attempt_files.paths(self.cfg, self.store.job(job_id), ready.number))
-        except (OSError, KeyError, StoreUnavailable):
-            return
-        try:
-            for name in attempt_files.attempt_log_names(ready.number):
-                try:
-                    os.unlink(name, dir_fd=fd)
-                except FileNotFoundError:
-                    pass
-        finally:
-            os.close(fd)
+            attempt_files.remove_attempt_logs(self.cfg, self.store.job(job_id), ready.number)
+        except (KeyError, StoreUnavailable):  # the job's row is gone: so is its log dir's owner
+            pass
 
     @staticmethod
     def _end_standby(ready: standby.Standby) -> None:
