@@ -220,6 +220,22 @@ def _attempt(row: sqlite3.Row) -> AttemptRow:
     return AttemptRow(**{k: row[k] for k in row.keys() if k in _ATTEMPT_COLUMNS})  # noqa: SIM118 (sqlite3.Row iterates values)
 
 
+class _ThreadConnection:
+    """One thread's connection, closed as the thread ends (its `threading.local` entry goes, and
+    with it this holder) — not at some later garbage collection, which a connection left to itself
+    waits for: every control request and every scrape is a thread of its own, and a burst of them
+    held two file descriptors (the database and its WAL) per finished thread until then (measured:
+    ~80 after 40 `spx ls`)."""
+
+    __slots__ = ("db",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __del__(self) -> None:
+        self.db.close()
+
+
 class Store:
     """Jobs, attempts and events. Writers must be on the thread that owns the daemon's main loop;
     any thread may read (each gets its own connection)."""
@@ -247,8 +263,8 @@ class Store:
 
     @property
     def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
+        held: _ThreadConnection | None = getattr(self._local, "held", None)
+        if held is None:
             if self.readonly:
                 db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, isolation_level=None)
             else:
@@ -257,8 +273,8 @@ class Store:
                 db.execute("PRAGMA synchronous=FULL")
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA foreign_keys=ON")
-            self._local.db = db
-        return db
+            held = self._local.held = _ThreadConnection(db)
+        return held.db
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -292,10 +308,8 @@ class Store:
             raise
 
     def close(self) -> None:
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        """Close this thread's connection now (the next use opens a fresh one)."""
+        self._local.held = None
 
     # --- writes -----------------------------------------------------------------------------------
 
