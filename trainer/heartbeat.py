@@ -4,7 +4,8 @@ The daemon detects hangs by watching `step` move and exports samples/s and the l
 job metrics. Every host's daemon supervises its own share of a job (docs/multinode.md), so local
 rank 0 of each node writes the file its daemon gave (`node_heartbeat_file`): with only global rank 0
 writing, the daemons of the other hosts would see no progress and declare a hang. The last
-checkpoint is known where it is published, on global rank 0; other nodes report none.
+checkpoint is known where it is published, on global rank 0; other nodes report none. Each beat
+also says where its node is in torch's numbering (`node_placement`), for `spx status` on each host.
 
 Writes are atomic (`contract.write_heartbeat`) and rate-limited to one per `min_interval` seconds;
 a status change ("preempted", "finished") is written at once because it is the last word of the
@@ -14,7 +15,10 @@ attempt.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from spx.daemon.contract.worker_env import HEARTBEAT_MIN_INTERVAL_SECONDS, Heartbeat, write_heartbeat
@@ -30,11 +34,40 @@ def node_heartbeat_file(configured: str | None, local_rank: int) -> str | None:
     return configured if local_rank == 0 else None
 
 
-class HeartbeatWriter:
-    """Throttled heartbeat; without a `path` (not local rank 0, or no file configured) it only measures samples/s."""
+@dataclass(frozen=True)
+class NodePlacement:
+    """The writer's node in torch's numbering: `node_rank` of `nnodes`, global ranks `first`..`last`."""
 
-    def __init__(self, path: str | Path | None, min_interval: float = HEARTBEAT_MIN_INTERVAL_SECONDS) -> None:
+    node_rank: int
+    nnodes: int
+    first: int
+    last: int
+
+
+def node_placement(env: Mapping[str, str]) -> NodePlacement | None:
+    """Where this process's node is, from the variables torch's elastic agent sets for each worker
+    (GROUP_RANK, GROUP_WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE); None unless all are there
+    and consistent (run by hand, or by a launcher that does not set them: the beat omits them).
+    The node's ranks are contiguous, RANK - LOCAL_RANK up to that + LOCAL_WORLD_SIZE - 1."""
+    try:
+        group, groups, rank, local, local_size = (int(env[k]) for k in (
+            "GROUP_RANK", "GROUP_WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+    except (KeyError, ValueError):
+        return None
+    first = rank - local
+    if not (0 <= group < groups and 0 <= local < local_size and first >= 0):
+        return None
+    return NodePlacement(node_rank=group, nnodes=groups, first=first, last=first + local_size - 1)
+
+
+class HeartbeatWriter:
+    """Throttled heartbeat; without a `path` (not local rank 0, or no file configured) it only measures
+    samples/s. `placement` (default: from this process's environment) goes into every beat."""
+
+    def __init__(self, path: str | Path | None, min_interval: float = HEARTBEAT_MIN_INTERVAL_SECONDS,
+                 placement: NodePlacement | None = None) -> None:
         self.path = Path(path) if path else None
+        self.placement = placement if placement is not None else node_placement(os.environ)
         self.min_interval = max(min_interval, HEARTBEAT_MIN_INTERVAL_SECONDS)
         self._last_write = float("-inf")
         self._window_start = time.monotonic()
@@ -74,6 +107,9 @@ class HeartbeatWriter:
             status=status,
             phases=phases.recorded() or None,
         )
+        if self.placement is not None:
+            where = self.placement
+            beat.node_rank, beat.nnodes, beat.ranks = where.node_rank, where.nnodes, [where.first, where.last]
         try:
             write_heartbeat(self.path, beat)
         except OSError as exc:  # a full disk must not kill training; the daemon will notice

@@ -26,6 +26,7 @@ from spx.daemon.contract import checkpoint_discovery
 from spx.daemon.intake.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, submitted_text
 from spx.daemon.service import control
 from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
+from spx.daemon.state import node_view
 from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError
 
@@ -129,6 +130,8 @@ def print_status(doc: dict) -> None:
     print(f"{doc['name']}: {doc['state']}" + (f" ({doc['reason']})" if doc["reason"] else ""))
     print(f"  owner {doc['owner']}  gpus {_fmt(doc['gpus'])}  step {_fmt(doc['step'])}  "
           f"last checkpoint {_fmt(doc['last_checkpoint_step'])}  samples/s {_fmt(doc['samples_per_second'])}")
+    if doc.get("node"):
+        print(f"  {node_view.describe(doc['node'])}")
     if doc.get("staging"):
         print(f"  staging: {doc['staging']}")
     history = doc.get("history", [])

@@ -11,11 +11,11 @@ from spx.daemon.cli.top import run_top
 from spx.daemon.service.gpu_rows import GpuRow
 from spx.daemon.state.views import JobView
 
-_FIELDS = {f.name for f in dataclasses.fields(JobView)} - {"history"}
+_FIELDS = {f.name for f in dataclasses.fields(JobView)} - {"history", "node"}
 
 
 def job_from_json(doc: dict[str, Any]) -> JobView:
-    """A `spx ls --json` entry back into a JobView (unknown keys ignored, history dropped)."""
+    """A `spx ls --json` entry back into a JobView (unknown keys ignored, history and node dropped)."""
     return JobView(**{k: v for k, v in doc.items() if k in _FIELDS})
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,9 @@ class Heartbeat:
     a calibrated hang timeout waits for it), "preempted" (checkpointed on SIGTERM, then exited) or
     "finished". Times are Unix seconds, so the daemon can compare them across a restart of its own.
     `phases` maps WORKER_PHASES names to when they ended in this attempt (None: not reported).
+    Where the writer is (torch's numbering, docs/multinode.md; None where its env did not say):
+    `node_rank` (GROUP_RANK) of `nnodes` (GROUP_WORLD_SIZE), and `ranks`, the node's global ranks
+    [first, last] (first: RANK of its local rank 0, the writer; last: first + LOCAL_WORLD_SIZE - 1).
     """
 
     step: int
@@ -61,6 +65,9 @@ class Heartbeat:
     status: str = "running"
     time: float = field(default_factory=time.time)
     phases: dict[str, float] | None = None
+    node_rank: int | None = None
+    nnodes: int | None = None
+    ranks: list[int] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -114,7 +121,17 @@ def _well_typed(beat: Heartbeat) -> bool:
     return (integer(beat.step) and integer(beat.epoch) and finite(beat.samples_per_second) and finite(beat.time)
             and isinstance(beat.status, str)
             and (beat.last_checkpoint_step is None or integer(beat.last_checkpoint_step))
-            and (beat.last_checkpoint_time is None or finite(beat.last_checkpoint_time)))
+            and (beat.last_checkpoint_time is None or finite(beat.last_checkpoint_time))
+            and _well_placed(beat, integer))
+
+
+def _well_placed(beat: Heartbeat, integer: Callable[[object], bool]) -> bool:
+    """The node fields are each None or an int in range: 0 <= node_rank < nnodes, 0 <= first <= last."""
+    nnodes, node_rank, ranks = beat.nnodes, beat.node_rank, beat.ranks
+    return ((nnodes is None or (integer(nnodes) and nnodes >= 1))
+            and (node_rank is None or (integer(node_rank) and node_rank >= 0 and (nnodes is None or node_rank < nnodes)))
+            and (ranks is None or (isinstance(ranks, list) and len(ranks) == 2 and all(integer(r) for r in ranks)
+                                   and 0 <= ranks[0] <= ranks[1])))
 
 
 def read_heartbeat(path: str | os.PathLike[str]) -> Heartbeat | None:

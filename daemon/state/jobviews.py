@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from spx.daemon.state import phases as timeline
+from spx.daemon.state.node_view import node_view
 from spx.daemon.state.store import JobRow, Store
 from spx.daemon.state.views import AttemptView, JobView
 from spx.daemon.userfs.heartbeat import read_heartbeat
@@ -63,6 +64,7 @@ def job_view(
         staging=job.staging,
         history=history,
         job_id=job.id,
+        node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat),
     )
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from spx.daemon.state.node_view import NodeView
+
 
 @dataclass(frozen=True)
 class AttemptView:
@@ -64,6 +66,8 @@ class JobView:
     history: list[AttemptView] = field(default_factory=list)
     # The store's id: tells apart the jobs of a reused name (`spx ls --all`, `spx logs --job-id`).
     job_id: int = 0
+    # This host's node of a job across hosts (state/node_view.py); None for a one-host job.
+    node: NodeView | None = None
 
     def to_json(self, with_history: bool = False) -> dict:
         doc = asdict(self)

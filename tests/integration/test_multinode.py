@@ -114,7 +114,8 @@ def test_a_job_across_two_hosts_succeeds_on_both_with_the_model_of_one_host(tmp_
         try:
             for d in daemons:
                 d.start()
-            nodes = f"{{count: 2, rdzv_endpoint: '{hosts.addresses[0]}:{RDZV_PORT}'}}"
+            endpoint = f"{hosts.addresses[0]}:{RDZV_PORT}"
+            nodes = f"{{count: 2, rdzv_endpoint: '{endpoint}'}}"
             text = job_text("wide", procs=2, ckpt=shared / "wide", nodes=nodes)
             started = time.monotonic()
             for d in daemons:
@@ -127,6 +128,14 @@ def test_a_job_across_two_hosts_succeeds_on_both_with_the_model_of_one_host(tmp_
                 assert st["state"] == "succeeded" and st["attempts"] == 1, (i, st, attempt_log(d, "wide")[-3000:])
                 # Each daemon watched its own node's heartbeat (its local rank 0), to the last step.
                 assert st["step"] == STEPS, (i, st)
+            # Each daemon shows where its node is (from its node's heartbeat) and where the hosts meet.
+            shown = [d.status("wide")["node"] for d in daemons]
+            assert sorted((n["node_rank"], n["ranks"]) for n in shown) == [(0, [0, 1]), (1, [2, 3])], shown
+            assert all((n["nnodes"], n["rdzv_endpoint"], n["rdzv_backend"], n["rdzv_id"]) == (2, endpoint, "c10d", "wide")
+                       for n in shown), shown
+            rank, (first, last) = shown[1]["node_rank"], shown[1]["ranks"]
+            out = daemons[1].spx("status", "wide").stdout
+            assert f"node {rank} of 2, ranks {first}–{last}, rendezvous {endpoint} (c10d, wide)" in out, out
             logs = [attempt_log(d, "wide") for d in daemons]
             # The attempt log's first lines hold the argv: each host advertises its own address; the
             # endpoint's host (and only it) serves the rendezvous store.
