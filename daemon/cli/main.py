@@ -123,7 +123,7 @@ def print_table(jobs: list[dict]) -> None:
 
 
 # Attempt ends that are not failures of the job (its history still lists them).
-_NOT_FAILURES = ("cancelled", "daemon-restart")
+_NOT_FAILURES = ("cancelled", "daemon-restart", "peer-restart")
 
 
 def print_status(doc: dict) -> None:
@@ -131,7 +131,8 @@ def print_status(doc: dict) -> None:
     print(f"  owner {doc['owner']}  gpus {_fmt(doc['gpus'])}  step {_fmt(doc['step'])}  "
           f"last checkpoint {_fmt(doc['last_checkpoint_step'])}  samples/s {_fmt(doc['samples_per_second'])}")
     if doc.get("node"):
-        print(f"  {node_view.describe(doc['node'])}")
+        for line in node_view.describe(doc["node"], time.time()):
+            print(f"  {line}")
     if doc.get("staging"):
         print(f"  staging: {doc['staging']}")
     history = doc.get("history", [])

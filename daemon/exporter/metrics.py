@@ -62,6 +62,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("spx_job_gpus", "gauge", ("job",), "GPUs the job holds now."),
     Spec("spx_job_attempts", "gauge", ("job",), "Attempts started for the job (1 for a job that never restarted)."),
     Spec("spx_job_node_rank", "gauge", ("job",), "This host's node rank in a job across hosts (torch's GROUP_RANK, from its heartbeat); absent for a one-host job."),
+    Spec("spx_job_generation", "gauge", ("job",), "A job across hosts: the generation (rendezvous round) its current or last attempt joined; it grows by one per restart of all hosts. Absent for a one-host job."),
     # -- daemon ----------------------------------------------------------------------------------
     Spec("spx_scrape_duration_seconds", "gauge", ("collector",), "Time this scrape spent in the collector."),
     Spec("spx_scrape_success", "gauge", ("collector",), "1 if the collector read everything it tried in this scrape, 0 if any read failed."),

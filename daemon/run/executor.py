@@ -33,6 +33,7 @@ from spx.daemon.run import (
     cgroups,
     checkpoint_report,
     exit_wake,
+    gang,
     launcher,
     local_tier,
     proctree,
@@ -58,6 +59,9 @@ PYSPY_TIMEOUT_SECONDS = 15.0        # per process; all of them stay below step.D
 DUMP_BUDGET_SECONDS = 45.0
 PIDS_EVERY_SECONDS = 2.0
 ACTIVITY_EVERY_SECONDS = 5.0  # how often an attempt without heartbeat progress is looked at
+# Across hosts, how long a relaunch waits for the other hosts to leave the last generation (their
+# agent may still serve its store); within the step's checkpoint deadline with discovery's timeout.
+GANG_JOIN_WAIT_SECONDS = 25.0
 _WITH_PROCESSES = ("leftover_processes", "adopted_after_restart")
 
 
@@ -86,6 +90,8 @@ class Handles:
     discovery: dict | None = None  # checkpoint discovery's answer for this attempt (stored with its row)
     standby_age: float | None = None  # seconds its launcher waited as a standby (None: launched cold)
     spawned_wall: float = 0.0  # when this daemon spawned it (0: adopted; any heartbeat is then its own)
+    gang_beat_at: float = 0.0  # across hosts: when its last beat was sent (gang.beat), monotonic
+    gang_beating: bool = False  # one beat at a time: a slow shared dir must not pile them up
 
     @property
     def procs(self) -> proctree.AttemptProcesses:
@@ -113,6 +119,7 @@ class Executor:
         self.timeline = timeline.Recorder(store, wall)  # per-attempt phase times (spx status --timeline)
         self.standbys: dict[int, standby.Standby] = {}  # job → its next attempt's launcher, started ahead
         self._standby_refused: dict[int, int] = {}  # job → the attempt whose standby could not start (not retried)
+        self.gang_hosts: dict[int, list[dict]] = {}  # job across hosts → every host's line, as last read (spx status)
 
     def close(self, wait: bool = False) -> None:
         """Nothing new starts; slow work still running finishes on its own deadline (`wait`: for it).
@@ -188,6 +195,9 @@ class Executor:
         if (s.phase is step_types.Phase.RUNNING and s.last_progress is None and s.gpus and h.files is not None
                 and self.gpu_computing is not None and now - h.activity_checked >= ACTIVITY_EVERY_SECONDS):
             obs.append(self._activity(s, h, now))
+        if (s.phase is step_types.Phase.RUNNING and s.limits.gang and s.generation is not None and not h.gang_beating
+                and now - h.gang_beat_at >= gang.BEAT_SECONDS):
+            self._gang_beat(job, s, h, now)
         if not h.exit_reported:
             ended = self._launcher_status(h)
             if ended is not None:
@@ -229,10 +239,9 @@ class Executor:
     @staticmethod
     def _launcher_status(h: Handles) -> step_types.LauncherExited | None:
         """How the launcher ended, or None while it runs. Ours: Popen's status (negative codes are
-        signals). Adopted (not our child): once none of its processes is left, what its monitor
-        recorded."""
+        signals). Adopted (not our child): what its monitor recorded (`_adopted_end`)."""
         if h.proc is None:
-            return None if h.pids else _recorded_end(h)
+            return _adopted_end(h)
         rc = h.proc.poll()
         if rc is None:
             return None
@@ -320,26 +329,39 @@ class Executor:
         # The crash-loop fallback is decided here, from the stored history (resume_fallback is pure).
         avoid = resume_fallback.checkpoint_to_avoid(self.store.attempts(job.id))
 
+        last = s.generation
+
         def work() -> Callable[[], step_types.Observation]:
             files = attempt_files.prepare(cfg, job, a.number)
+            joined = None
+            if s.limits.gang:
+                # Across hosts: the round this attempt joins, once no host runs in an older one.
+                joined = gang.join(cfg, job, str(files.checkpoint_dir), last, GANG_JOIN_WAIT_SECONDS)
+                if joined.final is not None:
+                    return lambda: step_types.CheckpointFound(None, None, a.number, final=joined.final)
             ref, found = attempt_files.latest_checkpoint(job, files, CHECKPOINT_TIMEOUT_SECONDS,
                                                          {avoid.path: avoid.why} if avoid else None)
             if avoid is not None and resume_fallback.fell_back(avoid, found):
                 found = {**found, "fallback_from": avoid.path, "fallback_why": avoid.why}
-            return lambda: self._checkpoint_found(job, a.number, files, ref, found)
+            if joined is not None:
+                found = {**found, "generation": joined.gen, "join_waited_seconds": joined.waited,
+                         "join_waited_for": joined.waited_for}
+            return lambda: self._checkpoint_found(job, a.number, files, ref, found,
+                                                  joined.gen if joined is not None else None)
 
         self._off_loop(job.id, work, lambda e: step_types.ActionFailed(a, str(e)))
         return []
 
     def _checkpoint_found(self, job: JobRow, number: int, files: AttemptFiles,
-                          ref: CheckpointRef | None, found: dict) -> step_types.Observation:
+                          ref: CheckpointRef | None, found: dict, generation: int | None) -> step_types.Observation:
         self.timeline.before_spawn(job.id, "checkpoint_found")
         current = self.handles.get(job.id)
         if current is None or current.number != number or current.row_id is None:
             self.handles[job.id] = Handles(number=number, files=files)
         self.handles[job.id].discovery = found
         checkpoint_report.say(job.name, number, files, ref, found)
-        return step_types.CheckpointFound(str(ref.path) if ref else None, ref.step if ref else None, number)
+        return step_types.CheckpointFound(str(ref.path) if ref else None, ref.step if ref else None, number,
+                                          generation=generation)
 
     def _spawn(self, job: JobRow, s: step_types.JobStep, a: step_types.Spawn) -> list[step_types.Observation]:
         h = self.handles[job.id]
@@ -353,7 +375,7 @@ class Executor:
             h.row_id = self.store.start_attempt(job.id, number=a.number, attempt_id=h.attempt_id, now=now,
                                                 resumed_from=a.resume_from, resumed_from_step=a.resume_step,
                                                 port=h.port, checkpoint_discovery=json.dumps(h.discovery)
-                                                if h.discovery is not None else None)
+                                                if h.discovery is not None else None, generation=s.generation)
         port = h.port
         try:
             user = pwd.getpwuid(job.owner_uid)
@@ -363,7 +385,7 @@ class Executor:
             attempt=a.number, attempt_id=h.attempt_id or "", gpus=list(s.gpus), port=port,
             checkpoint_dir=files.checkpoint_dir, resume_from=Path(a.resume_from) if a.resume_from else None,
             heartbeat_file=files.heartbeat_file, rank_log_dir=files.rank_log_dir, home=user.pw_dir, user=user.pw_name,
-            local_checkpoint_dir=files.local_checkpoint_dir,
+            local_checkpoint_dir=files.local_checkpoint_dir, generation=s.generation if s.limits.gang else None,
         )
         plan = launcher.plan_launch(job.spec, ctx)
         resumed = (f"resuming from {a.resume_from} (step {a.resume_step})" if a.resume_from
@@ -523,6 +545,46 @@ class Executor:
         self._off_loop(job.id, work, lambda e: step_types.ActionFailed(a, str(e)))
         return []
 
+    # --- across hosts (gang.py) -------------------------------------------------------------------
+
+    def _agree_generation(self, job: JobRow, s: step_types.JobStep,
+                          a: step_types.AgreeGeneration) -> list[step_types.Observation]:
+        """Tell the other hosts this share's attempt ended (and begin the next generation with its
+        decision, unless another host did first). Off the loop: the shared dir may be slow."""
+        cfg, ckpt_dir, step = self.cfg, str(job.spec.checkpoint_dir(self.cfg.checkpoints_root)), s.last_step
+        generation = a.generation if a.generation is not None else 0
+
+        def work() -> Callable[[], step_types.Observation]:
+            won, turn = gang.advance(cfg, job, ckpt_dir, generation, a.bump, step)
+            return lambda: step_types.GenerationAgreed(a.number, won, turn)
+
+        self._off_loop(job.id, work, lambda e: step_types.ActionFailed(a, str(e)))
+        return []
+
+    def _gang_beat(self, job: JobRow, s: step_types.JobStep, h: Handles, now: float) -> None:
+        """This host's share runs in its generation (a beat, off the loop); comes back as GangSeen with
+        the generation now, and every host's line for `spx status`. A beat that fails is logged: the
+        share goes on, and the next beat tries again."""
+        h.gang_beat_at, h.gang_beating = now, True
+        cfg, ckpt_dir, generation, step = self.cfg, str(job.spec.checkpoint_dir(self.cfg.checkpoints_root)), s.generation, s.last_step
+        assert generation is not None
+
+        def done(turn: step_types.GangTurn | None, hosts: list[dict] | None) -> step_types.Observation:
+            h.gang_beating = False
+            if hosts is not None:
+                self.gang_hosts[job.id] = hosts
+            return step_types.GangSeen(turn) if turn is not None else step_types.Tick()
+
+        def work() -> Callable[[], step_types.Observation]:
+            turn, hosts = gang.beat(cfg, job, ckpt_dir, generation, step)
+            return lambda: done(turn, hosts)
+
+        def failed(e: BaseException) -> step_types.Observation:
+            log.warning("gang_beat_failed", job=job.name, attempt=s.number, error=str(e))
+            return done(None, None)
+
+        self._off_loop(job.id, work, failed)
+
     def _remove_cgroup(self, job: JobRow, s: step_types.JobStep, a: step_types.RemoveCgroup) -> list[step_types.Observation]:
         h = self.handles.get(job.id)
         if h is not None and h.cgroup is not None:
@@ -596,10 +658,10 @@ class Executor:
 
     def adopt(self, job: JobRow, number: int, row_id: int, attempt_id: str, pgid: int | None,
               boot_id: str | None, start_ticks: int | None) -> step_types.LauncherExited | None:
-        """The open attempt of a previous daemon, taken on: None if any of its processes still runs
-        (its monitor is one of them), else how it ended (`_recorded_end`). Its group is signalled
-        only if the stored pgid's leader is provably the process that daemon started (same boot,
-        same start time); the tag and the cgroup find the rest either way."""
+        """The open attempt of a previous daemon, taken on: None while its launcher runs, else how it
+        ended (`_adopted_end`). Its group is signalled only if the stored pgid's leader is provably
+        the process that daemon started (same boot, same start time); the tag and the cgroup find
+        the rest either way."""
         same = pgid is not None and proctree.same_process(pgid, boot_id, start_ticks)
         if pgid is not None and not same:
             log.warning("stored_pgid_not_ours", job=job.name, attempt=number, pgid=pgid,
@@ -613,7 +675,7 @@ class Executor:
                                            cgroup=cgroup)
         h.pids = h.procs.pids()
         h.seen_pids.update(h.pids)
-        return None if h.pids else _recorded_end(h)
+        return _adopted_end(h)
 
     def adopt_lost(self, job: JobRow, number: int) -> None:
         """A job stored as running without an open attempt (its row never made it): nothing to find
@@ -625,6 +687,7 @@ class Executor:
         ours to poll, is collected by the orphan reaper)."""
         self.handles.pop(job_id, None)
         self.timeline.forget(job_id)
+        self.gang_hosts.pop(job_id, None)
         self._discard_standby(job_id)
         self._standby_refused.pop(job_id, None)
 
@@ -649,13 +712,15 @@ class Executor:
                 | {r.cgroup for r in list(self.standbys.values()) if r.cgroup is not None})
 
 
-def _recorded_end(h: Handles) -> step_types.LauncherExited:
-    """An adopted attempt none of whose processes is left: its end as its monitor recorded it (the
-    monitor writes the record before it exits, so once it is gone the record is there), or lost."""
+def _adopted_end(h: Handles) -> step_types.LauncherExited | None:
+    """How an adopted attempt (not our child) ended, or None while it runs. Its monitor records the
+    launcher's end before it exits itself: with a record the launcher is gone, even if workers are
+    left (a launcher killed while no daemon watched leaves its workers training, unsupervised:
+    they are leftovers now, killed as any), and with none and no process left it is lost."""
     record = (launcher.recorded_exit(h.files.log_dir, h.files.log_name, h.attempt_id)
               if h.files is not None and h.attempt_id else None)
     if record is None:
-        return step_types.LauncherExited(None, None, lost=True)
+        return None if h.pids else step_types.LauncherExited(None, None, lost=True)
     return step_types.LauncherExited(record.exit_code, record.signal, launched=record.launched, stopped=record.stopped,
                                      ended_wall=record.ended)
 
@@ -691,6 +756,7 @@ _PERFORM: dict[type, Callable[[Executor, JobRow, step_types.JobStep, object], li
     step_types.SignalKill: Executor._signal,
     step_types.DumpStacks: Executor._dump_stacks,
     step_types.Diagnose: Executor._diagnose,
+    step_types.AgreeGeneration: Executor._agree_generation,
     step_types.RemoveCgroup: Executor._remove_cgroup,
     step_types.Note: Executor._note,
     step_types.Log: Executor._log,

@@ -48,6 +48,7 @@ class LaunchContext:
     home: str
     user: str
     local_checkpoint_dir: Path | None = None
+    generation: int | None = None  # a job across hosts: the round this attempt joins (run/gang.py)
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
     if spec.launcher == "torchrun":
         argv = [
             python, "-m", "torch.distributed.run",
-            *rendezvous.torchrun_args(spec.nodes, spec.name, nproc, ctx.port),
+            *rendezvous.torchrun_args(spec.nodes, spec.name, nproc, ctx.port, ctx.generation),
             # Every restart is a fresh launch by the daemon (design §7): torchrun's in-agent
             # restart proved unreliable, and the daemon must see each failure to back off.
             "--max-restarts=0",

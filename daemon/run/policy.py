@@ -28,7 +28,7 @@ class AttemptOutcome:
     "cancel", "daemon-stop" (the daemon is shutting down), "daemon-restart" (a daemon stopped it and
     died before storing why), "lost" (adopted after a daemon restart, its monitor gone without a
     record of its end), "hang" or "gpu-fault" (a fatal XID on one of its GPUs; `gpu_fault` says
-    which). `progressed` is true if the attempt moved the step past where it
+    which), "peer-restart" (across hosts: another host began a newer generation). `progressed` is true if the attempt moved the step past where it
     resumed (or wrote a new checkpoint, or, for scripts without a heartbeat, stayed up for a healthy
     stretch).
     """
@@ -146,6 +146,11 @@ def decide(
         # Not the job's fault: resume without counting it as a failure.
         why = "daemon stopped; resumes on next start" if outcome.stop_cause == "daemon-stop" else "daemon restarted"
         return Decision(JobState.RESTARTING, why, "daemon-restart", 0.0, backoff_level, no_progress_streak)
+    if outcome.stop_cause == "peer-restart":
+        # Across hosts: stopped because another host began a newer generation (a daemon restarted
+        # meanwhile, so that host's decision is not known here): it counted the failure, if any.
+        return Decision(JobState.RESTARTING, "restarted with the job's other hosts", "peer-restart", 0.0,
+                        backoff_level, no_progress_streak)
     if outcome.stop_cause == "lost":
         # Its monitor is gone without a record (killed with it, or the launch never got going): how
         # it ended is unknown, so it is not counted; it resumes from its checkpoint.

@@ -26,13 +26,18 @@ import socket
 from spx.daemon.intake.nodes import Nodes, split_endpoint
 
 
-def torchrun_args(nodes: Nodes, job_name: str, nproc: int, port: int) -> list[str]:
-    """The rendezvous part of a torchrun argv (the rest is launcher.plan_launch's)."""
+def torchrun_args(nodes: Nodes, job_name: str, nproc: int, port: int, generation: int | None = None) -> list[str]:
+    """The rendezvous part of a torchrun argv (the rest is launcher.plan_launch's). Across hosts
+    each generation (run/gang.py) is its own round, `--rdzv-id=ID-gG`: a host relaunched into a new
+    one never meets a round the others closed or left."""
     if nodes.count == 1:
         return ["--nnodes=1", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={port}"]
     endpoint = nodes.rdzv_endpoint or ""
+    rdzv_id = nodes.rdzv_id or job_name
+    if generation is not None:
+        rdzv_id = f"{rdzv_id}-g{generation}"
     args = [f"--nnodes={nodes.count}", f"--nproc-per-node={nproc}", f"--rdzv-backend={nodes.rdzv_backend}",
-            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={nodes.rdzv_id or job_name}"]
+            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}"]
     host, rdzv_port = split_endpoint(endpoint)
     try:
         address = ipaddress.ip_address(host)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 # Attempt ends that say nothing about the checkpoint the attempt resumed from.
-NOT_THE_CHECKPOINTS = frozenset({"cancelled", "daemon-restart", "preempted", "gpu-fault", "lost", "launch"})
+NOT_THE_CHECKPOINTS = frozenset({"cancelled", "daemon-restart", "preempted", "gpu-fault", "lost", "launch", "peer-restart"})
 LOOP_LENGTH = 2
 
 

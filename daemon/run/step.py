@@ -24,6 +24,11 @@ Phases of the tracked job (the stored `JobState` in brackets):
     EXITED --all processes gone--> DIAGNOSING --diagnosis (or its deadline)--> record the end:
         BACKOFF (a restart) | DONE (succeeded / failed / cancelled, or the daemon stops)
 
+A job across hosts (limits.gang) runs each attempt in a generation the hosts share
+(userfs/gang_dir.py): RUNNING --another host began a newer one (GangSeen)--> STOPPING, and before
+its end is recorded DIAGNOSING --> AGREEING --the others told (GenerationAgreed)--> record the end,
+on this host's decision if it began the next generation, else on the host's that did.
+
 Jobs outlive the daemon: at its start, an attempt a previous daemon left open enters (`adopted`) as
 RUNNING if it still runs, STOPPING if that daemon was stopping it, EXITED if it ended meanwhile
 (the exit its monitor recorded, or "lost" without one).
@@ -45,13 +50,14 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from spx.daemon.contract.worker_env import EXIT_PREEMPTED
-from spx.daemon.run.policy import AttemptOutcome, decide
+from spx.daemon.run.policy import AttemptOutcome, Decision, decide
 from spx.daemon.run.proctree import signal_name
 from spx.daemon.run.step_types import (
     STORE_ACTIONS,
     Action,
     ActionFailed,
     ActivitySeen,
+    AgreeGeneration,
     AllGone,
     CancelRequested,
     CheckpointFound,
@@ -61,6 +67,9 @@ from spx.daemon.run.step_types import (
     DumpStacks,
     FindCheckpoint,
     FinishAttempt,
+    GangSeen,
+    GangTurn,
+    GenerationAgreed,
     Go,
     GpuFault,
     HeartbeatSeen,
@@ -114,7 +123,12 @@ STEP_INTERVALS_KEPT = 64
 BACKOFF_SAVE_SECONDS = 15.0
 # Stop causes that are not the job's fault: its attempt does not count as a restart. "lost": an
 # adopted attempt whose monitor is gone without a record of how it ended.
-DAEMON_CAUSES = ("daemon-stop", "daemon-restart", "lost")
+# "peer-restart": across hosts, stopped because another host began a newer generation (that host
+# counted the failure, if it was one).
+DAEMON_CAUSES = ("daemon-stop", "daemon-restart", "lost", "peer-restart")
+# Across hosts, telling the others that an attempt ended comes back by then, or the end is recorded
+# on this host's own decision alone (the others see it stop, and follow at their next beat or join).
+AGREE_DEADLINE_SECONDS = 30.0
 
 
 
@@ -125,7 +139,7 @@ DAEMON_CAUSES = ("daemon-stop", "daemon-restart", "lost")
 def placed(job_id: int, name: str, limits: Limits, job_state: JobState, gpus: tuple[int, ...], *, number: int = 0,
            restarts: int = 0, class_counts: dict[str, int] | None = None, backoff_level: int = 0,
            no_progress_streak: int = 0, backoff_remaining: float = 0.0, staged: bool = False,
-           now: float = 0.0) -> JobStep:
+           now: float = 0.0, generation: int | None = None) -> JobStep:
     """A job without a live attempt: READY, or in BACKOFF while `backoff_remaining` > 0 — a job just
     placed by the scheduler, or one found starting/restarting when the daemon starts (its stored
     remaining delay resumes)."""
@@ -134,12 +148,12 @@ def placed(job_id: int, name: str, limits: Limits, job_state: JobState, gpus: tu
                    number=number, restarts=restarts, class_counts=tuple(sorted((class_counts or {}).items())),
                    backoff_level=backoff_level,
                    no_progress_streak=no_progress_streak, backoff_remaining=max(0.0, backoff_remaining),
-                   clock=now, phase_since=now, staged=staged)
+                   clock=now, phase_since=now, staged=staged, generation=generation)
 
 
 def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: int | None, now: float, *,
             ran_seconds: float = 0.0, stop_cause: str | None = None,
-            ended: LauncherExited | None = None) -> tuple[JobStep, list[Action]]:
+            ended: LauncherExited | None = None, generation: int | None = None) -> tuple[JobStep, list[Action]]:
     """A job whose attempt was open when the previous daemon died (or re-exec'd itself), taken on
     as it is: jobs outlive the daemon.
 
@@ -151,14 +165,15 @@ def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: 
       `lost`): decided on that exit as if the daemon had never gone — a job that exited 0 meanwhile
       succeeded and is never run again; a lost one is relaunched from its checkpoint, not counted.
     `ran_seconds`: how long the attempt had run before (wall clock), so its run length still counts.
+    `generation`: across hosts, the round the attempt joined (stored with its row).
     """
     state = replace(base, job_state=JobState.RUNNING, number=number, started=now - max(0.0, ran_seconds),
                     started_wall=started_wall, resumed_from_step=resumed_from_step, clock=now, phase_since=now,
-                    stop_cause=stop_cause)
+                    stop_cause=stop_cause, generation=generation)
     if ended is not None:
         state, actions = _launcher_exited(state, ended, now)
         return state, [Log("adopted_after_restart", "info", (("exited", True), ("lost", ended.lost))), *actions]
-    if stop_cause in ("cancel", "hang", "daemon-stop", "gpu-fault"):
+    if stop_cause in ("cancel", "hang", "daemon-stop", "gpu-fault", "peer-restart"):
         return _term(state, now), [Log("adopted_after_restart", "info", (("exited", False), ("stopping", stop_cause)))]
     return _to(state, Phase.RUNNING, now, stop_cause=None), [Log("adopted_after_restart", "info", (("exited", False),))]
 
@@ -277,6 +292,11 @@ def _tick(s: JobStep, elapsed: float, now: float) -> tuple[JobStep, list[Action]
     if s.phase is Phase.DIAGNOSING and since > DIAGNOSE_DEADLINE_SECONDS:
         # diagnosing → recorded: the diagnosis did not come back; the attempt ends without it.
         return _record_end(s, now)
+    if s.phase is Phase.AGREEING and since > AGREE_DEADLINE_SECONDS:
+        # agreeing → recorded: the shared dir did not answer; this host's own decision stands.
+        s2, actions = _record_end(replace(s, agreed=True), now)
+        return s2, [Log("generation_not_agreed", "warning", (("detail", f"no answer in {AGREE_DEADLINE_SECONDS:.0f} s"),)),
+                    *actions]
     return s, []
 
 
@@ -314,6 +334,14 @@ def _staging_ended(s: JobStep, obs: StagingEnded, now: float) -> tuple[JobStep, 
 def _checkpoint_found(s: JobStep, obs: CheckpointFound, now: float) -> tuple[JobStep, list[Action]]:
     if obs.number != s.number:
         return s, []
+    if obs.final is not None and obs.final.final is not None:
+        # preparing → done: across hosts, the job already ended for good on another host (failed,
+        # cancelled): it ends here too, with that host's reason.
+        return _finish_without_attempt(s, obs.final.final, _on_host(obs.final), now,
+                                       Log("ended_on_another_host", "warning", (("host", obs.final.by),
+                                                                                ("generation", obs.final.gen))))
+    if obs.generation is not None:
+        s = replace(s, generation=obs.generation)
     # preparing → running (once Spawned comes back): spawn from the checkpoint found.
     streak = s.no_progress_streak
     if s.number > 1 and obs.step is not None and (s.resumed_from_step is None or obs.step > s.resumed_from_step):
@@ -332,7 +360,7 @@ def _spawned(s: JobStep, obs: Spawned, now: float) -> tuple[JobStep, list[Action
                last_step=None, last_progress=None, last_activity=None, step_changes=0, step_intervals=(), longest_interval=0.0,
                last_beat_time=0.0, beat_status=None, stop_cause=None, gpu_fault=None,
                hang_idle=None, term_at=None, kill_at=None, exited_at=None, exited_wall=None, warned_at=None, exit_code=None,
-               exit_signal=None, root_cause=None, oom=False), []
+               exit_signal=None, root_cause=None, oom=False, peer=None, agreed=False), []
 
 
 # --- the running attempt ------------------------------------------------------------------------------
@@ -364,6 +392,28 @@ def _activity(s: JobStep, obs: ActivitySeen, now: float) -> tuple[JobStep, list[
     if obs.active or s.last_activity is None:
         return replace(s, last_activity=now), []
     return s, []
+
+
+def _gang_seen(s: JobStep, obs: GangSeen, now: float) -> tuple[JobStep, list[Action]]:
+    turn = obs.turn
+    if (s.generation is None or turn.gen <= s.generation or s.stop_cause is not None
+            or s.beat_status == "finished"):
+        # Its own round still (or already being stopped, or training done here): nothing new.
+        return s, []
+    # running → stopping: another host ended this round (its share failed, or was stopped): this
+    # host's share stops too (SIGTERM, the grace) and follows that host's decision, uncounted.
+    return _term(s, now, stop_cause="peer-restart", peer=turn), [
+        RecordStop(s.number, "peer-restart"),
+        Log("peer_restart", "warning", (("generation", turn.gen), ("host", turn.by), ("reason", turn.reason),
+                                        ("final", turn.final.value if turn.final else None))),
+        Note(f"another host of the job began generation {turn.gen} ({_on_host(turn)}); "
+             f"SIGTERM, {s.limits.grace_seconds:.0f} s grace, then " + ("the job ends" if turn.final else
+                                                                       "a relaunch into the new generation")),
+        SignalTerm()]
+
+
+def _on_host(turn: GangTurn) -> str:
+    return f"{turn.reason or 'no reason given'} on host {turn.by or '(unknown)'}"
 
 
 def _stacks_dumped(s: JobStep, obs: StacksDumped, now: float) -> tuple[JobStep, list[Action]]:
@@ -414,7 +464,16 @@ def _diagnosed(s: JobStep, obs: Diagnosed, now: float) -> tuple[JobStep, list[Ac
 def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     """The attempt is over: decide (policy.decide) and write the end and the job's next state in one
     transaction. A restart goes to BACKOFF (or DONE if the daemon is stopping: the stored remaining
-    delay resumes at the next start); anything else is terminal."""
+    delay resumes at the next start); anything else is terminal. Across hosts the end is first told
+    to the other hosts (AGREEING): a failure begins the next generation, unless another host began
+    it first, whose decision then applies here (not counted)."""
+    s, d = _decide_end(s, now)
+    if s.limits.gang and not s.agreed and s.generation is not None:
+        return _agree(s, d, now)
+    return _commit_end(s, d, now)
+
+
+def _decide_end(s: JobStep, now: float) -> tuple[JobStep, Decision]:
     ran = now - (s.started if s.started is not None else now)
     finished_reason = None
     if s.beat_status == "finished" and s.stop_cause in ("lost", "hang"):
@@ -426,6 +485,9 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     if s.stop_cause == "gpu-fault" and s.gpu_fault:
         # The daemon saw the cause (the fatal XID); what the ranks printed as they died follows from it.
         s = replace(s, root_cause=s.gpu_fault + (f"; then {s.root_cause}" if s.root_cause else ""))
+    if s.peer is not None and not (s.exit_code == 0 and (s.stop_cause is None or s.beat_status == "finished")):
+        # Across hosts: another host began the next generation first; its decision is the job's.
+        return s, _peer_decision(s, s.peer)
     code = s.exit_code
     outcome = AttemptOutcome(
         exit_code=code, signal=s.exit_signal, root_cause=s.root_cause,
@@ -440,17 +502,55 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
         d = replace(d, reason=f"cancelled by {s.cancelled_by}")  # a user's decision, not a failure
     if finished_reason is not None and d.state is JobState.SUCCEEDED:
         d = replace(d, reason=finished_reason)
+    return s, d
+
+
+def _peer_decision(s: JobStep, turn: GangTurn) -> Decision:
+    """What another host decided when it began `turn`, for this host's share: the same end, or a
+    restart after the same delay — never counted here (that host counted it, once)."""
+    if turn.final is not None:
+        return Decision(turn.final, _on_host(turn), "peer-restart", backoff_level=s.backoff_level,
+                        no_progress_streak=s.no_progress_streak)
+    cap = s.limits.restart.backoff_seconds[1]
+    return Decision(JobState.RESTARTING, f"restarted with the job's other hosts: {_on_host(turn)}", "peer-restart",
+                    min(max(0.0, turn.delay), cap), s.backoff_level, s.no_progress_streak)
+
+
+def _agree(s: JobStep, d: Decision, now: float) -> tuple[JobStep, list[Action]]:
+    # diagnosing → agreeing: this host's share ended; unless it only followed another host (or
+    # succeeded), its decision begins the next generation — if no other host's did first.
+    bump = None
+    if s.peer is None and d.state is not JobState.SUCCEEDED:
+        counted = d.state is JobState.RESTARTING and s.stop_cause not in DAEMON_CAUSES
+        bump = GangTurn(gen=(s.generation or 0) + 1, reason=d.reason, counted=counted, delay=d.delay_seconds,
+                        final=d.state if d.state.terminal else None)
+    return _to(s, Phase.AGREEING, now), [AgreeGeneration(s.number, s.generation, bump)]
+
+
+def _agreed(s: JobStep, obs: GenerationAgreed, now: float) -> tuple[JobStep, list[Action]]:
+    if obs.number != s.number:
+        return s, []
+    # agreeing → recorded: on this host's decision, or on the one another host took first.
+    s = replace(s, agreed=True)
+    if (not obs.won and obs.turn is not None and s.peer is None and s.generation is not None
+            and obs.turn.gen > s.generation):
+        s = replace(s, peer=obs.turn)
+    return _record_end(s, now)
+
+
+def _commit_end(s: JobStep, d: Decision, now: float) -> tuple[JobStep, list[Action]]:
     terminal = d.state.terminal
     finish = FinishAttempt(
-        number=s.number, state=d.state, reason=d.reason, reason_class=d.reason_class, exit_code=code,
+        number=s.number, state=d.state, reason=d.reason, reason_class=d.reason_class, exit_code=s.exit_code,
         signal=s.exit_signal, max_step=s.last_step, root_cause=s.root_cause,
         backoff_remaining=d.delay_seconds, backoff_level=d.backoff_level, no_progress_streak=d.no_progress_streak,
         release_gpus=terminal, ended_wall=s.exited_wall,
     )
-    counted = d.state is JobState.RESTARTING and s.stop_cause not in DAEMON_CAUSES
+    counted = d.state is JobState.RESTARTING and s.stop_cause not in DAEMON_CAUSES and s.peer is None
     log = Log("attempt_ended", "info", (
-        ("exit_code", code), ("signal", signal_name(s.exit_signal) if s.exit_signal else None), ("reason", d.reason), ("next_state", d.state.value),
-        ("delay_seconds", d.delay_seconds), ("last_step", s.last_step), ("root_cause", s.root_cause)))
+        ("exit_code", s.exit_code), ("signal", signal_name(s.exit_signal) if s.exit_signal else None), ("reason", d.reason),
+        ("next_state", d.state.value), ("delay_seconds", d.delay_seconds), ("last_step", s.last_step),
+        ("root_cause", s.root_cause)))
     if counted and d.reason_class:
         counts = dict(s.class_counts)
         counts[d.reason_class] = counts.get(d.reason_class, 0) + 1
@@ -479,8 +579,8 @@ def _cancel(s: JobStep, obs: CancelRequested, now: float) -> tuple[JobStep, list
         return _term(replace(s, cancelled_by=obs.by), now, stop_cause="cancel"), [
             note, RecordStop(s.number, "cancel"),
             Note(f"cancelled by {obs.by}; SIGTERM, {s.limits.grace_seconds:.0f} s grace to checkpoint"), SignalTerm()]
-    if s.phase in (Phase.STOPPING, Phase.EXITED, Phase.DIAGNOSING):
-        # stopping|exited|diagnosing: already on the way down; a cancel wins over any other cause
+    if s.phase in (Phase.STOPPING, Phase.EXITED, Phase.DIAGNOSING, Phase.AGREEING):
+        # stopping|exited|diagnosing|agreeing: already on the way down; a cancel wins over any other cause
         # (the user's intent is that it ends for good). No second SIGTERM: torchrun's agent would
         # stop waiting for its workers' checkpoint.
         return replace(s, stop_cause="cancel", cancelled_by=obs.by), [note, RecordStop(s.number, "cancel")]
@@ -558,6 +658,11 @@ def _action_failed(s: JobStep, obs: ActionFailed, now: float) -> tuple[JobStep, 
     if isinstance(a, Diagnose) and s.phase is Phase.DIAGNOSING:
         # diagnosing → recorded, without a diagnosis.
         return _record_end(s, now)
+    if isinstance(a, AgreeGeneration) and s.phase is Phase.AGREEING and a.number == s.number:
+        # agreeing → recorded on this host's own decision: the shared dir refused (the others see
+        # the share stop, and follow at their next beat or join).
+        s2, actions = _record_end(replace(s, agreed=True), now)
+        return s2, [Log("generation_not_agreed", "warning", (("error", obs.error),)), *actions]
     if isinstance(a, FinishAttempt | MarkStarting | SaveBackoff):
         # A write the store refused for good (not a full disk: a bug, a broken row) — the job's
         # record cannot be trusted any more; it is given up on in memory, loudly.
@@ -572,11 +677,11 @@ def fault(s: JobStep, error: str, now: float) -> tuple[JobStep, list[Action]]:
     The job fails with the error as its reason; whatever of its attempt still runs is killed."""
     reason = f"daemon error: {error}"
     actions: list[Action] = [Log("job_fault", "error", (("error", error),))]
-    if s.phase.has_processes or s.phase is Phase.DIAGNOSING:
+    if s.phase.has_processes or s.phase in (Phase.DIAGNOSING, Phase.AGREEING):
         actions += [SignalKill(), RemoveCgroup()]
     if s.phase is Phase.STAGING:
         actions.append(StopStaging())
-    actions.append(FinishAttempt(number=s.number if (s.phase.has_processes or s.phase is Phase.DIAGNOSING) else 0,
+    actions.append(FinishAttempt(number=s.number if (s.phase.has_processes or s.phase in (Phase.DIAGNOSING, Phase.AGREEING)) else 0,
                                  state=JobState.FAILED, reason=reason, reason_class="daemon-error",
                                  exit_code=s.exit_code, signal=s.exit_signal, max_step=s.last_step,
                                  backoff_level=s.backoff_level, no_progress_streak=s.no_progress_streak,
@@ -596,5 +701,7 @@ _HANDLERS: dict[tuple[Phase, type], Callable[..., tuple[JobStep, list[Action]]]]
     **{(p, LauncherExited): _launcher_exited for p in (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING)},
     (Phase.EXITED, AllGone): _all_gone,
     (Phase.DIAGNOSING, Diagnosed): _diagnosed,
+    (Phase.RUNNING, GangSeen): _gang_seen,
+    (Phase.AGREEING, GenerationAgreed): _agreed,
 }
 

@@ -24,6 +24,7 @@ class Phase(str, enum.Enum):
     STOPPING = "stopping"        # SIGTERM sent; SIGKILL once the grace is over
     EXITED = "exited"            # the launcher exited; leftovers get SIGKILL until none remain
     DIAGNOSING = "diagnosing"    # all gone; root cause / OOM being read (off the loop)
+    AGREEING = "agreeing"        # a job across hosts: its end told to the other hosts (off the loop)
     DONE = "done"                # nothing left to supervise: the supervisor forgets the job
 
     @property
@@ -40,6 +41,20 @@ class Limits:
     healthy_seconds: float
     restart: Restart
     stages: bool = False
+    gang: bool = False  # the job spans hosts: attempt ends and restarts are agreed with the others
+
+
+@dataclass(frozen=True)
+class GangTurn:
+    """A generation of a job across hosts (userfs/gang_dir.py): the round every host's share runs
+    in, and why it began — the decision of the host whose attempt ended the round before."""
+
+    gen: int
+    by: str = ""                       # the host that began it (its label)
+    reason: str = ""
+    counted: bool = False              # that host counted the failure (the others never do)
+    delay: float = 0.0                 # seconds (from when it was read) until a relaunch may start
+    final: JobState | None = None      # the job ended for good there (failed, cancelled): here too
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,10 @@ class JobStep:
     exit_signal: int | None = None
     root_cause: str | None = None
     oom: bool = False
+    # --- across hosts (limits.gang) ---
+    generation: int | None = None        # the generation the current / last attempt ran in
+    peer: GangTurn | None = None         # the newer generation another host began, which ends this attempt
+    agreed: bool = False                 # AGREEING is over for this attempt (answered, or given up on)
 
     @property
     def ready(self) -> bool:
@@ -125,11 +144,14 @@ class StagingEnded:
 
 @dataclass(frozen=True)
 class CheckpointFound:
-    """Checkpoint discovery (as the user, off the loop) is done; `path` None: start fresh."""
+    """Checkpoint discovery (as the user, off the loop) is done; `path` None: start fresh. Across
+    hosts, `generation` is the round the attempt joins, or `final` the one that ended the job."""
 
     path: str | None
     step: int | None
     number: int
+    generation: int | None = None
+    final: GangTurn | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +226,24 @@ class GpuFault:
 
 
 @dataclass(frozen=True)
+class GangSeen:
+    """Across hosts, read while the attempt runs: the generation now (a newer one than the
+    attempt's: another host ended its round)."""
+
+    turn: GangTurn
+
+
+@dataclass(frozen=True)
+class GenerationAgreed:
+    """The answer to AgreeGeneration: `won`, this host began the next generation (its decision
+    stands); else `turn` is the one another host began first (its decision applies here too)."""
+
+    number: int
+    won: bool
+    turn: GangTurn | None
+
+
+@dataclass(frozen=True)
 class DaemonStopping:
     """The daemon shuts down: attempts get SIGTERM and their grace; nothing new starts."""
 
@@ -218,7 +258,8 @@ class ActionFailed:
 
 
 Observation = (Tick | Go | StagingEnded | CheckpointFound | Spawned | HeartbeatSeen | ActivitySeen | LauncherExited | AllGone
-               | StacksDumped | Diagnosed | CancelRequested | GpuFault | DaemonStopping | ActionFailed)
+               | StacksDumped | Diagnosed | CancelRequested | GpuFault | GangSeen | GenerationAgreed | DaemonStopping
+               | ActionFailed)
 
 
 # --- actions: what the executor must do ------------------------------------------------------------
@@ -284,6 +325,17 @@ class Diagnose:
     number: int
     root_cause: bool
     oom: bool
+
+
+@dataclass(frozen=True)
+class AgreeGeneration:
+    """Across hosts, at the end of attempt `number` (run in `generation`): say this host's share
+    ended, and with `bump` (the decision, its `gen` the next one) begin the next generation unless
+    another host already did (off the loop, as the user). Answers GenerationAgreed."""
+
+    number: int
+    generation: int | None
+    bump: GangTurn | None
 
 
 @dataclass(frozen=True)
@@ -355,5 +407,5 @@ class SaveBackoff:
 
 
 Action = (MarkStarting | StartStaging | StopStaging | FindCheckpoint | Spawn | SignalTerm | SignalKill | DumpStacks
-          | Diagnose | RemoveCgroup | Note | Log | RecordStop | RecordExit | FinishAttempt | SaveBackoff)
+          | Diagnose | AgreeGeneration | RemoveCgroup | Note | Log | RecordStop | RecordExit | FinishAttempt | SaveBackoff)
 STORE_ACTIONS = (MarkStarting, Spawn, RecordStop, RecordExit, FinishAttempt, SaveBackoff)

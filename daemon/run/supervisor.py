@@ -36,7 +36,7 @@ def limits_of(job: JobRow, cfg: DaemonConfig) -> step_types.Limits:
     return step_types.Limits(grace_seconds=job.spec.stop.grace_seconds,
                        hang_timeout_seconds=job.spec.restart.hang_timeout_seconds,
                        healthy_seconds=cfg.healthy_seconds, restart=job.spec.restart,
-                       stages=job.spec.data.stage is not None)
+                       stages=job.spec.data.stage is not None, gang=job.spec.nodes.count > 1)
 
 
 class Supervisor:
@@ -73,7 +73,8 @@ class Supervisor:
                            number=len(attempts), restarts=sum(faults.values()), class_counts=faults,
                            backoff_level=job.backoff_level, no_progress_streak=job.no_progress_streak,
                            backoff_remaining=job.backoff_remaining if job.state is JobState.RESTARTING else 0.0,
-                           staged=staging_done(job.staging), now=now)
+                           staged=staging_done(job.staging), now=now,
+                           generation=attempts[-1].generation if attempts else None)
         self.jobs[job.id] = job
         self.steps[job.id] = base
         open_att = self.store.open_attempt(job.id)
@@ -97,7 +98,7 @@ class Supervisor:
         self.adopted += ended is None
         state, actions = step.adopted(base, open_att.number, open_att.start, open_att.resumed_from_step, now,
                                       ran_seconds=time.time() - open_att.start, stop_cause=open_att.stop_cause,
-                                      ended=ended)
+                                      ended=ended, generation=open_att.generation)
         self.steps[job.id] = state
         self._run(job.id, deque(), actions)
 
@@ -216,7 +217,8 @@ class Supervisor:
     @property
     def busy(self) -> int:
         """Jobs whose attempt still has processes (or is being recorded): what a shutdown waits for."""
-        return sum(1 for s in self.steps.values() if s.phase.has_processes or s.phase is step_types.Phase.DIAGNOSING)
+        return sum(1 for s in self.steps.values()
+                   if s.phase.has_processes or s.phase in (step_types.Phase.DIAGNOSING, step_types.Phase.AGREEING))
 
     def waiting(self) -> list[Waiting]:
         out = []
@@ -258,6 +260,10 @@ class Supervisor:
             log.warning("stray_attempt_cgroup_killed", job=None, attempt=None, cgroup=str(cg))
         if removed:
             log.info("stale_attempt_cgroups_removed", job=None, attempt=None, cgroups=[cg.name for cg in removed])
+
+    def gang_hosts(self, job_id: int) -> list[dict] | None:
+        """A job across hosts: every host's line in its shared dir, as last read (run/gang.py)."""
+        return self.executor.gang_hosts.get(job_id)
 
     def live_pids(self) -> dict[str, list[int]]:
         return self.executor.live_pids({j: job.name for j, job in list(self.jobs.items())})

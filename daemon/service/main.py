@@ -349,7 +349,8 @@ class Daemon:
         job = self.store.job_by_name(name or "")
         if job is None or not (admin or job.owner_uid == uid):
             return {"ok": False, "error": f"no job named {name!r}", "code": 1}
-        view = jobviews.job_view(self.store, job, self.cfg.run_dir, pids, with_history=True)
+        view = jobviews.job_view(self.store, job, self.cfg.run_dir, pids, with_history=True,
+                                 gang_hosts=self.supervisor.gang_hosts(job.id))
         return {"ok": True, "result": view.to_json(with_history=True)}
 
     def _run_commands(self) -> None:

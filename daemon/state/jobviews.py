@@ -21,8 +21,10 @@ def heartbeat_path(run_dir: Path, job: JobRow) -> Path:
 
 
 def job_view(
-    store: Store, job: JobRow, run_dir: Path, pids: dict[str, list[int]] | None = None, with_history: bool = False
+    store: Store, job: JobRow, run_dir: Path, pids: dict[str, list[int]] | None = None, with_history: bool = False,
+    gang_hosts: list[dict] | None = None,
 ) -> JobView:
+    """`gang_hosts`: for a job across hosts, every host's line as the supervisor last read it."""
     attempts = store.attempts(job.id)
     # Through userfs: the file is the user's, and this runs for every `spx ls` and scrape — a FIFO,
     # a link to a root-only file or a huge file there is "no heartbeat", never a wait or a leak.
@@ -64,7 +66,8 @@ def job_view(
         staging=job.staging,
         history=history,
         job_id=job.id,
-        node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat),
+        node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat,
+                       attempts[-1].generation if attempts else None, gang_hosts),
     )
 
 

@@ -26,9 +26,15 @@ class NodeView:
     rdzv_endpoint: str
     rdzv_backend: str
     rdzv_id: str
+    # The generation the current / last attempt joined (its rendezvous round is RDZV_ID-gG), and
+    # every host's line in the shared `.spx-gang/hosts/` as this daemon last read it (run/gang.py):
+    # {"host", "generation", "state", "time", "step"}; empty until this host's share has run.
+    generation: int | None = None
+    hosts: list[dict] | None = None
 
 
-def node_view(nodes: object, job_name: str, beat: Heartbeat | None) -> NodeView | None:
+def node_view(nodes: object, job_name: str, beat: Heartbeat | None, generation: int | None = None,
+              hosts: list[dict] | None = None) -> NodeView | None:
     """This host's node of a job across `nodes.count` > 1 hosts, from `beat` (the current attempt's, or
     None when it is missing or an earlier attempt's: its numbering may not hold any more). `nodes` is
     the spec's `intake.nodes.Nodes`, read by attribute because a stored spec this version refuses is
@@ -43,14 +49,24 @@ def node_view(nodes: object, job_name: str, beat: Heartbeat | None) -> NodeView 
         rdzv_endpoint=str(getattr(nodes, "rdzv_endpoint", None) or ""),
         rdzv_backend=str(getattr(nodes, "rdzv_backend", "c10d")),
         rdzv_id=str(getattr(nodes, "rdzv_id", None) or job_name),
+        generation=generation,
+        hosts=list(hosts) if hosts else None,
     )
 
 
-def describe(node: dict) -> str:
-    """`spx status`'s line for a `NodeView` as JSON: "node 1 of 2, ranks 2–3, rendezvous
-    10.0.0.1:29400 (c10d, wide)"; "?" for what no beat has said yet."""
+def describe(node: dict, now: float) -> list[str]:
+    """`spx status`'s lines for a `NodeView` as JSON: "node 1 of 2, ranks 2–3, rendezvous
+    10.0.0.1:29400 (c10d, wide)" ("?" for what no beat has said yet), then the generation and, per
+    host, where its share is: "host node0: running in generation 2, step 31, 1 s ago"."""
     rank = "?" if node.get("node_rank") is None else str(node["node_rank"])
     ranks = node.get("ranks")
     span = f"{ranks[0]}–{ranks[1]}" if ranks else "?"
-    return (f"node {rank} of {node['nnodes']}, ranks {span}, "
-            f"rendezvous {node['rdzv_endpoint']} ({node['rdzv_backend']}, {node['rdzv_id']})")
+    lines = [f"node {rank} of {node['nnodes']}, ranks {span}, "
+             f"rendezvous {node['rdzv_endpoint']} ({node['rdzv_backend']}, {node['rdzv_id']})"]
+    if node.get("generation") is not None:
+        lines.append(f"generation {node['generation']} (rendezvous round {node['rdzv_id']}-g{node['generation']})")
+    for h in node.get("hosts") or []:
+        ago = f", {max(0.0, now - h['time']):.0f} s ago" if h.get("time") is not None else ""
+        step = f", step {h['step']}" if h.get("step") is not None else ""
+        lines.append(f"host {h['host']}: {h.get('state') or '?'} in generation {h.get('generation')}{step}{ago}")
+    return lines

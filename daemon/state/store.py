@@ -101,6 +101,7 @@ _ADDED_COLUMNS = (
     ("attempts", "phases", "TEXT"),
     ("jobs", "held", "TEXT"),
     ("attempts", "checkpoint_discovery", "TEXT"),
+    ("attempts", "generation", "INTEGER"),
 )
 
 
@@ -172,6 +173,7 @@ class AttemptRow:
     exited: float | None = None     # when its launcher's exit (exit_code, signal) was seen, before the end
     phases: str | None = None       # JSON {phase: Unix seconds}: where its (re)start spent its time (run/timeline.py)
     checkpoint_discovery: str | None = None  # JSON: the layout found, what was skipped and why (checkpoint_discovery)
+    generation: int | None = None   # a job across hosts: the round it joined (run/gang.py)
 
 
 _JOB_FIELDS = {"gpus", "backoff_remaining", "no_progress_streak", "backoff_level", "staging", "reason", "held", "priority"}
@@ -379,12 +381,14 @@ class Store:
         resumed_from_step: int | None,
         port: int | None,
         checkpoint_discovery: str | None = None,
+        generation: int | None = None,
     ) -> int:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO attempts (job_id, number, attempt_id, start, resumed_from, resumed_from_step, port,"
-                " checkpoint_discovery) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, number, attempt_id, now, resumed_from, resumed_from_step, port, checkpoint_discovery),
+                " checkpoint_discovery, generation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, number, attempt_id, now, resumed_from, resumed_from_step, port, checkpoint_discovery,
+                 generation),
             )
             return int(cur.lastrowid or 0)
 
@@ -445,7 +449,7 @@ class Store:
         `restart.on_failure` rule counts."""
         rows = self._db.execute(
             "SELECT reason_class, COUNT(*) FROM attempts WHERE job_id = ? AND end IS NOT NULL AND reason_class IS NOT NULL"
-            " AND reason_class NOT IN ('daemon-restart', 'lost', 'cancelled', 'daemon-error', 'launch')"
+            " AND reason_class NOT IN ('daemon-restart', 'lost', 'peer-restart', 'cancelled', 'daemon-error', 'launch')"
             " GROUP BY reason_class",
             (job_id,),
         ).fetchall()

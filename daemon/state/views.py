@@ -16,7 +16,7 @@ class AttemptView:
     """One launch of a job. `reason` says why it ended (e.g. "exit code 1", "signal SIGKILL",
     "hang: no step progress for 900 s", "preempted", "cancelled"); `reason_class` is its failure
     class (policy.failure_class: "user-code", "communication", "oom", "cuda", "gpu-fault", "hang",
-    "preempted", "signal", "crash", or "lost", "launch", "cancelled", "daemon-restart"; None for a
+    "preempted", "signal", "crash", or "lost", "launch", "cancelled", "daemon-restart", "peer-restart"; None for a
     success or an attempt still running); `root_cause` is the one-line cause found in its log (the
     rank that failed first and its exception, other ranks' errors as consequences), when found."""
 

@@ -46,25 +46,40 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _open_spx(ckpt_dir: str, create: bool) -> int | None:
-    """fd of CHECKPOINT_DIR/.spx (made 0700 when `create`); None if it is not there. A link at
-    `.spx` is an error, not followed."""
-    base = os.open(ckpt_dir, _DIR_FLAGS)
+    return open_subdir(ckpt_dir, SPX, create)
+
+
+def open_subdir(parent: str, name: str, create: bool) -> int | None:
+    """fd of PARENT/NAME (made 0700 when `create`); None if it is not there. A link at NAME is an
+    error, not followed. Also `.spx-gang` (gang_dir.py)."""
+    base = os.open(parent, _DIR_FLAGS)
     try:
-        if create:
-            try:
-                os.mkdir(SPX, 0o700, dir_fd=base)
-            except FileExistsError:
-                pass
-        try:
-            return os.open(SPX, _DIR_FLAGS, dir_fd=base)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise OSError(e.errno, f"{ckpt_dir}/{SPX} is a symbolic link or not a directory") from e
-            raise
+        return open_subdir_at(base, name, create, parent)
     finally:
         os.close(base)
+
+
+def open_subdir_at(base: int, name: str, create: bool, shown: str = ".") -> int | None:
+    """`open_subdir` below the directory fd `base` (`shown`: its path, for errors)."""
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=base)
+        except FileExistsError:
+            pass
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=base)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise OSError(e.errno, f"{shown}/{name} is a symbolic link or not a directory") from e
+        raise
+
+
+def read_small(dfd: int, name: str, cap: int = SMALL_MAX_BYTES) -> bytes | None:
+    """The regular file `name` (at most `cap` bytes), None if absent."""
+    found = _read(dfd, name, cap)
+    return found[0][:cap] if found is not None else None
 
 
 def _read(dfd: int, name: str, cap: int) -> tuple[bytes, int] | None:
@@ -95,6 +110,11 @@ def _write_tmp(dfd: int, data: bytes, mode: int = 0o600) -> str:
     return tmp
 
 
+def replace_file(dfd: int, name: str, data: bytes) -> None:
+    """`name` in `dfd` now holds `data`, whole (temp file, fsync, rename, fsync of the dir)."""
+    _replace(dfd, name, data)
+
+
 def _replace(dfd: int, name: str, data: bytes) -> None:
     tmp = _write_tmp(dfd, data)
     os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -120,20 +140,22 @@ def _lease_doc(raw: bytes) -> dict[str, Any] | None:
     return doc
 
 
-class _LeaseLock:
-    """The exclusive `flock` of `.spx/lease.lock` around one take/renew/break (see the module
-    docstring). Waits up to LOCK_WAIT_SECONDS (another daemon holds it for milliseconds), then
-    raises TimeoutError; on a file system without locks it lets the caller go on unlocked."""
+class DirLock:
+    """The exclusive `flock` of the lock file `name` in `dfd` around one read-decide-write (the
+    lease's take/renew/break: see the module docstring; gang_dir's generation). Waits up to
+    LOCK_WAIT_SECONDS (another daemon holds it for milliseconds), then raises TimeoutError; on a
+    file system without locks it lets the caller go on unlocked."""
 
-    def __init__(self, dfd: int) -> None:
+    def __init__(self, dfd: int, name: str = LEASE_LOCK) -> None:
         self.dfd = dfd
+        self.name = name
         self.fd = -1
 
-    def __enter__(self) -> _LeaseLock:
-        self.fd = os.open(LEASE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=self.dfd)
+    def __enter__(self) -> DirLock:
+        self.fd = os.open(self.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=self.dfd)
         try:
             if not stat.S_ISREG(os.fstat(self.fd).st_mode):
-                raise OSError(errno.EINVAL, f"{SPX}/{LEASE_LOCK} is not a regular file")
+                raise OSError(errno.EINVAL, f"{self.name} is not a regular file")
             deadline = time.monotonic() + LOCK_WAIT_SECONDS
             while True:
                 try:
@@ -141,7 +163,7 @@ class _LeaseLock:
                     return self
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"{SPX}/{LEASE_LOCK} held by another daemon for over {LOCK_WAIT_SECONDS:.0f} s") from None
+                        raise TimeoutError(f"{self.name} held by another daemon for over {LOCK_WAIT_SECONDS:.0f} s") from None
                     time.sleep(0.01)
                 except OSError as e:
                     if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP):
@@ -158,7 +180,7 @@ class _LeaseLock:
 def take_lease(dfd: int, mine: dict[str, Any], now: float) -> dict[str, Any] | None:
     """Take or renew the lease in `.spx` for `mine["host"]`. None when held now; else the valid
     lease of another host, which keeps it."""
-    with _LeaseLock(dfd):
+    with DirLock(dfd):
         return _take_locked(dfd, mine, now)
 
 
@@ -284,7 +306,7 @@ def mark_ended(args: dict[str, Any]) -> list[str]:
             if record_uid(dfd) != job["state"]["job"]:
                 out.append("absent")
                 continue
-            with _LeaseLock(dfd):
+            with DirLock(dfd):
                 found = _read(dfd, LEASE, SMALL_MAX_BYTES)
                 lease = _lease_doc(found[0]) if found else None
                 if lease is not None and lease["host"] != job["host"] and float(lease["expires"]) > now:

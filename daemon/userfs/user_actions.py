@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spx.daemon.contract import checkpoint_tiers
-from spx.daemon.userfs import spx_dir
+from spx.daemon.userfs import gang_dir, spx_dir
 from spx.daemon.userfs.identity import become
 
 
@@ -130,7 +130,9 @@ def _set_aside(args: dict[str, Any]) -> list[str]:
 ACTIONS = {"mkdirs": _mkdirs, "access": _access, "find_latest": _find_latest, "set_aside": _set_aside,
            # the job's .spx/ record, lease and end marker (host loss: intake/job_record.py)
            "spx_publish": spx_dir.publish, "spx_renew": spx_dir.renew, "spx_mark_ended": spx_dir.mark_ended,
-           "spx_claim": spx_dir.claim}
+           "spx_claim": spx_dir.claim,
+           # a job across hosts: the generation its hosts' daemons agree on (run/gang.py)
+           "gang_advance": gang_dir.advance, "gang_join": gang_dir.join, "gang_beat": gang_dir.beat}
 
 
 def main() -> int:

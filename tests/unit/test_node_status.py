@@ -5,6 +5,7 @@ heartbeats are read as before."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -44,7 +45,8 @@ def _running_job(tmp_path, text):
     store = Store(tmp_path / "s.sqlite")
     jid = store.add_job(parse_spec(text), 0, "root", "/x", 1.0)
     store.transition(jid, JobState.STARTING, "starting", 2.0)
-    store.start_attempt(jid, number=1, attempt_id="u1", now=10.0, resumed_from=None, resumed_from_step=None, port=1)
+    store.start_attempt(jid, number=1, attempt_id="u1", now=10.0, resumed_from=None, resumed_from_step=None, port=1,
+                        generation=2)
     store.transition(jid, JobState.RUNNING, "fresh start", 10.0)
     run = tmp_path / "run"
     path = heartbeat_path(run, store.job(jid))
@@ -57,18 +59,25 @@ def test_a_node_of_a_job_across_hosts_is_in_its_view_status_and_metrics(tmp_path
     view = job_view(store, store.job(jid), run)
     # Before the first beat only the spec's part is known.
     assert view.node == NodeView(node_rank=None, nnodes=2, ranks=None, rdzv_endpoint="10.0.0.1:29400",
-                                 rdzv_backend="c10d", rdzv_id="wide")
+                                 rdzv_backend="c10d", rdzv_id="wide", generation=2)
     assert _node_rank_samples(view) == []
 
     write_heartbeat(path, Heartbeat(step=3, node_rank=1, nnodes=2, ranks=[2, 3], time=20.0))
-    view = job_view(store, store.job(jid), run, with_history=True)
+    hosts = [{"host": "node0", "generation": 2, "state": "running", "time": time.time() - 3, "step": 3},
+             {"host": "node1", "generation": 1, "state": "ended", "time": time.time() - 40, "step": 2}]
+    view = job_view(store, store.job(jid), run, with_history=True, gang_hosts=hosts)
     doc = view.to_json(with_history=True)
     assert doc["node"] == {"node_rank": 1, "nnodes": 2, "ranks": [2, 3], "rdzv_endpoint": "10.0.0.1:29400",
-                           "rdzv_backend": "c10d", "rdzv_id": "wide"}
+                           "rdzv_backend": "c10d", "rdzv_id": "wide", "generation": 2, "hosts": hosts}
     json.dumps(doc)  # what the control socket sends
     print_status(doc)
-    assert "  node 1 of 2, ranks 2–3, rendezvous 10.0.0.1:29400 (c10d, wide)\n" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "  node 1 of 2, ranks 2–3, rendezvous 10.0.0.1:29400 (c10d, wide)\n" in out
+    assert "  generation 2 (rendezvous round wide-g2)\n" in out
+    assert "  host node0: running in generation 2, step 3, 3 s ago\n" in out, out
+    assert "  host node1: ended in generation 1, step 2, 40 s ago\n" in out, out
     assert _node_rank_samples(view) == [({"job": "wide"}, 1.0)]
+    assert _node_rank_samples(view, "spx_job_generation") == [({"job": "wide"}, 2.0)]
     store.close()
 
 
@@ -97,8 +106,8 @@ def test_a_one_host_job_shows_no_node_even_with_torchs_numbers_in_its_beat(tmp_p
     store.close()
 
 
-def _node_rank_samples(view) -> list[tuple[dict, float]]:
+def _node_rank_samples(view, name: str = "spx_job_node_rank") -> list[tuple[dict, float]]:
     metrics, ok = JobCollector(lambda: [view]).collect()
     assert ok
-    family = next(m for m in metrics if m.name == "spx_job_node_rank")
+    family = next(m for m in metrics if m.name == name)
     return [(s.labels, s.value) for s in family.samples]

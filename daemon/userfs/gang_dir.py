@@ -1,0 +1,163 @@
+"""A job across hosts: its `.spx-gang/` directory in the shared checkpoint dir, where the hosts'
+daemons agree on restarts (docs/multinode.md, "Restarts across hosts").
+
+    CHECKPOINT_DIR/.spx-gang/generation    {"gen", "host", "label", "time", "reason", "counted",
+                                            "not_before", "final"}: the round every host runs in
+    CHECKPOINT_DIR/.spx-gang/lock          flock'd around every read-decide-write of `generation`
+    CHECKPOINT_DIR/.spx-gang/hosts/KEY     {"host", "label", "gen", "state", "time", "step"}: each
+                                           host's daemon says where its share is
+
+Every attempt of a host runs in one generation G (launched with `--rdzv-id=ID-gG`, so a new
+generation is a new rendezvous round nobody can mistake for a closed one). An attempt that ends by
+its own failure `advance`s G → G+1 with the decision its daemon took (why, the restart's earliest
+time, or `final`: the job ended for good); only one host can do that (compare-and-swap under the
+lock), so a failure is counted once, by the host that saw it first, and every other host, seeing a
+newer generation, stops its share and follows that decision. `join` gives the next attempt its
+generation, and waits while another host still runs in an older one: its agent would still serve
+(or use) the old round's store.
+
+Runs only in `user_actions`, as the job's owner (the dir is in the owner's tree: what may be
+written there is the kernel's decision for them); stdlib only. Every file is replaced whole
+(spx_dir.replace_file), so a reader on another host sees the old content or the new one. What is
+read back is the user's to write, so it is checked for shape here and again by the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+from spx.daemon.userfs import spx_dir
+
+GANG = ".spx-gang"
+GENERATION = "generation"
+LOCK = "lock"
+HOSTS = "hosts"
+MAX_HOSTS = 1024
+_KEY = re.compile(r"^[0-9a-f]{16}$")
+STATES = ("starting", "running", "ended")
+
+
+def _open(ckpt_dir: str) -> tuple[int, int]:
+    """fds of `.spx-gang` and its `hosts` (made 0700 as the owner)."""
+    gang = spx_dir.open_subdir(ckpt_dir, GANG, create=True)
+    assert gang is not None
+    try:
+        hosts = spx_dir.open_subdir_at(gang, HOSTS, create=True, shown=f"{ckpt_dir}/{GANG}")
+    except BaseException:
+        os.close(gang)
+        raise
+    assert hosts is not None
+    return gang, hosts
+
+
+def _load(raw: bytes | None) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def current(gang: int) -> dict[str, Any]:
+    """The generation now; a dir without one (or with garbage there) is generation 0."""
+    doc = _load(spx_dir.read_small(gang, GENERATION))
+    if doc is None or not isinstance(doc.get("gen"), int) or isinstance(doc.get("gen"), bool) or doc["gen"] < 0:
+        return {"gen": 0, "final": None, "reason": None}
+    return doc
+
+
+def _bump(gang: int, gen: int, fields: dict[str, Any]) -> dict[str, Any]:
+    doc = {**fields, "gen": gen + 1}
+    spx_dir.replace_file(gang, GENERATION, json.dumps(doc).encode())
+    return doc
+
+
+def _say(hosts: int, args: dict[str, Any], gen: int, state: str) -> None:
+    """This host's line in `hosts/`."""
+    if not _KEY.match(str(args["key"])):
+        raise ValueError(f"host key {args['key']!r}")
+    doc = {"host": args["host"], "label": args["label"], "gen": gen, "state": state, "time": float(args["now"]),
+           "step": args.get("step")}
+    spx_dir.replace_file(hosts, str(args["key"]), json.dumps(doc).encode())
+
+
+def _hosts(hosts: int) -> list[dict[str, Any]]:
+    out = []
+    for name in sorted(os.listdir(hosts))[:MAX_HOSTS]:
+        if _KEY.match(name):
+            try:
+                doc = _load(spx_dir.read_small(hosts, name))
+            except OSError:  # a FIFO, a directory: not a host's line
+                continue
+            if doc is not None:
+                out.append(doc)
+    return out
+
+
+def advance(args: dict[str, Any]) -> dict[str, Any]:
+    """At the end of an attempt in generation `from_gen` (args: dir, key, host, label, now,
+    from_gen, step, bump: the decision's fields, or None when the end needs no new round — a
+    success, or a stop that followed another host's bump). Says this host's share ended; with
+    `bump`, moves the generation on if it is still `from_gen`. {"won": bool, "current": doc}."""
+    gang, hosts = _open(args["dir"])
+    try:
+        won = False
+        with spx_dir.DirLock(gang, LOCK):
+            now = current(gang)
+            if args.get("bump") is not None and now["gen"] == args["from_gen"] and not now.get("final"):
+                now = _bump(gang, now["gen"], {**args["bump"], "host": args["host"], "label": args["label"],
+                                               "time": float(args["now"])})
+                won = True
+        _say(hosts, args, int(args["from_gen"]), "ended")
+        return {"won": won, "current": now}
+    finally:
+        os.close(hosts)
+        os.close(gang)
+
+
+def join(args: dict[str, Any]) -> dict[str, Any]:
+    """The generation this host's next attempt runs in (args: dir, key, host, label, now, last: the
+    generation of its previous attempt or None, stale_seconds). The current one if it is newer than
+    `last`; else (nobody moved on since this host last ran: its daemon was down, or could not
+    advance) a new one. A generation that ended the job (`final`) is the answer as it is, unless
+    this host never ran in this dir (a new job where an earlier one ended): then a new one.
+    {"gen", "current"} — or {"wait": label, "since": time} while another host's line says it still
+    runs in an older generation and was written in the last `stale_seconds`."""
+    gang, hosts = _open(args["dir"])
+    try:
+        last = args.get("last")
+        fields = {"host": args["host"], "label": args["label"], "time": float(args["now"]), "counted": False,
+                  "not_before": None, "final": None}
+        with spx_dir.DirLock(gang, LOCK):
+            now = current(gang)
+            if now.get("final") and last is None:
+                now = _bump(gang, now["gen"], {**fields, "reason": "a new job in a checkpoint dir whose last job ended"})
+            elif not now.get("final") and last is not None and now["gen"] <= last:
+                now = _bump(gang, max(now["gen"], last), {**fields, "reason": "a host rejoined"})
+        if now.get("final"):
+            return {"gen": now["gen"], "current": now}
+        for line in _hosts(hosts):
+            if (line.get("host") != args["host"] and isinstance(line.get("gen"), int) and line["gen"] < now["gen"]
+                    and line.get("state") in ("starting", "running") and isinstance(line.get("time"), (int, float))
+                    and float(args["now"]) - line["time"] < float(args["stale_seconds"])):
+                return {"wait": str(line.get("label"))[:200], "since": line["time"], "gen": now["gen"]}
+        _say(hosts, args, now["gen"], "starting")
+        return {"gen": now["gen"], "current": now}
+    finally:
+        os.close(hosts)
+        os.close(gang)
+
+
+def beat(args: dict[str, Any]) -> dict[str, Any]:
+    """While an attempt runs (args: dir, key, host, label, now, gen, step): this host's line says so,
+    and the answer is the generation now and every host's line (for `spx status`)."""
+    gang, hosts = _open(args["dir"])
+    try:
+        _say(hosts, args, int(args["gen"]), "running")
+        return {"current": current(gang), "hosts": _hosts(hosts)}
+    finally:
+        os.close(hosts)
+        os.close(gang)
