@@ -122,33 +122,50 @@ def join(args: dict[str, Any]) -> dict[str, Any]:
     """The generation this host's next attempt runs in (args: dir, key, host, label, now, last: the
     generation of its previous attempt or None, stale_seconds). The current one if it is newer than
     `last`; else (nobody moved on since this host last ran: its daemon was down, or could not
-    advance) a new one. A generation that ended the job (`final`) is the answer as it is, unless
-    this host never ran in this dir (a new job where an earlier one ended): then a new one.
+    advance) a new one. For a host's first attempt (`last` None) the current one unless it belongs
+    to an earlier job in this dir — final, or every host's line in it ended or stale and nobody
+    began it lately — whose round names must not be reused (an etcd keeps closed rounds): then a
+    new one. A final generation of this job is the answer as it is (the job ended elsewhere).
     {"gen", "current"} — or {"wait": label, "since": time} while another host's line says it still
     runs in an older generation and was written in the last `stale_seconds`."""
     gang, hosts = _open(args["dir"])
     try:
-        last = args.get("last")
-        fields = {"host": args["host"], "label": args["label"], "time": float(args["now"]), "counted": False,
+        last, now_wall, stale = args.get("last"), float(args["now"]), float(args["stale_seconds"])
+        fields = {"host": args["host"], "label": args["label"], "time": now_wall, "counted": False,
                   "not_before": None, "final": None}
         with spx_dir.DirLock(gang, LOCK):
             now = current(gang)
-            if now.get("final") and last is None:
+            lines = _hosts(hosts)
+            if last is None and (now.get("final") or _left_behind(now, lines, now_wall, stale)):
                 now = _bump(gang, now["gen"], {**fields, "reason": "a new job in a checkpoint dir whose last job ended"})
             elif not now.get("final") and last is not None and now["gen"] <= last:
                 now = _bump(gang, max(now["gen"], last), {**fields, "reason": "a host rejoined"})
         if now.get("final"):
             return {"gen": now["gen"], "current": now}
-        for line in _hosts(hosts):
+        for line in lines:
             if (line.get("host") != args["host"] and isinstance(line.get("gen"), int) and line["gen"] < now["gen"]
-                    and line.get("state") in ("starting", "running") and isinstance(line.get("time"), (int, float))
-                    and float(args["now"]) - line["time"] < float(args["stale_seconds"])):
+                    and _active(line, now_wall, stale)):
                 return {"wait": str(line.get("label"))[:200], "since": line["time"], "gen": now["gen"]}
         _say(hosts, args, now["gen"], "starting")
         return {"gen": now["gen"], "current": now}
     finally:
         os.close(hosts)
         os.close(gang)
+
+
+def _active(line: dict[str, Any], now: float, stale: float) -> bool:
+    """A host's line that says its share starts or runs, written in the last `stale` seconds."""
+    return (line.get("state") in ("starting", "running") and isinstance(line.get("time"), (int, float))
+            and now - line["time"] < stale)
+
+
+def _left_behind(gen: dict[str, Any], lines: list[dict[str, Any]], now: float, stale: float) -> bool:
+    """Is generation `gen` an earlier job's? Hosts ran in it, none is active there now, and nobody
+    began it in the last `stale` seconds (a host of this job that just did is joined)."""
+    in_it = [line for line in lines if line.get("gen") == gen["gen"]]
+    began = gen.get("time")
+    recent = isinstance(began, (int, float)) and now - began < stale
+    return bool(in_it) and not recent and not any(_active(line, now, stale) for line in in_it)
 
 
 def beat(args: dict[str, Any]) -> dict[str, Any]:

@@ -84,3 +84,15 @@ def test_garbage_is_generation_0_and_links_and_fifos_are_refused(tmp_path):
     (tmp_path / "hosts-test").mkdir()
     lines = gang_dir.beat({**host(0), "dir": str(tmp_path / "hosts-test"), "gen": 0})["hosts"]
     assert json.loads(json.dumps(lines))[0]["label"] == "node0"
+
+
+def test_a_new_job_where_an_earlier_one_succeeded_begins_a_round_of_its_own(tmp_path):
+    d = str(tmp_path)
+    for i in (0, 1):  # an earlier job ran in generation 0 on two hosts and succeeded (no bump)
+        gang_dir.join({**host(i, now=100.0), "dir": d, "last": None, "stale_seconds": 15})
+        gang_dir.advance({**host(i, now=200.0), "dir": d, "from_gen": 0, "bump": None})
+    first = gang_dir.join({**host(0, now=1000.0), "dir": d, "last": None, "stale_seconds": 15})
+    assert first["gen"] == 1, "round wide-g0 may still be closed in an etcd: not reused"
+    gang_dir.beat({**host(0, now=1025.0), "dir": d, "gen": 1})  # its share waits at the rendezvous
+    second = gang_dir.join({**host(1, now=1030.0), "dir": d, "last": None, "stale_seconds": 15})
+    assert second["gen"] == 1, "host 0 runs in generation 1: this job's, joined"
