@@ -21,7 +21,7 @@ MAX_NODES = 1024
 # A DNS name (labels of letters, digits, '-'), an IPv4 address, or an IPv6 address in brackets.
 _HOST_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 RDZV_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-RDZV_FIELDS = ("rdzv_endpoint", "rdzv_backend", "rdzv_id")
+RDZV_FIELDS = ("rdzv_endpoint", "rdzv_backend", "rdzv_id", "host_timeout_seconds")
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -56,6 +56,9 @@ class Nodes(BaseModel):
         "outlive any one host; the job's environment needs python-etcd)."))
     rdzv_id: str | None = Field(None, description=(
         "Names this job's rendezvous at the endpoint, the same on every host; default the job's name."))
+    host_timeout_seconds: float = Field(600.0, ge=30, le=7 * 24 * 3600, description=(
+        "How long the hosts wait for one that does not come, or whose daemon stopped saying where its share is, "
+        "before the job fails naming it (torch's rendezvous join timeout too)."))
 
     @field_validator("rdzv_endpoint")
     @classmethod

@@ -569,11 +569,17 @@ class Executor:
         cfg, ckpt_dir, generation, step = self.cfg, str(job.spec.checkpoint_dir(self.cfg.checkpoints_root)), s.generation, s.last_step
         assert generation is not None
 
+        nodes = job.spec.nodes
+
         def done(turn: step_types.GangTurn | None, hosts: list[dict] | None) -> step_types.Observation:
             h.gang_beating = False
             if hosts is not None:
                 self.gang_hosts[job.id] = hosts
-            return step_types.GangSeen(turn) if turn is not None else step_types.Tick()
+            if turn is None:
+                return step_types.Tick()
+            gone = gang.missing(hosts or [], gang.me(cfg).label, nodes.count, nodes.host_timeout_seconds, self.wall(),
+                                s.started_wall)
+            return step_types.GangSeen(turn, gone)
 
         def work() -> Callable[[], step_types.Observation]:
             turn, hosts = gang.beat(cfg, job, ckpt_dir, generation, step)

@@ -126,6 +126,23 @@ def host_line(doc: dict[str, Any]) -> dict[str, Any]:
             "time": num(doc.get("time")), "step": step if isinstance(step, int) and not isinstance(step, bool) else None}
 
 
+def missing(lines: list[dict[str, Any]], label: str, nnodes: int, timeout: float, now: float,
+            since: float) -> str | None:
+    """Why the job cannot go on, if a host is missing: fewer than `nnodes` hosts (this one included)
+    have said anything in the last `timeout` seconds, while this attempt (begun at `since`) waited at
+    least that long. Names the host longest silent, or counts those that never came."""
+    if now - since < timeout:
+        return None
+    others = [h for h in lines if h.get("host") != label]
+    heard = [h for h in others if h.get("time") is not None and now - h["time"] < timeout]
+    if len(heard) + 1 >= nnodes:
+        return None
+    silent = sorted((h for h in others if h not in heard), key=lambda h: h.get("time") or 0.0)
+    why = (f"host {silent[0]['host']} gone: no word from its daemon for {now - (silent[0].get('time') or since):.0f} s"
+           if silent else f"only {len(heard) + 1} of {nnodes} hosts came in {now - since:.0f} s")
+    return f"{why} (nodes.host_timeout_seconds: {timeout:.0f})"
+
+
 def turn_of(doc: object, now: float) -> GangTurn | None:
     """The generation doc as a GangTurn (delay counted from `now`), None if it is not one."""
     if not isinstance(doc, dict):

@@ -38,20 +38,19 @@ def torchrun_args(nodes: Nodes, job_name: str, nproc: int, port: int, generation
         rdzv_id = f"{rdzv_id}-g{generation}"
     args = [f"--nnodes={nodes.count}", f"--nproc-per-node={nproc}", f"--rdzv-backend={nodes.rdzv_backend}",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}"]
+    # The agents wait at the rendezvous as long as the daemons wait for a host (run/gang.py).
+    conf = [f"join_timeout={int(nodes.host_timeout_seconds)}"]
     host, rdzv_port = split_endpoint(endpoint)
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return args  # a host name: torch resolves it (see the module doc)
-    if address.is_loopback:
-        return args
-    local = local_address_toward(str(address), rdzv_port)
-    if local is None:
-        return args
-    args.append(f"--local-addr={local}")
-    if nodes.rdzv_backend == "c10d" and ipaddress.ip_address(local) == address:
-        args.append("--rdzv-conf=is_host=true")
-    return args
+        address = None  # a host name: torch resolves it (see the module doc)
+    local = local_address_toward(str(address), rdzv_port) if address is not None and not address.is_loopback else None
+    if local is not None:
+        args.append(f"--local-addr={local}")
+        if nodes.rdzv_backend == "c10d" and ipaddress.ip_address(local) == address:
+            conf.insert(0, "is_host=true")
+    return [*args, f"--rdzv-conf={','.join(conf)}"]
 
 
 def local_address_toward(address: str, port: int) -> str | None:

@@ -360,7 +360,7 @@ def _spawned(s: JobStep, obs: Spawned, now: float) -> tuple[JobStep, list[Action
                last_step=None, last_progress=None, last_activity=None, step_changes=0, step_intervals=(), longest_interval=0.0,
                last_beat_time=0.0, beat_status=None, stop_cause=None, gpu_fault=None,
                hang_idle=None, term_at=None, kill_at=None, exited_at=None, exited_wall=None, warned_at=None, exit_code=None,
-               exit_signal=None, root_cause=None, oom=False, peer=None, agreed=False), []
+               exit_signal=None, root_cause=None, oom=False, peer=None, agreed=False, missing_host=None), []
 
 
 # --- the running attempt ------------------------------------------------------------------------------
@@ -396,6 +396,7 @@ def _activity(s: JobStep, obs: ActivitySeen, now: float) -> tuple[JobStep, list[
 
 def _gang_seen(s: JobStep, obs: GangSeen, now: float) -> tuple[JobStep, list[Action]]:
     turn = obs.turn
+    s = replace(s, missing_host=obs.missing)
     if (s.generation is None or turn.gen <= s.generation or s.stop_cause is not None
             or s.beat_status == "finished"):
         # Its own round still (or already being stopped, or training done here): nothing new.
@@ -489,12 +490,19 @@ def _decide_end(s: JobStep, now: float) -> tuple[JobStep, Decision]:
         # Across hosts: another host began the next generation first; its decision is the job's.
         return s, _peer_decision(s, s.peer)
     code = s.exit_code
+    progressed = s.progressed or (s.last_step is None and ran >= s.limits.healthy_seconds)
+    if (s.missing_host is not None and not s.progressed and code != 0
+            and s.stop_cause not in ("cancel", *DAEMON_CAUSES)):
+        # Across hosts: this attempt trained no step while a host stayed away past the host timeout
+        # (its agent waited as long at the rendezvous; a wait that long is no "healthy stretch"):
+        # the job fails, naming that host.
+        return s, Decision(JobState.FAILED, s.missing_host, "host-lost", backoff_level=s.backoff_level,
+                           no_progress_streak=s.no_progress_streak + 1)
     outcome = AttemptOutcome(
         exit_code=code, signal=s.exit_signal, root_cause=s.root_cause,
         preempted=s.beat_status == "preempted" or code == EXIT_PREEMPTED,
         oom=s.oom, stop_cause=s.stop_cause, hang_seconds=s.hang_idle, gpu_fault=s.gpu_fault,
-        progressed=s.progressed or (s.last_step is None and ran >= s.limits.healthy_seconds),
-        ran_seconds=ran,
+        progressed=progressed, ran_seconds=ran,
     )
     d = decide(outcome, s.limits.restart, s.restarts, s.backoff_level, s.no_progress_streak, s.limits.healthy_seconds,
                class_counts=dict(s.class_counts))

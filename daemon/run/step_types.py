@@ -108,6 +108,7 @@ class JobStep:
     generation: int | None = None        # the generation the current / last attempt ran in
     peer: GangTurn | None = None         # the newer generation another host began, which ends this attempt
     agreed: bool = False                 # AGREEING is over for this attempt (answered, or given up on)
+    missing_host: str | None = None      # the last beat found a host gone past nodes.host_timeout_seconds
 
     @property
     def ready(self) -> bool:
@@ -231,6 +232,7 @@ class GangSeen:
     attempt's: another host ended its round)."""
 
     turn: GangTurn
+    missing: str | None = None  # a host gone (or never come) longer than nodes.host_timeout_seconds: why
 
 
 @dataclass(frozen=True)

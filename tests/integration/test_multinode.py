@@ -141,7 +141,8 @@ def test_a_job_across_two_hosts_succeeds_on_both_with_the_model_of_one_host(tmp_
             # endpoint's host (and only it) serves the rendezvous store.
             for i, log in enumerate(logs):
                 assert f"'--local-addr={hosts.addresses[i]}'" in log, log[:2000]
-                assert ("'--rdzv-conf=is_host=true'" in log) == (i == 0), log[:2000]
+                conf = "is_host=true,join_timeout=600" if i == 0 else "join_timeout=600"
+                assert f"'--rdzv-conf={conf}'" in log, log[:2000]
             for ckpt_step in (8, STEPS):
                 manifest = layout.read_manifest(shared / "wide" / layout.step_dirname(ckpt_step))
                 assert manifest is not None and manifest["world_size"] == 4, ckpt_step

@@ -96,3 +96,13 @@ def test_a_new_job_where_an_earlier_one_succeeded_begins_a_round_of_its_own(tmp_
     gang_dir.beat({**host(0, now=1025.0), "dir": d, "gen": 1})  # its share waits at the rendezvous
     second = gang_dir.join({**host(1, now=1030.0), "dir": d, "last": None, "stale_seconds": 15})
     assert second["gen"] == 1, "host 0 runs in generation 1: this job's, joined"
+
+
+def test_a_host_is_missing_once_silent_past_the_timeout_and_the_attempt_waited_as_long():
+    lines = [{"host": "node0", "time": 1000.0}, {"host": "node1", "time": 300.0}]
+    assert gang.missing(lines, "node0", 2, 600, 1000.0, since=500.0) is None, "the attempt has not waited 600 s"
+    assert gang.missing(lines, "node0", 2, 600, 1000.0, since=100.0) == (
+        "host node1 gone: no word from its daemon for 700 s (nodes.host_timeout_seconds: 600)")
+    assert gang.missing([{"host": "node0", "time": 999.0}], "node0", 3, 600, 1000.0, since=300.0) == (
+        "only 1 of 3 hosts came in 700 s (nodes.host_timeout_seconds: 600)")
+    assert gang.missing(lines[:1] + [{"host": "node1", "time": 990.0}], "node0", 2, 600, 1000.0, 0.0) is None

@@ -1,6 +1,7 @@
 """A job across several hosts: what intake refuses (each refusal says the fix) and the torchrun argv
 each host's daemon launches (pure apart from a routing lookup, no processes)."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,14 @@ def test_several_nodes_meet_at_the_endpoint_under_the_job_name():
     assert argv[3:8] == ["--nnodes=3", "--nproc-per-node=2", "--rdzv-backend=c10d",
                          "--rdzv-endpoint=node0.cluster:29400", "--rdzv-id=big"]
     assert "--max-restarts=0" in argv and "--tee=3" in argv and "--log-dir=/log/big/r" in argv
-    assert not [a for a in argv if a.startswith(("--master", "--local-addr", "--rdzv-conf"))], "a host name: torch's"
+    assert not [a for a in argv if a.startswith(("--master", "--local-addr"))], "a host name: torch's"
+    assert "--rdzv-conf=join_timeout=600" in argv, "the agents wait for a host as long as the daemons do"
+
+
+def test_each_generation_is_a_round_of_its_own_and_the_host_timeout_is_torchs_join_timeout():
+    spec = parse_spec(BASE + SHARED + "nodes: {count: 2, rdzv_endpoint: 'node0:29400', host_timeout_seconds: 90}\n")
+    argv = plan_launch(spec, replace(ctx(), generation=4)).argv
+    assert "--rdzv-id=big-g4" in argv and "--rdzv-conf=join_timeout=90" in argv
 
 
 def test_an_etcd_rendezvous_and_an_own_id_pass_through():
@@ -100,7 +108,7 @@ def test_an_etcd_rendezvous_and_an_own_id_pass_through():
                                       "rdzv_id: run-7}\n")
     argv = plan_launch(spec, ctx()).argv
     assert "--rdzv-backend=etcd-v2" in argv and "--rdzv-id=run-7" in argv
-    assert not [a for a in argv if a.startswith(("--local-addr", "--rdzv-conf"))], "loopback: torch's own case"
+    assert not [a for a in argv if a.startswith("--local-addr")], "loopback: torch's own case"
 
 
 def test_an_endpoint_address_of_this_host_serves_the_store_and_is_advertised():
@@ -109,7 +117,7 @@ def test_an_endpoint_address_of_this_host_serves_the_store_and_is_advertised():
         pytest.skip("no route off this host: no non-loopback address of its own to name")
     spec = parse_spec(BASE + SHARED + f"nodes: {{count: 2, rdzv_endpoint: '{here}:29400'}}\n")
     argv = plan_launch(spec, ctx()).argv
-    assert f"--local-addr={here}" in argv and "--rdzv-conf=is_host=true" in argv
+    assert f"--local-addr={here}" in argv and "--rdzv-conf=is_host=true,join_timeout=600" in argv
 
 
 def test_another_hosts_endpoint_gets_the_address_toward_it_but_no_store():
@@ -118,4 +126,4 @@ def test_another_hosts_endpoint_gets_the_address_toward_it_but_no_store():
         pytest.skip("no route to 192.0.2.1 from this host")
     spec = parse_spec(BASE + SHARED + "nodes: {count: 2, rdzv_endpoint: '192.0.2.1:29400'}\n")
     argv = plan_launch(spec, ctx()).argv
-    assert f"--local-addr={here}" in argv and "--rdzv-conf=is_host=true" not in argv
+    assert f"--local-addr={here}" in argv and "--rdzv-conf=join_timeout=600" in argv

@@ -176,3 +176,28 @@ def test_an_adopted_attempt_keeps_its_generation_and_a_lost_one_begins_the_next(
     s, actions = st.step(s, AllGone(), 0.5)
     bump = only(actions, AgreeGeneration).bump
     assert bump is not None and bump.gen == 8 and not bump.counted, "lost: a new round, not the job's fault"
+
+
+def test_an_attempt_that_got_nowhere_while_a_host_stayed_away_fails_the_job_naming_it():
+    s = gang_running(gen=1)
+    why = "host node1 gone: no word from its daemon for 640 s (nodes.host_timeout_seconds: 600)"
+    s, _ = st.step(s, GangSeen(GangTurn(1), why), 601.0)
+    assert s.phase is Phase.RUNNING and s.missing_host == why
+    s, actions = crashed(s, 605.0)  # the agent's join timeout: exit 1, no step
+    bump = only(actions, AgreeGeneration).bump
+    assert bump is not None and bump.final is JobState.FAILED and bump.reason == why, "every host ends with it"
+    s, actions = st.step(s, GenerationAgreed(1, True, bump), 605.2)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason, finish.reason_class) == (JobState.FAILED, why, "host-lost")
+
+
+def test_a_host_back_in_time_or_an_attempt_that_trained_is_no_lost_host():
+    s = gang_running(gen=1)
+    s, _ = st.step(s, GangSeen(GangTurn(1), "host node1 gone: …"), 601.0)
+    s, _ = st.step(s, GangSeen(GangTurn(1), None), 602.0)
+    assert s.missing_host is None
+    s, _ = st.step(s, GangSeen(GangTurn(1), "host node1 gone: …"), 603.0)
+    s, _ = st.step(s, HeartbeatSeen(4, WALL0 + 603, "running"), 603.0)
+    s, actions = crashed(s, 604.0)
+    bump = only(actions, AgreeGeneration).bump
+    assert bump is not None and bump.final is None, "it trained: a restart, as for any failure"
