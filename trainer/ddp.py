@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from spx.trainer import rng
 from spx.trainer.grad_ckpt import enable_gradient_checkpointing
 from spx.trainer.hashing import state_sha256
 from spx.trainer.loop import FitResult, StepHook, TrainingLoop, default_loss
@@ -44,6 +46,7 @@ class Trainer(TrainingLoop):
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         self.loss_fn: LossFn = default_loss
+        self._settle_buckets = False  # a resumed run's first step waits for DDP's bucket rebuild (_shadow_backward)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Move `model` to this rank's device, enable gradient checkpointing if configured, and
@@ -85,6 +88,10 @@ class Trainer(TrainingLoop):
 
     def _train_micro_batch(self, batch: Any, boundary: bool) -> torch.Tensor:
         assert self.model is not None
+        if self._settle_buckets:
+            self._settle_buckets = False
+            if isinstance(self.model, DDP) and self.dist.world_size > 2:
+                self._shadow_backward(batch)
         # DDP all-reduces gradients in backward; skip that on all but the last micro-batch.
         sync = self.model.no_sync() if isinstance(self.model, DDP) and not boundary else contextlib.nullcontext()
         with sync:
@@ -92,6 +99,30 @@ class Trainer(TrainingLoop):
                 loss = self.loss_fn(self.model, batch)
             (loss / self._accum_steps).backward()
         return loss.detach()
+
+    def _shadow_backward(self, batch: Any) -> None:
+        """Exact resume with more than two ranks. DDP all-reduces the first backward of a process in
+        its initial bucket layout and rebuilds the buckets (in the order gradients became ready) at
+        the next forward; a ring all-reduce sums each element in an order set by its place in the
+        bucket, and with three or more ranks float addition depends on that order. The uninterrupted
+        run trained step k+1 in the rebuilt layout, so a run resumed at step k must too: one
+        forward and backward on the batch about to be trained, whose gradients are dropped and whose
+        every side effect (RNG streams, buffers such as BatchNorm statistics) is undone, makes DDP
+        rebuild its buckets before the real step. With two ranks a + b == b + a: not needed."""
+        assert self.model is not None
+        started = time.monotonic()
+        streams = rng.capture()
+        buffers = [b.detach().clone() for b in self.module.buffers()]
+        with autocast_context(self.device, self.bf16):
+            loss = self.loss_fn(self.model, batch)
+        loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for live, kept in zip(self.module.buffers(), buffers, strict=True):
+                live.copy_(kept)
+        rng.restore(streams)
+        log.info("resumed on %d ranks: one backward without an update (%.2f s) so that DDP's gradient buckets are "
+                 "laid out as in the uninterrupted run (exact resume)", self.dist.world_size, time.monotonic() - started)
 
     def _optimizer_step(self) -> None:
         assert self.optimizer is not None
@@ -131,6 +162,7 @@ class Trainer(TrainingLoop):
         shared, mine, manifest = self.checkpointer.load(path, map_location=self.device)
         assert shared is not None
         self.module.load_state_dict(shared["model"])
+        self._settle_buckets = True
         self.optimizer.load_state_dict(shared["optimizer"])
         if self.scheduler is not None and "scheduler" in shared:
             self.scheduler.load_state_dict(shared["scheduler"])
