@@ -7,20 +7,13 @@ daemon saw its own node's progress, and the final model equals a 1-node × 4-pro
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from netns_hosts import IFNAME, two_hosts
 
 from harness import EXAMPLES, Daemon
 from spx.daemon.contract import checkpoint_layout as layout
@@ -29,68 +22,10 @@ pytestmark = pytest.mark.slow
 
 PY = sys.executable
 HASH = re.compile(r"final_state_sha256=([0-9a-f]{64})")
-IFNAME = "spx0"  # the veth end's name in both namespaces, so one job file names it for gloo
 RDZV_PORT = 29400
 STEPS = 16
 ARGS = ("--batch_size", "4", "--model-size", "tiny", "--seed", "7", "--steps", str(STEPS), "--checkpoint-every", "8",
         "--dataset-size", "128")
-
-
-@dataclass(frozen=True)
-class Hosts:
-    namespaces: tuple[str, str]
-    addresses: tuple[str, str]
-
-
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
-def _free_subnet() -> int:
-    """X of a 10.77.X.0/24 no interface of this machine (or of a leftover namespace) uses."""
-    taken = _ip("-o", "addr").stdout + "".join(_ip("-n", ns.split()[0], "-o", "addr").stdout
-                                               for ns in _ip("netns", "list").stdout.splitlines() if ns.strip())
-    start = os.getpid() % 250
-    return next(x for x in ((start + i) % 250 + 2 for i in range(250)) if f"10.77.{x}." not in taken)
-
-
-@contextmanager
-def two_hosts() -> Iterator[Hosts]:
-    """Two network namespaces joined by a veth pair (10.77.X.1/24 and 10.77.X.2/24, loopback up in
-    each). On the way out, whatever happened, what still runs in them is killed (only this test's
-    daemons and their jobs can be there) and they are deleted, which deletes the veth pair."""
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2 (`ip`) is not installed")
-    tag = uuid.uuid4().hex[:8]
-    namespaces = (f"spxmn-{tag}-0", f"spxmn-{tag}-1")
-    veths = (f"spxv{tag}a", f"spxv{tag}b")
-    created: list[str] = []
-    try:
-        for ns in namespaces:
-            res = _ip("netns", "add", ns)
-            if res.returncode != 0:
-                pytest.skip(f"cannot create a network namespace here: {res.stderr.strip()}")
-            created.append(ns)
-        x = _free_subnet()
-        addresses = (f"10.77.{x}.1", f"10.77.{x}.2")
-        steps = [("link", "add", veths[0], "type", "veth", "peer", "name", veths[1])]
-        for ns, veth, addr in zip(namespaces, veths, addresses, strict=True):
-            steps += [("link", "set", veth, "netns", ns), ("-n", ns, "link", "set", veth, "name", IFNAME),
-                      ("-n", ns, "addr", "add", f"{addr}/24", "dev", IFNAME), ("-n", ns, "link", "set", IFNAME, "up"),
-                      ("-n", ns, "link", "set", "lo", "up")]
-        for step in steps:
-            res = _ip(*step)
-            assert res.returncode == 0, f"ip {' '.join(step)}: {res.stderr}"
-        yield Hosts(namespaces, addresses)
-    finally:
-        for ns in created:
-            for pid in _ip("netns", "pids", ns).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            _ip("netns", "del", ns)
-        _ip("link", "del", veths[0])  # only there if it was never moved into a namespace
 
 
 def job_text(name: str, *, procs: int, ckpt: Path | None = None, nodes: str | None = None) -> str:
@@ -108,7 +43,7 @@ def attempt_log(d: Daemon, name: str) -> str:
 def test_a_job_across_two_hosts_succeeds_on_both_with_the_model_of_one_host(tmp_path):
     shared = tmp_path / "shared"  # the volume both hosts mount
     shared.mkdir()
-    with two_hosts() as hosts:
+    with two_hosts(pytest.skip) as hosts:
         daemons = [Daemon(tmp_path / f"host{i}", gpu_backend="fake", prefix=["ip", "netns", "exec", ns])
                    for i, ns in enumerate(hosts.namespaces)]
         try:
