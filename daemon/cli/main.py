@@ -23,9 +23,9 @@ from pathlib import Path
 from spx.daemon.cli import queue_cmds, submit_cmdline
 from spx.daemon.cli.launch_cmdline import CommandLineError
 from spx.daemon.contract import checkpoint_discovery
-from spx.daemon.intake.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, submitted_text
+from spx.daemon.core.config import ConfigError, DaemonConfig, load_config
+from spx.daemon.core.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, submitted_text
 from spx.daemon.service import control
-from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.state import node_view
 from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError

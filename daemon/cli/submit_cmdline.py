@@ -30,9 +30,9 @@ from typing import Any
 import yaml
 
 from spx.daemon.cli.launch_cmdline import CommandLineError, Launch, parse_command
-from spx.daemon.intake.spec import NAME_RE, JobSpec, SpecError, parse_spec
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.spec import NAME_RE, JobSpec, SpecError, parse_spec
 from spx.daemon.service import control
-from spx.daemon.service.config import DaemonConfig
 
 SHEBANG_BYTES = 4096
 # pip/distlib's launcher for an interpreter path too long for `#!`: a shell line that execs it.

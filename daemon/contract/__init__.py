@@ -1,9 +1,10 @@
-"""The torch-free contracts between the daemon and the workers it runs (design §5, §6).
+"""The torch-free contracts between the daemon and the workers it runs.
 
-`worker_env` names the environment every attempt gets and the heartbeat it writes back;
-`checkpoint_layout` says what a complete checkpoint is. `spx.trainer` imports both, the daemon reads
-through them: neither side re-implements the other's half. Stdlib only.
+    worker_env (the SPX_* environment every attempt gets, and the heartbeat it writes back)
+    · checkpoint_layout (what a complete checkpoint is) ← checkpoint_formats (completeness rules of
+    the formats other libraries write) ← checkpoint_discovery (which checkpoint a relaunch resumes
+    from) ← checkpoint_tiers (host-local copy or persistent one)
 
-Data flow: spool → intake → state → run → workers; exporter and CLI read. This package sits beside
-that flow: the run side writes the environment, workers write heartbeats and checkpoints.
+`spx.trainer` imports these, the daemon reads through them: neither side re-implements the other's
+half. Stdlib only. The run side writes the environment, workers write heartbeats and checkpoints.
 """

@@ -33,7 +33,7 @@ def run_doctor(
     Under `--root` (paths that are not the system defaults) the spool and state dirs must belong to
     the user running the daemon, not root.
     """
-    from spx.daemon.service.config import DaemonConfig
+    from spx.daemon.core.config import DaemonConfig
 
     out = out or sys.stdout
     rooted = Path(cfg.spool_dir) != DaemonConfig().spool_dir

@@ -1,0 +1,9 @@
+"""The GPUs: NVML, or the fake fixture with NVML's API, and what the daemon asks of them.
+
+    backend (which NVML, and the scheduler's questions: idle, computing, healthy) ← fields (the
+    field-values request the collector reads) · health (the gate a GPU must pass before an attempt)
+    · xid (the XID event thread) · fake (the fixture-driven fake NVML) ← fake_sim (its devices and
+    event sets), fake_procs (which live processes it reports on which GPU)
+
+The fake is chosen by config (`--gpu-backend fake`), never by accident.
+"""

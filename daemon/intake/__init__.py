@@ -1,7 +1,9 @@
-"""Intake: from a file dropped into the spool to a queued job in the store (design §4).
+"""Intake: from a file dropped into the spool to a queued job in the store.
 
-    spool (watch + claim, hostile files) → spec (parse + validate) → accept (check + record durably)
+    spool (watch + claim, hostile files) → accept (check as the owner, record durably)
+    ← dependencies (what an `after:` name means); adopt (queue what a lost host left on a volume)
+    ← adopt_scan (find it, through fsafe) ← job_record (what a job keeps in CHECKPOINT_DIR/.spx/)
 
-First stage of the one-way flow: spool → intake → state → run → workers; exporter and CLI only read.
-Nothing here launches anything; it only ever writes new `queued` jobs (and `rejected/` files).
+First stage of the one-way flow: spool → intake → state → run → workers. Nothing here launches
+anything; it only ever writes new `queued` jobs (and `rejected/` files).
 """

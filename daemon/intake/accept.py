@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 from spx.daemon.contract.checkpoint_layout import fsync_dir
-from spx.daemon.intake.spec import JobSpec, SpecError, parse_spec
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.log import get_logger
+from spx.daemon.core.spec import JobSpec, SpecError, parse_spec
+from spx.daemon.intake.dependencies import dependency_problem
 from spx.daemon.intake.spool import Accepted, Rejected, SpoolClaimer, SpoolWatcher
-from spx.daemon.service.config import DaemonConfig
-from spx.daemon.service.log import get_logger
-from spx.daemon.service.queue_control import dependency_problem
 from spx.daemon.state.store import DuplicateJob, Store
 from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError

@@ -31,12 +31,12 @@ from typing import Any
 
 import yaml
 
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.log import get_logger
+from spx.daemon.core.spec import JobSpec
 from spx.daemon.intake import job_record
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt_scan import Found, Refused, scan
-from spx.daemon.intake.spec import JobSpec
-from spx.daemon.service.config import DaemonConfig
-from spx.daemon.service.log import get_logger
 from spx.daemon.state.store import DuplicateJob, Store
 from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError

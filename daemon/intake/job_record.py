@@ -31,8 +31,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from spx.daemon.intake.spec import JobSpec
-from spx.daemon.intake.spec_yaml import SpecError, read_yaml
+from spx.daemon.core.spec import JobSpec
+from spx.daemon.core.spec_yaml import SpecError, read_yaml
 from spx.daemon.state.store import JobRow
 from spx.daemon.userfs import fsafe
 

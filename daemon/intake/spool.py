@@ -35,8 +35,8 @@ from pathlib import Path
 from watchdog.events import FileClosedEvent, FileMovedEvent, FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from spx.daemon.intake.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec
-from spx.daemon.service.log import get_logger
+from spx.daemon.core.log import get_logger
+from spx.daemon.core.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec
 from spx.daemon.userfs import fsafe
 
 log = get_logger()

@@ -1,13 +1,18 @@
-"""Run: scheduling, supervision and the processes of each attempt (design §7).
+"""Run: scheduling, supervision and the processes of each attempt.
 
-    scheduler (which job starts now, on which GPUs) → supervisor (the loop: per job, step → executor)
-    → launcher (argv, env, user) → attempt_monitor (records the exit) → enter_attempt (root exec shim: cgroup, user, exec) → workers;
-    standby (the launcher started ahead: standby_agent waits for the plan), rendezvous (torchrun's meeting point, across hosts),
-    gang (across hosts: the generation every host's share runs in, agreed in the shared checkpoint dir);
-    step (the pure state machine of one job; its values in step_types), executor (performs its actions, slow work off the loop),
-    policy (after an exit: restart, back off, give up), attempt_files (the attempt's files, safely),
+    scheduler (which job starts now, on which GPUs) ← queue_rules (holds, drain, dependencies, limits)
+    → supervisor (the loop: per job, step → executor)
+    → launcher (argv, env, user) → attempt_monitor (records the exit) → enter_attempt (root exec shim:
+    cgroup, user, exec) → workers; exit_wake (the loop wakes when a launcher exits);
+    standby (the launcher started ahead: standby_agent waits for the plan), rendezvous (torchrun's
+    meeting point, across hosts), gang (across hosts: the generation every host's share runs in);
+    step (the pure state machine of one job; its values in step_types), executor (performs its
+    actions, slow work off the loop), policy (after an exit: restart, back off, give up),
+    resume_fallback (the crash-loop fallback checkpoint), attempt_files (the attempt's files,
+    safely), checkpoint_report (what discovery decided), local_tier (the host-local checkpoint
+    dir), timeline (where a restart spent its time), lease_keeper (the job's `.spx/` lease),
     proctree/cgroups (the processes), log_relay (the capped attempt log), rootcause/oom (why it ended).
 
 Third stage of the flow spool → intake → state → run → workers; the only writer of job states after
-intake. Reads GPUs through `spx.daemon.gpu`, never imports torch.
+intake. Never imports torch.
 """

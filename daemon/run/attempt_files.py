@@ -31,10 +31,10 @@ from typing import Any
 
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
 from spx.daemon.contract.worker_env import Heartbeat
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.log import get_logger
 from spx.daemon.intake import job_record
 from spx.daemon.run import local_tier
-from spx.daemon.service.config import DaemonConfig
-from spx.daemon.service.log import get_logger
 from spx.daemon.state import jobviews
 from spx.daemon.state.store import JobRow
 from spx.daemon.userfs import as_user, fsafe

@@ -27,9 +27,9 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-CgroupMode = Literal["auto", "on", "off"]
+from spx.daemon.core.config import CgroupMode
+
 SUPERVISOR_LEAF = "supervisor"
 ATTEMPTS_DIR = "attempts"
 DELEGATE_XATTRS = ("user.delegate", "trusted.delegate")

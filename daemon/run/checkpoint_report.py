@@ -7,9 +7,9 @@ from typing import Any
 
 from spx.daemon.contract.checkpoint_discovery import describe
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
+from spx.daemon.core.log import get_logger
 from spx.daemon.run import attempt_files
 from spx.daemon.run.attempt_files import AttemptFiles
-from spx.daemon.service.log import get_logger
 
 log = get_logger()
 

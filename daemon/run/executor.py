@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.log import get_logger
 from spx.daemon.run import (
     attempt_files,
     cgroups,
@@ -45,8 +47,6 @@ from spx.daemon.run import (
 from spx.daemon.run.attempt_files import AttemptFiles
 from spx.daemon.run.oom import oom_killed
 from spx.daemon.run.rootcause import TAIL_BYTES, root_cause_of
-from spx.daemon.service.config import DaemonConfig
-from spx.daemon.service.log import get_logger
 from spx.daemon.staging.runner import StagingRun, start_staging
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow, Store, StoreUnavailable

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from spx.daemon.core.config import DaemonConfig
 from spx.daemon.intake import job_record
 from spx.daemon.run.step_types import GangTurn
-from spx.daemon.service.config import DaemonConfig
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow
 from spx.daemon.userfs import as_user

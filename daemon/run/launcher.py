@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spx.daemon.contract import worker_env
-from spx.daemon.intake.spec import JobSpec
+from spx.daemon.core.spec import JobSpec
 from spx.daemon.run import rendezvous
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

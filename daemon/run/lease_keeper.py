@@ -22,9 +22,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.log import get_logger
 from spx.daemon.intake import job_record
-from spx.daemon.service.config import DaemonConfig
-from spx.daemon.service.log import get_logger
 from spx.daemon.state.store import JobRow, Store
 from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError

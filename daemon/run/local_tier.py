@@ -17,8 +17,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from spx.daemon.service.config import DaemonConfig
-from spx.daemon.service.log import get_logger
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.log import get_logger
 from spx.daemon.state.store import JobRow
 from spx.daemon.userfs import fsafe
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from spx.daemon.intake.spec import ClassLimit, ClassRule, Restart
+from spx.daemon.core.spec import ClassLimit, ClassRule, Restart
 from spx.daemon.run.proctree import signal_name
 from spx.daemon.run.rootcause import cause_class
 from spx.daemon.state.states import JobState

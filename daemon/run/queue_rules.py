@@ -15,25 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from spx.daemon.state.store import JobRow
-
-
-class GpuLimits(BaseModel):
-    """Config `limits:` — GPUs one user's jobs may hold at once. A user's own entry wins; else the
-    most generous entry among their groups (primary and supplementary); else `gpus_per_user`.
-    None (the default) = no limit."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    gpus_per_user: int | None = Field(None, ge=0, le=4096, description="Default for every user; null = no limit.")
-    users: dict[str, int] = Field(default_factory=dict, description="Per user name: their limit.")
-    groups: dict[str, int] = Field(default_factory=dict, description="Per group name: the limit of each member.")
-
-    @property
-    def any(self) -> bool:
-        return self.gpus_per_user is not None or bool(self.users) or bool(self.groups)
 
 
 @dataclass(frozen=True)

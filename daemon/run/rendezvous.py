@@ -23,7 +23,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from spx.daemon.intake.nodes import Nodes, split_endpoint
+from spx.daemon.core.nodes import Nodes, split_endpoint
 
 
 def torchrun_args(nodes: Nodes, job_name: str, nproc: int, port: int, generation: int | None = None) -> list[str]:

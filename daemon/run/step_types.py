@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from spx.daemon.intake.spec import Restart
+from spx.daemon.core.spec import Restart
 from spx.daemon.state.states import JobState
 
 

@@ -18,11 +18,11 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.log import get_logger
 from spx.daemon.run import cgroups, step, step_types
 from spx.daemon.run.executor import Executor
 from spx.daemon.run.scheduler import Start, Waiting
-from spx.daemon.service.config import DaemonConfig
-from spx.daemon.service.log import get_logger
 from spx.daemon.staging.runner import staging_done
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow, Store, StoreUnavailable

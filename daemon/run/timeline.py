@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from spx.daemon.contract.worker_env import WORKER_PHASES, Heartbeat
-from spx.daemon.service.log import get_logger
+from spx.daemon.core.log import get_logger
 from spx.daemon.state.store import Store, StoreUnavailable
 
 log = get_logger()

@@ -15,10 +15,8 @@ request gets a JSON reply -- an error one when it is malformed, late, too large 
 from __future__ import annotations
 
 import contextlib
-import grp
 import json
 import os
-import pwd
 import queue
 import socket
 import struct
@@ -28,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spx.daemon.service.log import get_logger
+from spx.daemon.core.log import get_logger
 from spx.daemon.userfs import fsafe
 
 log = get_logger()
@@ -57,19 +55,6 @@ def peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
-
-
-def is_admin(uid: int, admin_group: str | None) -> bool:
-    if uid == 0:
-        return True
-    if not admin_group:
-        return False
-    try:
-        group = grp.getgrnam(admin_group)
-        user = pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    return user.pw_gid == group.gr_gid or user.pw_name in group.gr_mem
 
 
 class ControlServer:

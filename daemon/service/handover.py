@@ -33,8 +33,8 @@ import time
 import uuid
 from pathlib import Path
 
+from spx.daemon.core.log import get_logger
 from spx.daemon.run import cgroups
-from spx.daemon.service.log import get_logger
 from spx.daemon.userfs import fsafe
 
 log = get_logger()

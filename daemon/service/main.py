@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import pwd
 import queue
 import signal
 import subprocess
@@ -30,6 +29,9 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from spx.daemon.core.config import ConfigError, DaemonConfig, load_config
+from spx.daemon.core.log import configure, get_logger
+from spx.daemon.core.users import is_admin, user_name
 from spx.daemon.gpu.backend import GpuBackend, XidEvent, open_backend
 from spx.daemon.gpu.health import HealthGate, fatal_xid, xid_reason
 from spx.daemon.intake.accept import Intake
@@ -38,10 +40,8 @@ from spx.daemon.run import cgroups, proctree, scheduler, step_types
 from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service import handover
-from spx.daemon.service.config import ConfigError, DaemonConfig, load_config
-from spx.daemon.service.control import Command, ControlServer, is_admin
+from spx.daemon.service.control import Command, ControlServer
 from spx.daemon.service.gpu_rows import gpu_rows
-from spx.daemon.service.log import configure, get_logger
 from spx.daemon.service.queue_control import QUEUE_OPS, QueueControl
 from spx.daemon.service.sd_notify import Notifier
 from spx.daemon.service.status_line import format_status
@@ -373,7 +373,7 @@ class Daemon:
             elif job.state.terminal:
                 cmd.reply = {"ok": False, "error": f"{cmd.name} already {job.state.value}", "code": 1}
             else:
-                by = _user_name(cmd.uid)
+                by = user_name(cmd.uid)
                 try:
                     cmd.reply = {"ok": True, "result": self.supervisor.cancel(job, by)}
                 except StoreUnavailable as e:
@@ -388,7 +388,7 @@ class Daemon:
             g = int(cmd.name)
         except ValueError:
             return {"ok": False, "error": f"not a GPU index: {cmd.name!r}", "code": 2}
-        by = _user_name(cmd.uid)
+        by = user_name(cmd.uid)
         try:
             released = self.store.release_gpu(g, by, time.time())
         except StoreUnavailable as e:
@@ -488,13 +488,6 @@ def check_new_image(argv: list[str]) -> str | None:
         return f"{argv[0]} --check exited {r.returncode}: {(r.stderr or r.stdout).strip()[-500:]}"
     return None
 
-
-def _user_name(uid: int) -> str:
-    """Who asked, as `spx status` shows it ("cancelled by alice"); the uid if the name is gone."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,17 +1,10 @@
 """The queue's controls and the facts its rules need: `spx hold/release/priority/drain/undrain`,
-the dependency check at intake, and what the scheduler is told each turn (run/queue_rules.py).
+and what the scheduler is told each turn (run/queue_rules.py).
 
 Runs on the main loop (the store's only writer), reached through the same owner-checked control
 path as `spx cancel`: a user acts on their own jobs; root and the admin group on every job. Drain
-and priority are the operator's: root or the admin group only.
-
-How an `after:` name resolves, the Slurm way (`sbatch --dependency=afterok:ID` refuses an unknown
-job at submission rather than waiting for one that may never come): the latest job of that name
-submitted before this one that the submitter can see (their own; root and the admin group: anyone's).
-At intake a name with no such job rejects the file (the `.error` next to it says which name), so a
-typo never leaves a job waiting forever. Because a job can only name jobs submitted before it,
-dependency cycles cannot be built. Resolution is by job id, so a later job reusing the name does
-not change what an earlier job waits for.
+and priority are the operator's: root or the admin group only. What an `after:` name resolves to
+is intake/dependencies.py's rule; it is resolved once per waiting job and kept.
 """
 
 from __future__ import annotations
@@ -21,40 +14,19 @@ import os
 import pwd
 import time
 
-from spx.daemon.intake.spec import JobSpec
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.log import get_logger
+from spx.daemon.core.users import is_admin, user_name
+from spx.daemon.intake.dependencies import resolve_dep
 from spx.daemon.run.queue_rules import Dep, Limit, QueueFacts
-from spx.daemon.service.config import DaemonConfig
-from spx.daemon.service.control import Command, is_admin
-from spx.daemon.service.log import get_logger
+from spx.daemon.service.control import Command
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow, Store, StoreUnavailable
 
 log = get_logger()
 QUEUE_OPS = ("hold", "release", "priority", "drain", "undrain")
 LIMITS_CACHE_SECONDS = 60.0  # group membership is read again after this long
-_EVERY_JOB = 1 << 62  # at intake the new job has no id yet: every job recorded so far came before it
 
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def resolve_dep(store: Store, name: str, before_id: int, uid: int, admin_group: str | None) -> JobRow | None:
-    """The job `after: [name]` means for owner `uid` (see the module doc), or None."""
-    admin = is_admin(uid, admin_group)
-    return next((j for j in store.jobs_named_before(name, before_id) if admin or j.owner_uid == uid), None)
-
-
-def dependency_problem(store: Store, spec: JobSpec, uid: int, admin_group: str | None) -> str | None:
-    """At intake: the first `after:` name that names no job the submitter can see, said with the fix."""
-    for name in spec.after:
-        if resolve_dep(store, name, _EVERY_JOB, uid, admin_group) is None:
-            return (f"after: no job named {name!r} that you can see was submitted before this one (spx ls --all "
-                    "lists them); submit it first, or remove it from `after`")
-    return None
 
 
 class QueueControl:

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spx.daemon.service.log import get_logger
+from spx.daemon.core.log import get_logger
 from spx.daemon.staging import copier
 from spx.daemon.userfs import as_user, fsafe
 

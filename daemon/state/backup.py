@@ -17,7 +17,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from spx.daemon.service.log import get_logger
+from spx.daemon.core.log import get_logger
 from spx.daemon.state.integrity import backups
 
 log = get_logger()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from spx.daemon.service.log import get_logger
+from spx.daemon.core.log import get_logger
 
 log = get_logger()
 _POINT = os.environ.get("SPX_TEST_FAULT_POINT")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from spx.daemon.intake.spec import JobSpec
+from spx.daemon.core.spec import JobSpec
 from spx.daemon.state import fault_points
 from spx.daemon.state.states import LIVE, TERMINAL, JobState, check_edge
 

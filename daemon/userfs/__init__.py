@@ -1,8 +1,10 @@
-"""User files: the one way the root daemon touches a path a user controls (design §9).
+"""User files: the one way the root daemon touches a path a user controls.
 
-`fsafe` walks from trusted directory fds without following links, opens non-blocking, reads with a
-cap and changes owner and mode on fds; `as_user` runs what belongs in the user's own tree (mkdir -p
-of a checkpoint dir, access checks, checkpoint discovery) as the job's owner, with the owner's groups.
+    fsafe (dir-fd walks, O_NOFOLLOW, non-blocking, capped reads, fchown on fds) · heartbeat (the
+    heartbeat, read through fsafe) · as_user (run an action as the job's owner) → user_actions (the
+    child side) → spx_dir (the `.spx/` record, lease and end marker), gang_dir (the `.spx-gang/`
+    generations across hosts); identity (become the owner: groups, gid, uid)
+
 Nothing else in the daemon opens a path under a user-writable directory
 (tests/unit/test_user_paths_guard.py holds the list of modules whose paths are the daemon's own).
 """

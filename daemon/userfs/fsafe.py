@@ -27,7 +27,7 @@ import stat
 import time
 from pathlib import Path
 
-from spx.daemon.service.log import get_logger
+from spx.daemon.core.log import get_logger
 
 log = get_logger()
 

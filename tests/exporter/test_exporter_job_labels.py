@@ -7,9 +7,9 @@ from exporter_support import ManualClock, job_view
 from metrics_text import samples, scrape
 
 from harness import wait_for
+from spx.daemon.core.config import DaemonConfig, load_config
 from spx.daemon.exporter.job_collector import JOB_FAMILIES
 from spx.daemon.exporter.server import build_registry
-from spx.daemon.service.config import DaemonConfig, load_config
 
 SECRET = "alice-secret-project"
 

@@ -5,7 +5,8 @@
 Every rank prints one `SPX_PROBE {json}` line: its rank and world, the process-group backend
 (`torch.distributed.get_backend()`), the trainer's device and bf16 decision, the dtype and device
 of a Linear layer's output inside the training step (bf16 only under autocast), the parameters'
-dtype (fp32 master weights), whether the model is DDP-wrapped, and the steps trained. The trainer
+dtype (fp32 master weights), whether the model is DDP-wrapped, the steps trained, and the sum of
+one all-reduce of a 1 from every rank. The trainer
 itself logs none of this, hence the probe.
 """
 
@@ -39,6 +40,12 @@ def main() -> None:
             lambda m, i, out: seen.append((str(out.dtype), str(out.device))))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         result = trainer.fit(model, optimizer, trainer.dataloader(MarkovCorpus(64, lm.seq_len, lm.vocab), batch_size=4))
+        # One all-reduce through the trainer's process group on its device: with one rank the
+        # trainer makes no collective call (no DDP wrap) and NCCL creates its communicator lazily,
+        # so this is what proves the backend really reduces on the GPU, in any world size.
+        reduced = torch.ones(1, device=trainer.device)
+        if dist.is_initialized():
+            dist.all_reduce(reduced)
         report = {
             "rank": trainer.dist.rank,
             "world": trainer.dist.world_size,
@@ -51,6 +58,7 @@ def main() -> None:
             "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
             "ddp": isinstance(model, DDP),
             "steps": result.step,
+            "all_reduce": reduced.item(),
             "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
         }
         print("SPX_PROBE " + json.dumps(report), flush=True)

@@ -55,6 +55,7 @@ def test_trainer_runs_nccl_on_one_cuda_device_per_rank_with_bf16_autocast(tmp_pa
         assert r["forward_devices"] == [r["device"]]
         assert r["param_dtypes"] == ["torch.float32"], "autocast keeps fp32 master weights"
         assert r["ddp"] is (world > 1) and r["steps"] == 3
+        assert r["all_reduce"] == world, f"rank {r['rank']}: an all-reduce of 1 on {world} rank(s) gave {r['all_reduce']}"
     assert "NCCL version" in run.output(), "NCCL_DEBUG=VERSION printed no NCCL version: no NCCL communicator was made"
 
 

@@ -18,9 +18,9 @@ import pytest
 from hostile.probe import PYTHON, answering, user_script
 
 from harness import Daemon, wait_for
+from spx.daemon.core.spec import parse_spec
 from spx.daemon.intake import job_record
 from spx.daemon.intake.adopt_scan import MAX_DEPTH, Found, Refused, scan
-from spx.daemon.intake.spec import parse_spec
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow
 

@@ -13,9 +13,9 @@ import pytest
 from hostile import probe
 from hostile.users import hostile_users, run_as
 
-from spx.daemon.intake.spec import parse_spec
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.spec import parse_spec
 from spx.daemon.run import attempt_files
-from spx.daemon.service.config import DaemonConfig
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow
 from spx.daemon.userfs import as_user

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness import small_tmpfs
-from spx.daemon.intake.spec import JobSpec
+from spx.daemon.core.spec import JobSpec
 from spx.daemon.state import integrity
 from spx.daemon.state.backup import Backups
 from spx.daemon.state.store import Store, StoreUnavailable
@@ -216,7 +216,7 @@ def test_a_store_truncated_to_zero_beside_its_write_ahead_log_is_refused_without
     # A daemon killed before any checkpoint: the jobs are only in the WAL. SQLite would open the empty
     # main file as a new database and discard the log.
     code = ("import os, sys\nfrom pathlib import Path\nfrom spx.daemon.state.store import Store\n"
-            "from spx.daemon.intake.spec import JobSpec\ns = Store(Path(sys.argv[1]))\n"
+            "from spx.daemon.core.spec import JobSpec\ns = Store(Path(sys.argv[1]))\n"
             "s._db.execute('PRAGMA wal_autocheckpoint=0')\n"
             "s.add_job(JobSpec.model_validate({'name': 'a', 'script': 'a.py'}), 0, 'r', 'f', 1.0)\nos._exit(9)\n")
     path = state / "spx.sqlite"

@@ -7,8 +7,8 @@ import time
 
 from spx.daemon.cli import main
 from spx.daemon.contract.worker_env import Heartbeat, write_heartbeat
-from spx.daemon.intake.spec import parse_spec
-from spx.daemon.service.config import load_config
+from spx.daemon.core.config import load_config
+from spx.daemon.core.spec import parse_spec
 from spx.daemon.state.jobviews import heartbeat_path, job_view
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import Store

@@ -4,7 +4,7 @@ import base64
 import json
 from pathlib import Path
 
-from spx.daemon.intake.spec import parse_spec
+from spx.daemon.core.spec import parse_spec
 from spx.daemon.run.launcher import LaunchContext, plan_launch
 
 

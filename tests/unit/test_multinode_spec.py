@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spx.daemon.intake.spec import SpecError, parse_spec
+from spx.daemon.core.spec import SpecError, parse_spec
 from spx.daemon.run.launcher import LaunchContext, plan_launch
 from spx.daemon.run.rendezvous import local_address_toward
 

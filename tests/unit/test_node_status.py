@@ -11,8 +11,8 @@ import pytest
 
 from spx.daemon.cli.main import print_status
 from spx.daemon.contract.worker_env import Heartbeat, parse_heartbeat, write_heartbeat
+from spx.daemon.core.spec import parse_spec
 from spx.daemon.exporter.job_collector import JobCollector
-from spx.daemon.intake.spec import parse_spec
 from spx.daemon.state.jobviews import heartbeat_path, job_view
 from spx.daemon.state.node_view import NodeView
 from spx.daemon.state.states import JobState

@@ -6,10 +6,10 @@ import sqlite3
 
 import pytest
 
-from spx.daemon.intake.spec import SpecError, parse_spec
+from spx.daemon.core.spec import SpecError, parse_spec
+from spx.daemon.intake.dependencies import dependency_problem
 from spx.daemon.run.queue_rules import Dep, Limit, QueueFacts
 from spx.daemon.run.scheduler import Start, Waiting, plan
-from spx.daemon.service.queue_control import dependency_problem
 from spx.daemon.service.status_line import format_status
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow, Store

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from spx.daemon.intake.spec import JobSpec
+from spx.daemon.core.spec import JobSpec
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

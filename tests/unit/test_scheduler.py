@@ -1,4 +1,4 @@
-from spx.daemon.intake.spec import parse_spec
+from spx.daemon.core.spec import parse_spec
 from spx.daemon.run.scheduler import Start, Waiting, impossible_reason, place, plan
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow

@@ -1,6 +1,6 @@
 import pytest
 
-from spx.daemon.intake.spec import MAX_SPEC_BYTES, SpecError, parse_spec
+from spx.daemon.core.spec import MAX_SPEC_BYTES, SpecError, parse_spec
 
 OK = "name: ok\nscript: train.py\n"
 
@@ -189,7 +189,7 @@ def test_a_flood_of_unknown_keys_lists_twenty_problems_and_a_count():
 
 
 def test_submit_resolves_a_relative_workdir_and_python_against_the_job_files_directory(tmp_path):
-    from spx.daemon.intake.spec import submitted_text
+    from spx.daemon.core.spec import submitted_text
 
     jobs = tmp_path / "proj" / "jobs"
     text = "# mine\nname: rel\nworkdir: ..\npython: ../.venv/bin/python\nscript: train.py\nargs: ['--x', '1']\n"
@@ -215,7 +215,7 @@ def test_errors_of_a_submitted_file_keep_its_own_lines(tmp_path):
 
 
 def test_checkpoints_resume_is_auto_never_or_require_and_fresh_sets_never(tmp_path):
-    from spx.daemon.intake.spec import submitted_text
+    from spx.daemon.core.spec import submitted_text
 
     assert parse_spec(OK).checkpoints.resume == "auto"
     assert parse_spec("name: ok\nscript: t.py\ncheckpoints: {resume: require}\n").checkpoints.resume == "require"

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spx.daemon.intake.spec import JobSpec, SpecError, parse_spec
+from spx.daemon.core.spec import JobSpec, SpecError, parse_spec
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "jobs").glob("*.yaml"))
 FUZZ = settings(

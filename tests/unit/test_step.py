@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from spx.daemon.intake.spec import Restart
+from spx.daemon.core.spec import Restart
 from spx.daemon.run import step as st
 from spx.daemon.run import step_types
 from spx.daemon.run.step_types import (
@@ -636,8 +636,8 @@ def test_fault_fails_the_job_with_the_error_and_kills_what_runs(phase_of):
 
 @pytest.fixture
 def supervised(tmp_path):
+    from spx.daemon.core.config import load_config
     from spx.daemon.run.supervisor import Supervisor
-    from spx.daemon.service.config import load_config
     from spx.daemon.state.store import Store
 
     cfg = load_config(None, tmp_path / "root")
@@ -651,7 +651,7 @@ def supervised(tmp_path):
 
 
 def _add(store, name, owner_uid=0):
-    from spx.daemon.intake.spec import parse_spec
+    from spx.daemon.core.spec import parse_spec
 
     return store.add_job(parse_spec(f"name: {name}\nscript: /bin/true\n"), owner_uid, "someone", f"/spool/{name}", 1.0)
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from spx.daemon.intake.spec import parse_spec
+from spx.daemon.core.spec import parse_spec
 from spx.daemon.state.states import IllegalTransition, JobState
 from spx.daemon.state.store import DuplicateJob, Store
 

@@ -13,7 +13,7 @@ import yaml
 from spx.daemon.cli import main as cli
 from spx.daemon.cli.launch_cmdline import CommandLineError, parse_command
 from spx.daemon.cli.submit_cmdline import Host, Options, job_from_command, split_command
-from spx.daemon.intake.spec import parse_spec
+from spx.daemon.core.spec import parse_spec
 from spx.daemon.run.launcher import LaunchContext, plan_launch
 
 VENV_BIN = str(Path(sys.executable).parent)  # where this checkout's torchrun and deepspeed live

@@ -5,8 +5,8 @@ from __future__ import annotations
 import configparser
 from pathlib import Path
 
+from spx.daemon.core.config import DaemonConfig, load_config
 from spx.daemon.doctor.report import DoctorContext
-from spx.daemon.service.config import DaemonConfig, load_config
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 

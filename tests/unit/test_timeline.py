@@ -13,7 +13,7 @@ import pytest
 
 from spx.daemon.cli import timeline as cli_timeline
 from spx.daemon.contract.worker_env import WORKER_PHASES, Heartbeat, parse_heartbeat
-from spx.daemon.intake.spec import JobSpec
+from spx.daemon.core.spec import JobSpec
 from spx.daemon.run.timeline import Recorder, from_beat
 from spx.daemon.state import jobviews
 from spx.daemon.state.phases import FAILURE_PHASES, stored

@@ -56,7 +56,7 @@ ALLOWED: dict[str, str] = {
     "state/store.py": "state_dir (root-only)",
     "state/backup.py": "state_dir/backup (root-only)",
     "state/integrity.py": "state_dir (root-only)",
-    "service/config.py": "the config file the admin names",
+    "core/config.py": "the config file the admin names",
     "service/main.py": "creates the configured top-level dirs (state, log, run, checkpoints root, spool) at start",
     "service/handover.py": "the reload and stop markers in run_dir (verified the daemon's own by "
                            "fsafe.open_root_dir, written/read/unlinked by its fd, O_NOFOLLOW); /proc/self",

@@ -27,8 +27,8 @@ from pydantic import (
     model_validator,
 )
 
-from spx.daemon.intake.nodes import Nodes, multi_node_problem
-from spx.daemon.intake.spec_yaml import SpecError, line_of, read_yaml
+from spx.daemon.core.nodes import Nodes, multi_node_problem
+from spx.daemon.core.spec_yaml import SpecError, line_of, read_yaml
 
 MAX_SPEC_BYTES = 64 * 1024
 MAX_PROBLEMS = 20  # listed in a rejection; finding each one's line is a walk of the document

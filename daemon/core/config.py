@@ -14,15 +14,30 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from spx.daemon.run.cgroups import CgroupMode
-from spx.daemon.run.queue_rules import GpuLimits
-
 DEFAULT_CONFIG_FILE = Path("/etc/spx/config.yaml")
 GpuBackendKind = Literal["auto", "nvml", "fake", "none"]
+# Whether the daemon manages per-attempt cgroups under its own (run/cgroups.py says when it may).
+CgroupMode = Literal["auto", "on", "off"]
 
 
 class ConfigError(Exception):
     """The config file or flags are unusable; the message says what and how to fix it."""
+
+
+class GpuLimits(BaseModel):
+    """Config `limits:` — GPUs one user's jobs may hold at once. A user's own entry wins; else the
+    most generous entry among their groups (primary and supplementary); else `gpus_per_user`.
+    None (the default) = no limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus_per_user: int | None = Field(None, ge=0, le=4096, description="Default for every user; null = no limit.")
+    users: dict[str, int] = Field(default_factory=dict, description="Per user name: their limit.")
+    groups: dict[str, int] = Field(default_factory=dict, description="Per group name: the limit of each member.")
+
+    @property
+    def any(self) -> bool:
+        return self.gpus_per_user is not None or bool(self.users) or bool(self.groups)
 
 
 class DaemonConfig(BaseModel):
