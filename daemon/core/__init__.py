@@ -2,7 +2,8 @@
 
     config (the daemon's config file and flags) · log (structlog JSON lines) · users (is this uid an
     admin; its name) · spec (the job file's model) ← spec_yaml (the safe YAML reader it parses with),
-    nodes (a job across hosts: its `nodes:` block)
+    nodes (a job across hosts: its `nodes:` block) · lanes (off-loop work for users, fair by owner,
+    deadlines from the start)
 
 The leaf of the package graph (docs/architecture.md): it imports nothing from `spx.daemon`.
 """
