@@ -40,6 +40,17 @@ class GpuLimits(BaseModel):
         return self.gpus_per_user is not None or bool(self.users) or bool(self.groups)
 
 
+class UserWork(BaseModel):
+    """Config `user_work:` — the lanes (core/lanes.py) that run the daemon's work for users off the
+    main loop: checks as the owner at intake, checkpoint discovery, stack dumps, launches, leases."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    slots_per_owner: int = Field(4, ge=1, le=64, description=(
+        "How many of one owner's tasks run at once; more of theirs wait their turn, never anyone else's."))
+    slots_total: int = Field(32, ge=1, le=1024, description="How many tasks run at once, for all owners together.")
+
+
 class DaemonConfig(BaseModel):
     """Everything the daemon reads at start-up. Paths are absolute."""
 
@@ -93,6 +104,8 @@ class DaemonConfig(BaseModel):
         "GPUs one user's jobs may hold at once: {gpus_per_user: 4, users: {alice: 8}, groups: {ml: 6}}. A user's own "
         "entry wins, else the largest of their groups', else gpus_per_user (null: no limit). A job over its owner's "
         "limit waits (the reason says so), never fails; other users' jobs pass it."))
+    user_work: UserWork = Field(default_factory=UserWork, description=(
+        "Work done for users off the main loop, fair by owner: {slots_per_owner: 4, slots_total: 32}."))
 
     @classmethod
     def rooted(cls, root: Path, **overrides: object) -> DaemonConfig:

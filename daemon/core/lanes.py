@@ -16,7 +16,8 @@ So every task belongs to an owner (a uid), and:
   killed at its deadline), so a stuck task costs its own owner a slot, never another owner one.
 
 Answers come back on the caller's thread: `deliver()` (called by the main loop every turn) runs each
-finished task's `on_done` there, so completions may touch the loop's own objects. Stdlib only.
+finished task's `on_done` there, so completions may touch the loop's own objects; one that raises
+is logged and the others still run.
 """
 
 from __future__ import annotations
@@ -24,10 +25,15 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from spx.daemon.core.log import get_logger
+
+log = get_logger()
 
 
 @dataclass(frozen=True)
@@ -128,7 +134,11 @@ class Lanes:
                         late = Overdue(f"{task.kind} did not finish in {task.deadline:g} s")
                         answers.append((task, Outcome(error=late, overdue=True)))
         for task, outcome in answers:
-            task.on_done(outcome)
+            try:
+                task.on_done(outcome)
+            except Exception as e:  # noqa: BLE001 — one answer's bug must not lose the others
+                log.error("lane_answer_failed", job=None, attempt=None, kind=task.kind, owner=task.owner,
+                          error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
         return len(answers)
 
     def counts(self) -> dict[int, tuple[int, int]]:

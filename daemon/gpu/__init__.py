@@ -1,7 +1,8 @@
 """The GPUs: NVML, or the fake fixture with NVML's API, and what the daemon asks of them.
 
     backend (which NVML, and the scheduler's questions: idle, computing, healthy) ← fields (the
-    field-values request the collector reads) · health (the gate a GPU must pass before an attempt)
+    field-values request the collector reads) · gate (which GPUs may be given to an attempt; the
+    quarantine) ← health (the checks a GPU must pass)
     · xid (the XID event thread) · fake (the fixture-driven fake NVML) ← fake_sim (its devices and
     event sets), fake_procs (which live processes it reports on which GPU)
 

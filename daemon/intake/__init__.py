@@ -1,6 +1,7 @@
 """Intake: from a file dropped into the spool to a queued job in the store.
 
-    spool (watch + claim, hostile files) → accept (check as the owner, record durably)
+    spool (watch + claim, hostile files) → claim_queue (a budget per turn and per owner)
+    → accept (parse and check as the owner off the loop, record durably)
     ← dependencies (what an `after:` name means); adopt (queue what a lost host left on a volume)
     ← adopt_scan (find it, through fsafe) ← job_record (what a job keeps in CHECKPOINT_DIR/.spx/)
 

@@ -73,12 +73,25 @@ def error_file_name(rejected_name: str) -> str:
 
 
 @dataclass(frozen=True)
+class Claimed:
+    """A spool entry that passed the checks on its fd: its text (not parsed yet: parsing is up to
+    64 KiB of YAML, which is done off the loop) and what identifies the file it was read from."""
+
+    name: str
+    text: str
+    owner_uid: int
+    owner: str
+    identity: tuple[int, int, int, int]  # (st_dev, st_ino, st_size, st_mtime_ns) when it was read
+
+
+@dataclass(frozen=True)
 class Accepted:
     name: str
     spec: JobSpec
     text: str
     owner_uid: int
     owner: str
+    identity: tuple[int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,16 @@ class Rejected:
     name: str
     reason: str
     owner_uid: int | None
+
+
+def parse_claimed(claimed: Claimed) -> Accepted | Rejected:
+    """The claimed text as a job spec, or the entry rejected with the parser's words (pure CPU:
+    up to 64 KiB of YAML, so it runs off the main loop)."""
+    try:
+        spec = parse_spec(claimed.text)
+    except SpecError as e:
+        return Rejected(claimed.name, e.render(claimed.name), claimed.owner_uid)
+    return Accepted(claimed.name, spec, claimed.text, claimed.owner_uid, claimed.owner, claimed.identity)
 
 
 class _Handler(FileSystemEventHandler):
@@ -182,8 +205,25 @@ class SpoolClaimer:
             return None
         return f"user {user.pw_name} is not in group {self.submit_group!r}, which may submit jobs"
 
-    def claim(self, name: str) -> Accepted | Rejected | None:
-        """Check one entry. None if it vanished (already claimed, or taken back by its writer)."""
+    def owner_of(self, name: str) -> int | None:
+        """The uid owning spool entry `name` (not following a link), or None if it is gone."""
+        try:
+            return os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False).st_uid
+        except OSError:
+            return None
+
+    def unchanged(self, claimed: Claimed) -> bool:
+        """Is the entry still the file `claimed` was read from, unmodified? (Checked before it is
+        taken out of the spool: a user who rewrote it meanwhile gets the new file claimed anew.)"""
+        try:
+            st = os.stat(claimed.name, dir_fd=self._dir_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == claimed.identity
+
+    def claim(self, name: str) -> Claimed | Rejected | None:
+        """Check one entry on its fd and read it. None if it vanished (already claimed, or taken
+        back by its writer)."""
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self._dir_fd)
         except FileNotFoundError:
@@ -211,11 +251,8 @@ class SpoolClaimer:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             return Rejected(name, "is not UTF-8 text", st.st_uid)
-        try:
-            spec = parse_spec(text)
-        except SpecError as e:
-            return Rejected(name, e.render(name), st.st_uid)
-        return Accepted(name, spec, text, st.st_uid, pwd.getpwuid(st.st_uid).pw_name)
+        return Claimed(name, text, st.st_uid, pwd.getpwuid(st.st_uid).pw_name,
+                       (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
     def _owner_of_link(self, name: str, why: str) -> Rejected:
         try:

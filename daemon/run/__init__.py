@@ -1,6 +1,7 @@
 """Run: scheduling, supervision and the processes of each attempt.
 
-    scheduler (which job starts now, on which GPUs) ← queue_rules (holds, drain, dependencies, limits)
+    placement (a scheduling turn made real) → scheduler (which job starts now, on which GPUs)
+    ← queue_rules (holds, drain, dependencies, limits) ← queue_control (hold, release, priority, drain)
     → supervisor (the loop: per job, step → executor)
     → launcher (argv, env, user) → attempt_monitor (records the exit) → enter_attempt (root exec shim:
     cgroup, user, exec) → workers; exit_wake (the loop wakes when a launcher exits);

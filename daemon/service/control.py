@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spx.daemon.core.log import get_logger
+from spx.daemon.service import requests
 from spx.daemon.userfs import fsafe
 
 log = get_logger()
@@ -35,7 +36,7 @@ MAX_CLIENTS = 32
 MAX_PER_UID = 8
 REQUEST_SECONDS = 5.0  # to receive the whole request line
 REPLY_SECONDS = 5.0  # to hand the reply to a client that does not read it
-CANCEL_SECONDS = 30.0  # for the main loop to act on a cancel
+LOOP_ANSWER_SECONDS = 30.0  # for the main loop to make a change (cancel, hold, drain, …)
 RUN_DIR_MODE = 0o755  # the socket and the per-job heartbeat dirs are reached through it
 
 
@@ -68,8 +69,10 @@ class ControlServer:
         answer: Callable[[str, str | None, int], dict],
         commands: queue.SimpleQueue,
         wake: queue.SimpleQueue,
+        admin_group: str | None = None,
     ):
         self.path = path
+        self._admin_group = admin_group
         self._answer = answer
         self._commands = commands
         self._wake = wake
@@ -176,25 +179,24 @@ class ControlServer:
                 raise TypeError("name")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return {"ok": False, "error": "malformed request: expected {\"op\": ..., \"name\": ...}", "code": 2}
-        if op in ("ls", "history", "status", "gpus", "adopt", "queue"):
-            try:
-                return self._answer(op, name, uid)
-            except Exception as e:
-                log.exception("control_answer_failed", op=op, uid=uid)
-                return {"ok": False, "error": f"the daemon could not answer {op}: {e}", "code": 1}
-        if op in ("cancel", "gpu-release") and name is not None:  # changes: made by the main loop
-            return self._cancel(Command(op, name, uid))
-        if op in ("hold", "release", "priority", "drain", "undrain"):  # the queue's (service/queue_control.py)
-            return self._cancel(Command(op, name or "", uid, arg))
-        return {"ok": False, "error": f"unknown request {op[:40]!r}", "code": 2}
+        problem = requests.refusal(op, name, uid, self._admin_group)
+        if problem is not None:
+            return problem
+        if requests.REQUESTS[op].on_loop:  # a change: made by the main loop
+            return self._to_loop(Command(op, name or "", uid, arg))
+        try:
+            return self._answer(op, name, uid)
+        except Exception as e:
+            log.exception("control_answer_failed", op=op, uid=uid)
+            return {"ok": False, "error": f"the daemon could not answer {op}: {e}", "code": 1}
 
-    def _cancel(self, cmd: Command) -> dict:
+    def _to_loop(self, cmd: Command) -> dict:
         self._commands.put(cmd)
         self._wake.put("command")
-        deadline = time.monotonic() + CANCEL_SECONDS
+        deadline = time.monotonic() + LOOP_ANSWER_SECONDS
         while not cmd.done.wait(timeout=0.2):
             if self._stopping.is_set():
-                return {"ok": False, "error": "daemon is stopping; the cancel may not have been recorded", "code": 1}
+                return {"ok": False, "error": f"daemon is stopping; the {cmd.op} may not have been recorded", "code": 1}
             if time.monotonic() > deadline:
                 return {"ok": False, "error": "daemon busy; try again", "code": 1}
         return cmd.reply

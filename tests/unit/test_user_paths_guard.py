@@ -57,7 +57,8 @@ ALLOWED: dict[str, str] = {
     "state/backup.py": "state_dir/backup (root-only)",
     "state/integrity.py": "state_dir (root-only)",
     "core/config.py": "the config file the admin names",
-    "service/main.py": "creates the configured top-level dirs (state, log, run, checkpoints root, spool) at start",
+    "service/daemon.py": "creates the configured top-level dirs (state, log, run, checkpoints root, spool) at start; "
+                         "the test hook's marker in run_dir",
     "service/handover.py": "the reload and stop markers in run_dir (verified the daemon's own by "
                            "fsafe.open_root_dir, written/read/unlinked by its fd, O_NOFOLLOW); /proc/self",
     "service/control.py": "the control socket: bound and chmod-ed in run_dir, verified the daemon's own and "

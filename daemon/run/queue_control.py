@@ -1,9 +1,9 @@
 """The queue's controls and the facts its rules need: `spx hold/release/priority/drain/undrain`,
 and what the scheduler is told each turn (run/queue_rules.py).
 
-Runs on the main loop (the store's only writer), reached through the same owner-checked control
-path as `spx cancel`: a user acts on their own jobs; root and the admin group on every job. Drain
-and priority are the operator's: root or the admin group only. What an `after:` name resolves to
+Runs on the main loop (the store's only writer), reached through the control socket's request table
+(service/requests.py), which checks who may: a user holds and releases their own jobs; root and the
+admin group every job; drain and priority are the operator's. What an `after:` name resolves to
 is intake/dependencies.py's rule; it is resolved once per waiting job and kept.
 """
 
@@ -16,15 +16,12 @@ import time
 
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
-from spx.daemon.core.users import is_admin, user_name
 from spx.daemon.intake.dependencies import resolve_dep
 from spx.daemon.run.queue_rules import Dep, Limit, QueueFacts
-from spx.daemon.service.control import Command
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow, Store, StoreUnavailable
+from spx.daemon.state.store import JobRow, Store
 
 log = get_logger()
-QUEUE_OPS = ("hold", "release", "priority", "drain", "undrain")
 LIMITS_CACHE_SECONDS = 60.0  # group membership is read again after this long
 
 
@@ -87,27 +84,17 @@ class QueueControl:
             self._limits[uid] = limit_for(self.cfg, uid)
         return self._limits[uid]
 
-    # --- commands (main loop) ------------------------------------------------------------------------
+    # --- changes (main loop; the request table in service/requests.py checked who may) ----------------
 
-    def command(self, cmd: Command) -> dict:
-        try:
-            if cmd.op in ("drain", "undrain"):
-                return self._drain(cmd)
-            return self._job_command(cmd)
-        except StoreUnavailable as e:
-            return {"ok": False, "error": f"cannot record it now: {e}", "code": 1}
+    def drain(self, by: str) -> dict:
+        if self.drained:
+            return {"ok": True, "result": f"already drained ({self.drained})"}
+        self.drained = f"by {by} at {time.strftime('%Y-%m-%d %H:%M', time.localtime())}"
+        self.store.set_drained(self.drained, time.time())
+        log.warning("queue_drained", by=by)
+        return {"ok": True, "result": "drained: no new job starts; running jobs go on (spx undrain to resume)"}
 
-    def _drain(self, cmd: Command) -> dict:
-        if not is_admin(cmd.uid, self.cfg.admin_group):
-            return {"ok": False, "error": f"{cmd.op} needs root or the admin group", "code": 1}
-        by = user_name(cmd.uid)
-        if cmd.op == "drain":
-            if self.drained:
-                return {"ok": True, "result": f"already drained ({self.drained})"}
-            self.drained = f"by {by} at {time.strftime('%Y-%m-%d %H:%M', time.localtime())}"
-            self.store.set_drained(self.drained, time.time())
-            log.warning("queue_drained", by=by)
-            return {"ok": True, "result": "drained: no new job starts; running jobs go on (spx undrain to resume)"}
+    def undrain(self, by: str) -> dict:
         if not self.drained:
             return {"ok": True, "result": "not drained"}
         self.store.set_drained(None, time.time())
@@ -115,42 +102,38 @@ class QueueControl:
         log.info("queue_undrained", by=by)
         return {"ok": True, "result": "undrained: queued jobs may start"}
 
-    def _job_command(self, cmd: Command) -> dict:
-        admin = is_admin(cmd.uid, self.cfg.admin_group)
-        job = self.store.job_by_name(cmd.name)
-        if job is None or not (admin or job.owner_uid == cmd.uid):
-            return {"ok": False, "error": f"no job named {cmd.name!r}", "code": 1}
-        by, now = user_name(cmd.uid), time.time()
-        if cmd.op == "priority":
-            return self._priority(cmd, job, admin, by, now)
+    def hold(self, job: JobRow, by: str) -> dict:
         if job.state is not JobState.QUEUED:
-            return {"ok": False, "error": f"{job.name} is {job.state.value}: only a queued job can be "
-                    f"{'held' if cmd.op == 'hold' else 'released'}", "code": 1}
-        if cmd.op == "hold":
-            if job.held:
-                return {"ok": True, "result": f"{job.name} already held by {job.held}"}
-            self.store.update_job(job.id, now, held=by, reason=f"held by {by} (spx release {job.name})")
-            self.store.add_event(job.id, "held", f"by {by}", now)
-            log.info("job_held", job=job.name, attempt=None, by=by)
-            return {"ok": True, "result": f"{job.name} held: it will not start until spx release {job.name}"}
+            return {"ok": False, "error": f"{job.name} is {job.state.value}: only a queued job can be held", "code": 1}
+        if job.held:
+            return {"ok": True, "result": f"{job.name} already held by {job.held}"}
+        now = time.time()
+        self.store.update_job(job.id, now, held=by, reason=f"held by {by} (spx release {job.name})")
+        self.store.add_event(job.id, "held", f"by {by}", now)
+        log.info("job_held", job=job.name, attempt=None, by=by)
+        return {"ok": True, "result": f"{job.name} held: it will not start until spx release {job.name}"}
+
+    def release(self, job: JobRow, by: str) -> dict:
+        if job.state is not JobState.QUEUED:
+            return {"ok": False, "error": f"{job.name} is {job.state.value}: only a queued job can be released", "code": 1}
         if not job.held:
             return {"ok": False, "error": f"{job.name} is not held", "code": 1}
+        now = time.time()
         self.store.update_job(job.id, now, held=None, reason=None)
         self.store.add_event(job.id, "released", f"by {by}", now)
         log.info("job_released", job=job.name, attempt=None, by=by)
         return {"ok": True, "result": f"{job.name} released"}
 
-    def _priority(self, cmd: Command, job: JobRow, admin: bool, by: str, now: float) -> dict:
-        if not admin:
-            return {"ok": False, "error": "changing a job's priority needs root or the admin group", "code": 1}
+    def priority(self, job: JobRow, by: str, arg: str | None) -> dict:
         try:
-            value = int(cmd.arg or "")
+            value = int(arg or "")
         except ValueError:
-            return {"ok": False, "error": f"priority must be a whole number, not {(cmd.arg or '')[:40]!r}", "code": 2}
+            return {"ok": False, "error": f"priority must be a whole number, not {(arg or '')[:40]!r}", "code": 2}
         if not -1000 <= value <= 1000:
             return {"ok": False, "error": "priority must be between -1000 and 1000", "code": 2}
         if job.state.terminal:
             return {"ok": False, "error": f"{job.name} already {job.state.value}", "code": 1}
+        now = time.time()
         self.store.update_job(job.id, now, priority=value)
         self.store.add_event(job.id, "priority", f"{job.priority} -> {value} by {by}", now)
         log.info("job_priority", job=job.name, attempt=None, priority=value, was=job.priority, by=by)

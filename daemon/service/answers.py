@@ -1,0 +1,70 @@
+"""The control socket's reads (`spx ls`, `history`, `status`, `gpus`, `queue`, `adopt`), answered on
+the client's own thread.
+
+Each reads the store through that thread's own connection and what the loop last published
+(snapshot.py), never the loop's live objects; the request table (requests.py) has already checked
+who may ask. What a caller sees is filtered to their own jobs unless they are an admin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.users import is_admin
+from spx.daemon.gpu.backend import GpuBackend
+from spx.daemon.intake.adopt import Adopter
+from spx.daemon.run.queue_control import QueueControl
+from spx.daemon.service.gpu_rows import gpu_rows
+from spx.daemon.service.requests import find_job
+from spx.daemon.service.snapshot import LoopSnapshot
+from spx.daemon.state import jobviews
+from spx.daemon.state.store import Store
+
+
+class Answers:
+    def __init__(self, cfg: DaemonConfig, store: Store, backend: GpuBackend, adopter: Adopter, queue: QueueControl,
+                 snapshot: Callable[[], LoopSnapshot]):
+        self.cfg = cfg
+        self.store = store
+        self.backend = backend
+        self.adopter = adopter
+        self.queue_control = queue
+        self.snapshot = snapshot
+
+    def __call__(self, op: str, name: str | None, uid: int) -> dict:
+        return getattr(self, op.replace("-", "_"))(name, uid)
+
+    def ls(self, _name: str | None, uid: int, scope: jobviews.Scope = "recent") -> dict:
+        views = jobviews.all_views(self.store, self.cfg.run_dir, self.snapshot().pids_by_name, scope=scope)
+        admin = is_admin(uid, self.cfg.admin_group)
+        return {"ok": True, "result": [v.to_json() for v in views if admin or v.owner_uid == uid]}
+
+    def history(self, name: str | None, uid: int) -> dict:
+        return self.ls(name, uid, scope="all")
+
+    def status(self, name: str | None, uid: int) -> dict:
+        job = find_job(self.store, name or "", uid, self.cfg.admin_group)
+        if isinstance(job, dict):
+            return job
+        snap = self.snapshot()
+        view = jobviews.job_view(self.store, job, self.cfg.run_dir, snap.pids_by_name(), with_history=True,
+                                 gang_hosts=snap.hosts_of(job.id))
+        return {"ok": True, "result": view.to_json(with_history=True)}
+
+    def gpus(self, _name: str | None, uid: int) -> dict:
+        """The daemon's own backend and allocation (what `spx top` shows); the job on a GPU is named
+        only to its owner and admins, as in `ls`."""
+        live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
+        rows = gpu_rows(self.backend, live, self.store.quarantined_gpus())
+        admin = is_admin(uid, self.cfg.admin_group)
+        seen = {v.name for v in live if admin or v.owner_uid == uid}
+        return {"ok": True, "result": [
+            {**r.to_json(), "job": r.job if r.job is None or r.job in seen else "(another user's job)"} for r in rows]}
+
+    def queue(self, _name: str | None, _uid: int) -> dict:
+        return self.queue_control.answer()
+
+    def adopt(self, name: str | None, uid: int) -> dict:
+        """A walk of a volume: slow, so here; the jobs it finds are recorded by the loop (adopt.py)."""
+        return self.adopter.request(name, uid)

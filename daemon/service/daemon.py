@@ -1,0 +1,359 @@
+"""The daemon's main loop, and the wiring of its parts.
+
+One main loop on one thread owns the state store: each turn it claims spool files, makes the changes
+users asked for, supervises attempts, places jobs on GPUs, and publishes a snapshot for the readers.
+Other threads (inotify, the control socket's clients, the metrics server, the XID watcher, the lanes
+that do users' work off the loop) only read the store, the snapshot, or hand work to the loop through
+queues. Every stage of a turn is contained: a store that refuses writes is shown in STATUS and
+retried; any other error is logged once and the loop goes on. The watchdog ping is sent only after a
+full turn, so it proves the loop turns.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.core.lanes import Lanes
+from spx.daemon.core.log import get_logger
+from spx.daemon.core.users import user_name
+from spx.daemon.gpu.backend import GpuBackend, XidEvent
+from spx.daemon.gpu.gate import GpuGate
+from spx.daemon.intake.accept import Intake
+from spx.daemon.intake.adopt import Adopter
+from spx.daemon.run import cgroups, proctree
+from spx.daemon.run.lease_keeper import LeaseKeeper
+from spx.daemon.run.placement import Placement
+from spx.daemon.run.queue_control import QueueControl
+from spx.daemon.run.supervisor import Supervisor
+from spx.daemon.service import handover, reload
+from spx.daemon.service.answers import Answers
+from spx.daemon.service.control import Command, ControlServer
+from spx.daemon.service.requests import REQUESTS, Target, error, find_job
+from spx.daemon.service.sd_notify import Notifier
+from spx.daemon.service.snapshot import LoopSnapshot
+from spx.daemon.service.status_line import format_status
+from spx.daemon.state import jobviews
+from spx.daemon.state.backup import Backups
+from spx.daemon.state.store import Store, StoreUnavailable
+
+log = get_logger()
+TICK_SECONDS = 0.25
+REAP_EVERY_SECONDS = 2.0
+STATUS_EVERY_SECONDS = 2.0
+
+
+def daemon_version() -> str:
+    try:
+        return version("spx-trainer")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class Daemon:
+    def __init__(self, cfg: DaemonConfig, backend: GpuBackend, notifier: Notifier,
+                 cgroup_tree: cgroups.CgroupTree | None = None):
+        self.cfg = cfg
+        self.backend = backend
+        self.notifier = notifier
+        self.wake: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self.stopping = False
+        self.reload_requested = False
+        self._reload_deferred_for: tuple[str, ...] = ()
+        self._prepare_dirs()
+        self.store = Store(cfg.store_path)
+        self.backups = Backups(cfg.store_path, cfg.backup_dir, cfg.backup_every_seconds, cfg.backup_keep)
+        self.lanes = Lanes(cfg.user_work.slots_total, cfg.user_work.slots_per_owner, wake=lambda: self.wake.put("lane"))
+        self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"),
+                                     gpu_computing=backend.computing)
+        self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
+        self._faults_logged: set[str] = set()
+        self.intake = Intake(cfg, self.store, self.wake, self.lanes)
+        self.adopter = Adopter(cfg, self.store, self.intake, lambda: self.wake.put("adopt"))  # host loss
+        self.leases = LeaseKeeper(cfg, self.store)
+        self.gate = GpuGate(backend, self.store)
+        self.queue = QueueControl(cfg, self.store)  # hold/release/priority/drain, and the queue's rules
+        self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend)
+        self.published = LoopSnapshot()
+        answers = Answers(cfg, self.store, backend, self.adopter, self.queue, lambda: self.published)
+        self.control = ControlServer(cfg.socket_path, answers, self.commands, self.wake, admin_group=cfg.admin_group)
+        self.metrics = None
+        # The changes users ask for (service/requests.py says who may), made here on the loop.
+        self._changes: dict[str, Callable[..., dict]] = {
+            "cancel": lambda job, by, _arg: {"ok": True, "result": self.supervisor.cancel(job, by)},
+            "hold": lambda job, by, _arg: self.queue.hold(job, by),
+            "release": lambda job, by, _arg: self.queue.release(job, by),
+            "priority": self.queue.priority,
+            "drain": lambda _target, by, _arg: self.queue.drain(by),
+            "undrain": lambda _target, by, _arg: self.queue.undrain(by),
+            "gpu-release": self._release_gpu,
+        }
+
+    def _prepare_dirs(self) -> None:
+        for d in (self.cfg.state_dir, self.cfg.log_dir, self.cfg.run_dir, self.cfg.checkpoints_root):
+            d.mkdir(parents=True, exist_ok=True)
+        self.cfg.state_dir.chmod(0o700)
+        if not self.cfg.spool_dir.exists():
+            self.cfg.spool_dir.mkdir(parents=True)
+            # Sticky, writable by all, not listable: users can drop but not see or touch others' files.
+            self.cfg.spool_dir.chmod(0o1733)
+
+    # --- start ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        from spx.daemon.exporter.server import build_registry, serve
+
+        proctree.become_subreaper()
+        for job in self.store.fail_unusable_specs(time.time()):
+            log.error("job_spec_invalid_after_upgrade", job=job.name, reason=job.spec_problem)
+        handover.clear_stopping(self.cfg.run_dir)
+        self.supervisor.recover()
+        self.supervisor.sweep_cgroups()
+        self._publish()
+        self.intake.start()
+        self.leases.start()
+        self.adopter.start()
+        self.control.start()
+        self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
+        registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
+                                  quarantined=self.store.quarantined_gpus, drained=self.store.drained)
+        metrics = self.metrics = serve(registry, self.cfg.metrics_address)
+        host = self.cfg.metrics_address.rsplit(":", 1)[0]
+        log.info("daemon_ready", version=daemon_version(), root=str(self.cfg.spool_dir.parent),
+                 gpu_backend=self.backend.description, metrics=f"{host}:{metrics.port}",
+                 spool=str(self.cfg.spool_dir), pid=os.getpid(), adopted=self.supervisor.adopted)
+        handover.mark_ready(self.cfg.run_dir, daemon_version(), self.supervisor.adopted)
+        self.notifier.ready(self.status_text())
+
+    def _on_xid(self, event: XidEvent) -> None:
+        """The XID thread's listener: only enqueues (the loop acts in `_gpu_faults`)."""
+        if self.gate.on_xid(event):
+            self.wake.put("xid")
+
+    # --- what readers see -----------------------------------------------------------------------
+
+    def views(self):
+        """The exporter's jobs (its own thread): the store, and the pids the loop last published."""
+        return jobviews.all_views(self.store, self.cfg.run_dir, self.published.pids_by_name)
+
+    def _publish(self) -> None:
+        self.published = LoopSnapshot.of(self.supervisor.live_pids(), dict(self.supervisor.executor.gang_hosts))
+
+    def status_text(self) -> str:
+        live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
+        return format_status(live, len(self.backend.devices()), self.supervisor.last_restart, time.time(),
+                             self.store_problem(), adopted=self.supervisor.adopted, drained=self.queue.drained)
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.start()
+        next_reap = next_status = next_watchdog = 0.0
+        stop_deadline = None
+        watchdog_every = self.notifier.watchdog_interval or 5.0
+        while True:
+            now = time.monotonic()
+            self._test_wedge_hook()
+            self._stage("backup", functools.partial(self.backups.tick, now))
+            self._stage("lanes", self.lanes.deliver)
+            self._stage("intake", functools.partial(self.intake.claim_due, now))
+            self._stage("commands", self._run_commands)
+            self._stage("adopt", self.adopter.drain)
+            self._stage("gpu_faults", self._gpu_faults)
+            self._stage("supervise", self.supervisor.tick)
+            if not self.stopping:
+                self._stage("schedule", self.placement.turn)
+            if now >= next_reap:
+                self._stage("reap", lambda: proctree.reap_orphans(self.supervisor.child_pids()))
+                self._stage("sweep", self.supervisor.sweep_cgroups)
+                next_reap = now + REAP_EVERY_SECONDS
+            if now >= next_status:
+                self._stage("status", self._send_status)
+                next_status = now + STATUS_EVERY_SECONDS
+            self._stage("publish", self._publish)
+            if self.reload_requested and not self.stopping:
+                exit_code = self._reload()  # returns only if it did not re-execute
+                if exit_code is not None:
+                    return exit_code
+            if self.stopping:
+                if stop_deadline is None:
+                    # First, so that a daemon killed while stopping still has its jobs ended (handover).
+                    self._stage("stopping_marker", functools.partial(handover.mark_stopping, self.cfg.run_dir))
+                    stop_deadline = now + self.supervisor.stop_all() + 30.0
+                    # STOPPING=1 as the stop begins, not once the jobs are down; the extension (renewed
+                    # with each STATUS) keeps TimeoutStopSec from cutting their checkpoints off.
+                    self.notifier.stopping(f"stopping: {self.supervisor.busy} jobs checkpointing")
+                    self.notifier.extend_timeout(15.0)
+                if not self.supervisor.busy or now > stop_deadline:
+                    break
+            # Only after a full turn: the watchdog's ping proves the loop turns, not just that it started.
+            if now >= next_watchdog:
+                self.notifier.watchdog()
+                next_watchdog = now + watchdog_every
+            try:
+                self.wake.get(timeout=TICK_SECONDS)
+            except queue.Empty:
+                pass
+        self.shutdown()
+        return 0
+
+    def _stage(self, name: str, fn: Callable[[], object]) -> None:
+        """One part of the loop's turn, contained: a store that cannot take writes now (disk full,
+        locked) is shown in STATUS and retried next turn; any other error is logged (once per
+        distinct error) and the loop goes on. Per-job faults are contained inside the supervisor."""
+        try:
+            fn()
+        except StoreUnavailable as e:
+            if name not in self.store_problems:
+                log.error("state_store_unavailable", stage=name, error=str(e))
+            self.store_problems[name] = str(e)
+            return
+        except Exception as e:  # noqa: BLE001 — the daemon outlives any one bug
+            key = f"{name}:{type(e).__name__}:{e}"
+            if key not in self._faults_logged:
+                self._faults_logged.add(key)
+                log.error("loop_stage_failed", stage=name, error=f"{type(e).__name__}: {e}",
+                          traceback=traceback.format_exc(limit=8))
+            return
+        if self.store_problems.pop(name, None) is not None:
+            log.info("state_store_available_again", stage=name)
+
+    def store_problem(self) -> str | None:
+        """Why the store takes no writes now, if it does not (shown in STATUS)."""
+        return self.supervisor.store_problem() or next(iter(self.store_problems.values()), None)
+
+    def _send_status(self) -> None:
+        text = self.status_text()
+        if self.stopping:
+            text = f"stopping: {self.supervisor.busy} jobs checkpointing; " + text
+            self.notifier.extend_timeout(15.0)
+        self.notifier.status(text)
+
+    def _test_wedge_hook(self) -> None:
+        """Test hook (SPX_TEST_HOOKS=1): a file `run_dir/wedge-main-loop` blocks the loop, so tests
+        can prove the systemd watchdog restarts a wedged daemon. One-shot (the file is removed):
+        run_dir outlives the restart (RuntimeDirectoryPreserve=restart)."""
+        wedge = self.cfg.run_dir / "wedge-main-loop"
+        if os.environ.get("SPX_TEST_HOOKS") == "1" and wedge.exists():
+            wedge.unlink(missing_ok=True)
+            log.warning("main_loop_wedged_by_test_hook")
+            while True:
+                time.sleep(3600)
+
+    def _gpu_faults(self) -> None:
+        """Fatal XIDs on GPUs of tracked jobs: the gate quarantines each GPU; the attempt on it stops
+        (class gpu-fault: restarted on healthy GPUs)."""
+        for gpu, detail in self.gate.faults(self.supervisor.held_gpus()):
+            self.supervisor.gpu_fault(gpu, detail)
+
+    # --- changes users asked for (the control socket's request table checked who may) --------------
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                cmd.reply = self._change(cmd)
+            finally:
+                cmd.done.set()
+
+    def _change(self, cmd: Command) -> dict:
+        target: object = cmd.name
+        if REQUESTS[cmd.op].target is Target.JOB:
+            job = find_job(self.store, cmd.name, cmd.uid, self.cfg.admin_group)
+            if isinstance(job, dict):
+                return job
+            if cmd.op == "cancel" and job.state.terminal:
+                return error(f"{cmd.name} already {job.state.value}")
+            target = job
+        try:
+            return self._changes[cmd.op](target, user_name(cmd.uid), cmd.arg)
+        except StoreUnavailable as e:
+            return error(f"cannot record the {cmd.op} now: {e}")
+
+    def _release_gpu(self, target: str, by: str, _arg: str | None) -> dict:
+        try:
+            g = int(target)
+        except ValueError:
+            return error(f"not a GPU index: {target!r}", 2)
+        return self.gate.release(g, by)
+
+    # --- stop -----------------------------------------------------------------------------------
+
+    def request_stop(self, signum: int, _frame: object) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self.wake.put("stop")
+
+    def request_reload(self, signum: int, _frame: object) -> None:
+        self.reload_requested = True
+        self.wake.put("reload")
+
+    def shutdown(self) -> None:
+        self.notifier.stopping("stopping: jobs stopped, shutting down")
+        log.info("daemon_stopping", live_attempts=self.supervisor.busy)
+        self._close()
+        log.info("daemon_stopped")
+
+    def _close(self) -> None:
+        """Everything this process holds, except its jobs: they are stopped (shutdown) or kept (reload)."""
+        self.supervisor.close()
+        self.lanes.close()
+        self.intake.stop()
+        self.control.stop()
+        self.adopter.stop()
+        self.leases.stop()
+        if self.metrics is not None:
+            self.metrics.shutdown()
+        self.backend.close()
+        self.store.close()
+
+    def _reload(self) -> int | None:
+        """SIGHUP (reload.py): deferred while a job is between phases; refused, with this image
+        running on, when the new code does not pass `--check`. Otherwise RELOADING=1, everything but
+        the jobs is closed and the process execs itself. Returns an exit status only if the exec
+        failed after the close (systemd then restarts the daemon; the jobs are kept)."""
+        between = reload.jobs_between_phases(self.supervisor.steps)
+        if between:
+            if between != self._reload_deferred_for:
+                log.info("reload_deferred", jobs=list(between))
+                self._reload_deferred_for = between
+            return None
+        self.reload_requested = False
+        self._reload_deferred_for = ()
+        argv = reload.reexec_argv()
+        problem = reload.check_new_image(argv)
+        if problem is not None:
+            log.error("reload_refused", argv=argv, error=problem)
+            self._stage("reload_refused", functools.partial(handover.mark_refused, self.cfg.run_dir, problem))
+            return None
+        self.notifier.reloading(f"reloading: re-executing; {self.supervisor.busy} running jobs kept")
+        log.info("daemon_reexec", version=daemon_version(), argv=argv, running_jobs=self.supervisor.busy)
+        self._close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execv(argv[0], argv)
+        except OSError as e:
+            log.error("reexec_failed", argv=argv, error=str(e))
+        return 1
+
+
+def install_signal_handlers(daemon: Daemon, early_stop: list[int]) -> None:
+    """SIGTERM/SIGINT stop, SIGHUP reloads; a stop that came before the daemon existed is honoured."""
+    signal.signal(signal.SIGTERM, daemon.request_stop)
+    signal.signal(signal.SIGINT, daemon.request_stop)
+    signal.signal(signal.SIGHUP, daemon.request_reload)
+    if early_stop:
+        daemon.request_stop(early_stop[0], None)
