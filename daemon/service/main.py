@@ -37,6 +37,7 @@ from spx.daemon.gpu.health import HealthGate, fatal_xid, xid_reason
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.run import cgroups, proctree, scheduler, step_types
+from spx.daemon.run.invalid_specs import fail_invalid_specs
 from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service import handover
@@ -47,8 +48,9 @@ from spx.daemon.service.sd_notify import Notifier
 from spx.daemon.service.status_line import format_status
 from spx.daemon.state import integrity, jobviews
 from spx.daemon.state.backup import Backups
+from spx.daemon.state.db import StoreUnavailable
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import Store, StoreUnavailable
+from spx.daemon.state.store import Store
 
 log = get_logger()
 TICK_SECONDS = 0.25
@@ -95,7 +97,7 @@ class Daemon:
         self.health = HealthGate(backend)
         self._gate_passed: dict[int, float] = {}  # GPU → when it last passed the health gate (monotonic)
         self.xid_events: queue.SimpleQueue[XidEvent] = queue.SimpleQueue()
-        self.quarantined = self.store.quarantined_gpus()  # the main loop's copy; it writes the table
+        self.quarantined = self.store.host.quarantined_gpus()  # the main loop's copy; it writes the table
         self._waiting_reasons: dict[int, str] = {}
         self.queue = QueueControl(cfg, self.store)  # hold/release/priority/drain, and the queue's rules
 
@@ -141,7 +143,7 @@ class Daemon:
         self.quarantined[g] = (uuid, reason, now)
         log.error("gpu_quarantined", gpu=g, uuid=uuid, reason=reason)
         try:
-            self.store.quarantine_gpu(g, uuid, reason, now)
+            self.store.host.quarantine_gpu(g, uuid, reason, now)
         except StoreUnavailable as e:
             log.error("gpu_quarantine_not_stored", gpu=g, error=str(e))
 
@@ -174,7 +176,7 @@ class Daemon:
         from spx.daemon.exporter.server import build_registry, serve
 
         proctree.become_subreaper()
-        for job in self.store.fail_unusable_specs(time.time()):
+        for job in fail_invalid_specs(self.store, time.time()):
             log.error("job_spec_invalid_after_upgrade", job=job.name, reason=job.spec_problem)
         handover.clear_stopping(self.cfg.run_dir)
         self.supervisor.recover()
@@ -185,7 +187,7 @@ class Daemon:
         self.control.start()
         self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
         registry = build_registry(self.backend, self.views, _version(), job_labels=self.cfg.metrics_job_labels,
-                                  quarantined=self.store.quarantined_gpus, drained=self.store.drained)
+                                  quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained)
         metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=_version(), root=str(self.cfg.spool_dir.parent),
@@ -297,7 +299,7 @@ class Daemon:
 
     def _schedule(self) -> None:
         """Ask the scheduler (the one place that decides) what starts now, and start it."""
-        live = self.store.live_jobs()
+        live = self.store.jobs.live()
         tracked = self.supervisor.tracked()
         queued = [j for j in live if j.state is JobState.QUEUED and j.id not in tracked]
         waiting = self.supervisor.waiting()
@@ -310,7 +312,7 @@ class Daemon:
                               self.backend.description, quarantined=frozenset(self.quarantined), facts=facts)
         changed = {i: why for i, why in plan.waiting.items() if self._waiting_reasons.get(i) != why}
         if changed:  # said once per change, not every turn
-            self.store.set_reasons(changed, time.time())
+            self.store.jobs.set_reasons(changed, time.time())
         names = {j.id: j.name for j in queued} if changed else {}
         for job_id, why in changed.items():
             if job_id in self.supervisor.jobs:
@@ -319,7 +321,7 @@ class Daemon:
                 log.debug("job_waiting", job=names.get(job_id), attempt=None, reason=why)
         self._waiting_reasons = dict(plan.waiting)
         for imp in plan.impossible:
-            self.store.transition(imp.job.id, JobState.FAILED, imp.reason, time.time())
+            self.store.jobs.transition(imp.job.id, JobState.FAILED, imp.reason, time.time())
             log.error("job_cannot_run", job=imp.job.name, attempt=None, reason=imp.reason)
         for start in plan.starts:
             self.supervisor.start(start)
@@ -338,7 +340,7 @@ class Daemon:
             # The daemon's own backend and allocation (what `spx top` shows); the job on a GPU is
             # named only to its owner and admins, as in `ls`.
             live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
-            rows = gpu_rows(self.backend, live, self.store.quarantined_gpus())
+            rows = gpu_rows(self.backend, live, self.store.host.quarantined_gpus())
             seen = {v.name for v in live if admin or v.owner_uid == uid}
             return {"ok": True, "result": [
                 {**r.to_json(), "job": r.job if r.job is None or r.job in seen else "(another user's job)"} for r in rows]}
@@ -346,7 +348,7 @@ class Daemon:
             views = jobviews.all_views(self.store, self.cfg.run_dir, lambda: pids, scope="all" if op == "history" else "recent")
             docs = [v.to_json() for v in views if admin or v.owner_uid == uid]
             return {"ok": True, "result": docs}
-        job = self.store.job_by_name(name or "")
+        job = self.store.jobs.by_name(name or "")
         if job is None or not (admin or job.owner_uid == uid):
             return {"ok": False, "error": f"no job named {name!r}", "code": 1}
         view = jobviews.job_view(self.store, job, self.cfg.run_dir, pids, with_history=True,
@@ -367,7 +369,7 @@ class Daemon:
                 cmd.reply = self.queue.command(cmd)
                 cmd.done.set()
                 continue
-            job = self.store.job_by_name(cmd.name)
+            job = self.store.jobs.by_name(cmd.name)
             if job is None or not (is_admin(cmd.uid, self.cfg.admin_group) or job.owner_uid == cmd.uid):
                 cmd.reply = {"ok": False, "error": f"no job named {cmd.name!r}", "code": 1}
             elif job.state.terminal:
@@ -390,7 +392,7 @@ class Daemon:
             return {"ok": False, "error": f"not a GPU index: {cmd.name!r}", "code": 2}
         by = user_name(cmd.uid)
         try:
-            released = self.store.release_gpu(g, by, time.time())
+            released = self.store.host.release_gpu(g, by, time.time())
         except StoreUnavailable as e:
             return {"ok": False, "error": f"cannot record the release now: {e}", "code": 1}
         if not released:

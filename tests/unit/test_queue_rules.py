@@ -11,8 +11,9 @@ from spx.daemon.intake.dependencies import dependency_problem
 from spx.daemon.run.queue_rules import Dep, Limit, QueueFacts
 from spx.daemon.run.scheduler import Start, Waiting, plan
 from spx.daemon.service.status_line import format_status
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow, Store
+from spx.daemon.state.store import Store
 
 ALL = list(range(8))
 
@@ -103,7 +104,7 @@ def test_after_names_jobs_once_each():
 
 def test_an_after_name_resolves_only_to_jobs_the_submitter_can_see(tmp_path):
     store = Store(tmp_path / "s.sqlite")
-    store.add_job(parse_spec("name: prep\nscript: a.py\n"), 1001, "bob", "f", 1.0)
+    store.jobs.add(parse_spec("name: prep\nscript: a.py\n"), 1001, "bob", "f", 1.0)
     spec = parse_spec("name: train\nscript: a.py\nafter: [prep]\n")
     assert "no job named 'prep'" in dependency_problem(store, spec, 1000, None)
     assert dependency_problem(store, spec, 1001, None) is None
@@ -119,21 +120,22 @@ def test_drain_in_the_status_line():
 def test_an_existing_store_gains_the_hold_column_and_the_drain_table(tmp_path):
     path = tmp_path / "s.sqlite"
     store = Store(path)
-    store.add_job(parse_spec("name: old\nscript: a.py\n"), 1000, "alice", "f", 1.0)
+    store.jobs.add(parse_spec("name: old\nscript: a.py\n"), 1000, "alice", "f", 1.0)
     store.close()
     db = sqlite3.connect(path)  # make it what an older daemon wrote
     db.execute("ALTER TABLE jobs DROP COLUMN held")
     db.execute("DROP TABLE queue_settings")
+    db.execute("PRAGMA user_version = 0")
     db.commit()
     db.close()
     store = Store(path)
-    (old,) = store.live_jobs()
-    assert old.held is None and store.drained() is None
-    store.update_job(old.id, 2.0, held="alice")
-    store.set_drained("by root", 2.0)
+    (old,) = store.jobs.live()
+    assert old.held is None and store.host.drained() is None
+    store.jobs.update(old.id, 2.0, held="alice")
+    store.host.set_drained("by root", 2.0)
     store.close()
     store = Store(path)
-    assert store.live_jobs()[0].held == "alice" and store.drained() == "by root"
-    store.set_drained(None, 3.0)
-    assert store.drained() is None
+    assert store.jobs.live()[0].held == "alice" and store.host.drained() == "by root"
+    store.host.set_drained(None, 3.0)
+    assert store.host.drained() is None
     store.close()
