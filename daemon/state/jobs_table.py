@@ -212,11 +212,15 @@ class JobsTable:
         row = self._db.conn.execute("SELECT * FROM jobs WHERE uid = ? ORDER BY id DESC LIMIT 1", (uid,)).fetchone()
         return _job(row) if row else None
 
-    def named_before(self, name: str, before_id: int, limit: int = 64) -> list[JobRow]:
-        """Jobs called `name` submitted before job `before_id`, newest first (what `after:` names)."""
-        rows = self._db.conn.execute("SELECT * FROM jobs WHERE name = ? AND id < ? ORDER BY id DESC LIMIT ?",
-                                     (name, before_id, limit)).fetchall()
-        return [_job(r) for r in rows]
+    def latest_named_before(self, name: str, before_id: int, owner_uid: int | None) -> JobRow | None:
+        """The newest job called `name` submitted before job `before_id` (what `after:` names) of
+        owner `owner_uid` (None: of anyone). The owner is filtered here, not by the caller: any
+        number of newer same-name jobs of other users must not hide one's own."""
+        row = self._db.conn.execute(
+            "SELECT * FROM jobs WHERE name = ? AND id < ? AND (? IS NULL OR owner_uid = ?) ORDER BY id DESC LIMIT 1",
+            (name, before_id, owner_uid, owner_uid),
+        ).fetchone()
+        return _job(row) if row else None
 
     def ended_since(self, since: float) -> list[JobRow]:
         """Jobs in a terminal state whose last change was at or after `since` (wall clock)."""

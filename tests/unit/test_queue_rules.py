@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from spx.daemon.core.spec import SpecError, parse_spec
-from spx.daemon.intake.dependencies import dependency_problem
+from spx.daemon.intake.dependencies import dependency_problem, resolve_dep
 from spx.daemon.run.queue_rules import Dep, Limit, QueueFacts
 from spx.daemon.run.scheduler import Start, Waiting, plan
 from spx.daemon.service.status_line import format_status
@@ -109,6 +109,25 @@ def test_an_after_name_resolves_only_to_jobs_the_submitter_can_see(tmp_path):
     assert "no job named 'prep'" in dependency_problem(store, spec, 1000, None)
     assert dependency_problem(store, spec, 1001, None) is None
     assert dependency_problem(store, spec, 0, None) is None  # root sees every job
+    store.close()
+
+
+def test_an_after_name_finds_the_submitters_job_behind_any_number_of_newer_ones_of_others(tmp_path):
+    """65 newer same-name jobs of another user must not hide one's own (they once did: the newest 64
+    were read first and filtered by owner after)."""
+    store = Store(tmp_path / "s.sqlite")
+    prep = parse_spec("name: prep\nscript: a.py\n")
+    mine = store.jobs.add(prep, 1000, "alice", "f", 1.0)
+    store.jobs.transition(mine, JobState.CANCELLED, "cancelled", 1.0)
+    for i in range(65):
+        theirs = store.jobs.add(prep, 1001, "bob", "f", 2.0 + i)
+        store.jobs.transition(theirs, JobState.CANCELLED, "cancelled", 2.0 + i)
+    after = store.jobs.add(parse_spec("name: train\nscript: a.py\nafter: [prep]\n"), 1000, "alice", "f", 100.0)
+    found = resolve_dep(store, "prep", after, 1000, None)
+    assert found is not None and found.id == mine
+    assert dependency_problem(store, parse_spec("name: t2\nscript: a.py\nafter: [prep]\n"), 1000, None) is None
+    assert resolve_dep(store, "prep", after, 0, None).id == theirs  # root: anyone's, the newest
+    assert resolve_dep(store, "prep", mine, 1000, None) is None  # only jobs submitted before count
     store.close()
 
 
