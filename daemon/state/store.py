@@ -23,7 +23,6 @@ class Store:
     store of a newer schema than this code knows raises `StoreRefused`."""
 
     def __init__(self, path: Path, readonly: bool = False):
-        self.path = path
         self.db = Database(path, readonly)
         if readonly:
             schema.check_readable(self.db.conn, path)
