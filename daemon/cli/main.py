@@ -57,13 +57,17 @@ def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
     if op == "gpus":
         return []  # the GPUs a daemon uses: none while it is not running
     from spx.daemon.state import jobviews  # only on this fallback path: keeps `spx` quick to start
+    from spx.daemon.state.db import StoreRefused
     from spx.daemon.state.store import Store
 
-    store = Store(cfg.store_path, readonly=True)
+    try:
+        store = Store(cfg.store_path, readonly=True)
+    except StoreRefused as e:  # a store a newer version wrote: say so, not a traceback
+        raise CliError(str(e)) from None
     try:
         if op in ("ls", "history"):
             return [v.to_json() for v in jobviews.all_views(store, cfg.run_dir, scope="all" if op == "history" else "recent")]
-        job = store.job_by_name(name or "")
+        job = store.jobs.by_name(name or "")
         if job is None:
             raise CliError(f"no job named {name!r}")
         return jobviews.job_view(store, job, cfg.run_dir, with_history=True).to_json(with_history=True)

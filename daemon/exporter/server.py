@@ -1,6 +1,6 @@
 """The daemon's metrics registry and its HTTP endpoint.
 
-    registry = build_registry(backend, store.job_views, version)   # own registry, never the global one
+    registry = build_registry(backend, jobs, version)              # own registry, never the global one
     server = serve(registry, "127.0.0.1:9101")                     # port 0 = pick a free one
     ...
     server.shutdown()

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from spx.daemon.core.log import get_logger
 from spx.daemon.gpu.backend import GpuBackend, XidEvent
 from spx.daemon.gpu.health import HealthGate, fatal_xid, xid_reason
-from spx.daemon.state.store import Store, StoreUnavailable
+from spx.daemon.state.db import StoreUnavailable
+from spx.daemon.state.store import Store
 
 log = get_logger()
 PASS_SECONDS = 2.0  # a GPU that passed the health gate is not asked again for this long
@@ -33,7 +34,7 @@ class GpuGate:
         self._passed: dict[int, float] = {}  # GPU → when it last passed the health gate (monotonic)
         self._xids: queue.SimpleQueue[XidEvent] = queue.SimpleQueue()
         # The loop's copy of the quarantine table (the loop is its writer): GPU → (uuid, reason, since).
-        self.quarantined: dict[int, tuple[str | None, str, float]] = store.quarantined_gpus()
+        self.quarantined: dict[int, tuple[str | None, str, float]] = store.host.quarantined_gpus()
 
     def idle(self, g: int) -> bool:
         """No compute process on GPU g (from anything) and healthy; one that fails the gate is
@@ -66,14 +67,14 @@ class GpuGate:
         self.quarantined[g] = (uuid, reason, now)
         log.error("gpu_quarantined", gpu=g, uuid=uuid, reason=reason)
         try:
-            self.store.quarantine_gpu(g, uuid, reason, now)
+            self.store.host.quarantine_gpu(g, uuid, reason, now)
         except StoreUnavailable as e:
             log.error("gpu_quarantine_not_stored", gpu=g, error=str(e))
 
     def release(self, g: int, by: str) -> dict:
         """`spx gpu release N` (the request table checks that `by` may): the GPU may be allocated again."""
         try:
-            released = self.store.release_gpu(g, by, time.time())
+            released = self.store.host.release_gpu(g, by, time.time())
         except StoreUnavailable as e:
             return {"ok": False, "error": f"cannot record the release now: {e}", "code": 1}
         if not released:

@@ -30,7 +30,8 @@ from spx.daemon.core.spec import JobSpec, SpecError, parse_spec
 from spx.daemon.intake.claim_queue import ClaimQueue
 from spx.daemon.intake.dependencies import dependency_problem
 from spx.daemon.intake.spool import Accepted, Claimed, Rejected, SpoolClaimer, SpoolWatcher, parse_claimed
-from spx.daemon.state.store import DuplicateJob, Store
+from spx.daemon.state.jobs_table import DuplicateJob
+from spx.daemon.state.store import Store
 from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError
 
@@ -125,7 +126,7 @@ class Intake:
         """On the loop: the store's checks (a live job of that name, `after:` names), then the durable
         record. Returns the rejection, or None once the job is queued."""
         spec = acc.spec
-        live = self.store.job_by_name(spec.name)
+        live = self.store.jobs.by_name(spec.name)
         if live is not None and not live.state.terminal:
             return Rejected(
                 acc.name,
@@ -185,7 +186,7 @@ class Intake:
 
     def _record(self, spec: JobSpec, uid: int, owner: str, copy: Path, spool_name: str) -> None:
         try:
-            job_id = self.store.add_job(spec, uid, owner, str(copy), time.time())
+            job_id = self.store.jobs.add(spec, uid, owner, str(copy), time.time())
         except DuplicateJob:
             # Only reachable in recovery: the name was taken meanwhile. Keep the file for the user.
             self.claimer.reject(Rejected(spool_name, f"name: a job named {spec.name!r} is already live", uid))
@@ -196,7 +197,7 @@ class Intake:
 
     def recover_unrecorded(self) -> None:
         """Copies taken out of the spool by a daemon that died before recording them."""
-        known = self.store.spec_files_known()
+        known = self.store.jobs.spec_files()
         for copy in sorted(self.jobs_dir.glob("*.yaml")):
             if str(copy) in known:
                 continue

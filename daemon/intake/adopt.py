@@ -37,7 +37,8 @@ from spx.daemon.core.spec import JobSpec
 from spx.daemon.intake import job_record
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt_scan import Found, Refused, scan
-from spx.daemon.state.store import DuplicateJob, Store
+from spx.daemon.state.jobs_table import DuplicateJob
+from spx.daemon.state.store import Store
 from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError
 
@@ -106,7 +107,7 @@ class Adopter:
             return {"dir": str(found.dir), "result": "refused", "detail": found.why}
         rec, now = found.record, time.time()
         base = {"dir": str(found.dir), "name": rec.name, "uid": rec.uid}
-        known = self.store.job_by_uid(rec.uid)
+        known = self.store.jobs.by_uid(rec.uid)
         if known is not None:
             return {**base, "result": "known", "detail": f"already here as job {known.id} ({known.state.value})"}
         if found.ended is not None:
@@ -165,7 +166,7 @@ class Adopter:
     def _record(self, found: Found, spec: JobSpec) -> dict[str, Any]:
         rec = found.record
         base = {"dir": str(found.dir), "name": rec.name, "uid": rec.uid}
-        known = self.store.job_by_uid(rec.uid)
+        known = self.store.jobs.by_uid(rec.uid)
         if known is not None:
             return {**base, "result": "known", "detail": f"already here as job {known.id} ({known.state.value})"}
         # Kept as intake keeps a spool file (root-only state dir), under a name intake's recovery of
@@ -178,7 +179,7 @@ class Adopter:
             f.flush()
             os.fsync(f.fileno())
         try:
-            job_id = self.store.add_job(spec, found.owner_uid, found.owner, str(copy), time.time(), uid=rec.uid,
+            job_id = self.store.jobs.add(spec, found.owner_uid, found.owner, str(copy), time.time(), uid=rec.uid,
                                         submitted=rec.submitted, event=f"adopted from {found.dir} (ran on {rec.host})")
         except DuplicateJob:
             copy.unlink(missing_ok=True)

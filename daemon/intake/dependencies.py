@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from spx.daemon.core.spec import JobSpec
 from spx.daemon.core.users import is_admin
-from spx.daemon.state.store import JobRow, Store
+from spx.daemon.state.jobs_table import JobRow
+from spx.daemon.state.store import Store
 
 _EVERY_JOB = 1 << 62  # at intake the new job has no id yet: every job recorded so far came before it
 
 
 def resolve_dep(store: Store, name: str, before_id: int, uid: int, admin_group: str | None) -> JobRow | None:
     """The job `after: [name]` means for owner `uid` (see the module doc), or None."""
-    admin = is_admin(uid, admin_group)
-    return next((j for j in store.jobs_named_before(name, before_id) if admin or j.owner_uid == uid), None)
+    return store.jobs.latest_named_before(name, before_id, None if is_admin(uid, admin_group) else uid)
 
 
 def dependency_problem(store: Store, spec: JobSpec, uid: int, admin_group: str | None) -> str | None:

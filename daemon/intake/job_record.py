@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from spx.daemon.core.spec import JobSpec
 from spx.daemon.core.spec_yaml import SpecError, read_yaml
-from spx.daemon.state.store import JobRow
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.userfs import fsafe
 
 FORMAT = 1

@@ -36,7 +36,7 @@ from spx.daemon.core.log import get_logger
 from spx.daemon.intake import job_record
 from spx.daemon.run import local_tier
 from spx.daemon.state import jobviews
-from spx.daemon.state.store import JobRow
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.userfs import as_user, fsafe
 from spx.daemon.userfs import heartbeat as heartbeat_reader
 from spx.daemon.userfs.fsafe import UserPathError

@@ -48,8 +48,10 @@ from spx.daemon.run.attempt_files import AttemptFiles
 from spx.daemon.run.oom import oom_killed
 from spx.daemon.run.rootcause import TAIL_BYTES, root_cause_of
 from spx.daemon.staging.runner import StagingRun, start_staging
+from spx.daemon.state.db import StoreUnavailable
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow, Store, StoreUnavailable
+from spx.daemon.state.store import Store
 
 log = get_logger()
 
@@ -253,7 +255,7 @@ class Executor:
         exited = run.poll()
         if run.text() != h.staging_text:
             try:
-                self.store.update_job(job.id, self.wall(), staging=run.text())
+                self.store.jobs.update(job.id, self.wall(), staging=run.text())
                 h.staging_text = run.text()
             except StoreUnavailable:
                 pass  # progress text only; the next poll writes it
@@ -291,7 +293,7 @@ class Executor:
             return [step_types.ActionFailed(action, f"{type(e).__name__}: {e}")]
 
     def _mark_starting(self, job: JobRow, s: step_types.JobStep, a: step_types.MarkStarting) -> list[step_types.Observation]:
-        self.store.transition(job.id, JobState.STARTING, a.reason, self.wall(), gpus=list(a.gpus))
+        self.store.jobs.transition(job.id, JobState.STARTING, a.reason, self.wall(), gpus=list(a.gpus))
         return []
 
     def _start_staging(self, job: JobRow, s: step_types.JobStep, a: step_types.StartStaging) -> list[step_types.Observation]:
@@ -327,7 +329,7 @@ class Executor:
         self._start_standby(job, s, a.number)
 
         # The crash-loop fallback is decided here, from the stored history (resume_fallback is pure).
-        avoid = resume_fallback.checkpoint_to_avoid(self.store.attempts(job.id))
+        avoid = resume_fallback.checkpoint_to_avoid(self.store.attempts.for_job(job.id))
 
         last = s.generation
 
@@ -372,7 +374,7 @@ class Executor:
         if h.row_id is None:  # a retried Spawn (the store refused the row) must not add a second one
             h.attempt_id = ready.attempt_id if ready is not None and ready.number == a.number else uuid.uuid4().hex
             h.port = launcher.free_port()
-            h.row_id = self.store.start_attempt(job.id, number=a.number, attempt_id=h.attempt_id, now=now,
+            h.row_id = self.store.attempts.start(job.id, number=a.number, attempt_id=h.attempt_id, now=now,
                                                 resumed_from=a.resume_from, resumed_from_step=a.resume_step,
                                                 port=h.port, checkpoint_discovery=json.dumps(h.discovery)
                                                 if h.discovery is not None else None, generation=s.generation)
@@ -414,7 +416,7 @@ class Executor:
         row_id = h.row_id
 
         def running() -> None:
-            self.store.attempt_running(job.id, row_id, pgid=spawned.proc.pid, boot_id=boot, start_ticks=ticks,
+            self.store.attempts.running(job.id, row_id, pgid=spawned.proc.pid, boot_id=boot, start_ticks=ticks,
                                        reason=resumed, now=now)
         try:
             running()
@@ -493,7 +495,7 @@ class Executor:
         ready.discard()
         self._end_standby(ready)
         try:
-            attempt_files.remove_attempt_logs(self.cfg, self.store.job(job_id), ready.number)
+            attempt_files.remove_attempt_logs(self.cfg, self.store.jobs.get(job_id), ready.number)
         except (KeyError, StoreUnavailable):  # the job's row is gone: so is its log dir's owner
             pass
 
@@ -628,7 +630,7 @@ class Executor:
                                          "backoff_remaining": a.backoff_remaining}
         if a.release_gpus:
             job_fields["gpus"] = []
-        self.store.finish_attempt(job.id, row, a.state, a.reason, now, attempt_fields, job_fields)
+        self.store.attempts.finish(job.id, row, a.state, a.reason, now, attempt_fields, job_fields)
         if a.state.terminal or a.release_gpus:
             self._discard_standby(job.id)  # no next attempt here soon: its standby would only hold memory
         if a.state.terminal:
@@ -645,7 +647,7 @@ class Executor:
         if h is not None and h.row_id is not None and h.number == a.number:
             if not self._flush_deferred(h):
                 raise StoreUnavailable(self.store_error or "state store refuses writes")
-            self.store.attempt_stopping(h.row_id, a.cause)
+            self.store.attempts.stopping(h.row_id, a.cause)
         return []
 
     def _record_exit(self, job: JobRow, s: step_types.JobStep, a: step_types.RecordExit) -> list[step_types.Observation]:
@@ -653,11 +655,11 @@ class Executor:
         if h is not None and h.row_id is not None and h.number == a.number:
             if not self._flush_deferred(h):
                 raise StoreUnavailable(self.store_error or "state store refuses writes")
-            self.store.attempt_exited(h.row_id, a.code, a.signal, a.stop_cause, self.wall())
+            self.store.attempts.exited(h.row_id, a.code, a.signal, a.stop_cause, self.wall())
         return []
 
     def _save_backoff(self, job: JobRow, s: step_types.JobStep, a: step_types.SaveBackoff) -> list[step_types.Observation]:
-        self.store.update_job(job.id, self.wall(), backoff_remaining=a.remaining)
+        self.store.jobs.update(job.id, self.wall(), backoff_remaining=a.remaining)
         return []
 
     # --- adoption ------------------------------------------------------------------------------------

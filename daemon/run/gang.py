@@ -21,8 +21,8 @@ from typing import Any
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.intake import job_record
 from spx.daemon.run.step_types import GangTurn
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow
 from spx.daemon.userfs import as_user
 
 # A host's line older than this is a daemon that is gone (it rewrites it every BEAT_SECONDS while

@@ -25,7 +25,8 @@ from typing import Any
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
 from spx.daemon.intake import job_record
-from spx.daemon.state.store import JobRow, Store
+from spx.daemon.state.jobs_table import JobRow
+from spx.daemon.state.store import Store
 from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError
 
@@ -74,7 +75,7 @@ class LeaseKeeper:
 
     def mark_ended(self, now: float) -> None:
         since, self._since = self._since, now - 60.0  # a minute of overlap: a commit racing this query
-        ended = [j for j in self.store.ended_since(since) if j.id not in self._marked and j.uid]
+        ended = [j for j in self.store.jobs.ended_since(since) if j.id not in self._marked and j.uid]
         self._marked = {i: t for i, t in self._marked.items() if t >= since}
         by_owner: dict[int, list[JobRow]] = defaultdict(list)
         for job in ended:
@@ -92,7 +93,7 @@ class LeaseKeeper:
 
     def renew(self, now: float) -> None:
         by_owner: dict[int, list[JobRow]] = defaultdict(list)
-        for job in self.store.live_jobs():
+        for job in self.store.jobs.live():
             if job.uid:
                 by_owner[job.owner_uid].append(job)
         for uid, jobs in by_owner.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
-from spx.daemon.state.store import JobRow
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.userfs import fsafe
 
 log = get_logger()

@@ -35,7 +35,7 @@ class Placement:
 
     def turn(self) -> None:
         """Ask the scheduler (the one place that decides) what starts now, and start it."""
-        live = self.store.live_jobs()
+        live = self.store.jobs.live()
         tracked = self.supervisor.tracked()
         queued = [j for j in live if j.state is JobState.QUEUED and j.id not in tracked]
         waiting = self.supervisor.waiting()
@@ -48,7 +48,7 @@ class Placement:
                               quarantined=frozenset(self.gate.quarantined), facts=facts)
         changed = {i: why for i, why in plan.waiting.items() if self._waiting_reasons.get(i) != why}
         if changed:
-            self.store.set_reasons(changed, time.time())
+            self.store.jobs.set_reasons(changed, time.time())
         names = {j.id: j.name for j in queued} if changed else {}
         for job_id, why in changed.items():
             if job_id in self.supervisor.jobs:
@@ -57,7 +57,7 @@ class Placement:
                 log.debug("job_waiting", job=names.get(job_id), attempt=None, reason=why)
         self._waiting_reasons = dict(plan.waiting)
         for imp in plan.impossible:
-            self.store.transition(imp.job.id, JobState.FAILED, imp.reason, time.time())
+            self.store.jobs.transition(imp.job.id, JobState.FAILED, imp.reason, time.time())
             log.error("job_cannot_run", job=imp.job.name, attempt=None, reason=imp.reason)
         for start in plan.starts:
             self.supervisor.start(start)

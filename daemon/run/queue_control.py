@@ -18,8 +18,9 @@ from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
 from spx.daemon.intake.dependencies import resolve_dep
 from spx.daemon.run.queue_rules import Dep, Limit, QueueFacts
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow, Store
+from spx.daemon.state.store import Store
 
 log = get_logger()
 LIMITS_CACHE_SECONDS = 60.0  # group membership is read again after this long
@@ -33,7 +34,7 @@ class QueueControl:
     def __init__(self, cfg: DaemonConfig, store: Store):
         self.cfg = cfg
         self.store = store
-        self.drained = store.drained()
+        self.drained = store.host.drained()
         self._limits: dict[int, Limit | None] = {}
         self._resolved: dict[tuple[int, str], int | None] = {}  # (job, after: name) → the job it names
         self._ended: dict[int, JobRow] = {}  # dependencies seen ended (terminal: they stay so)
@@ -76,7 +77,7 @@ class QueueControl:
         if dep_id in live_by_id:
             return live_by_id[dep_id]
         if dep_id not in self._ended:
-            self._ended[dep_id] = self.store.job(dep_id)
+            self._ended[dep_id] = self.store.jobs.get(dep_id)
         return self._ended[dep_id]
 
     def _limit(self, uid: int) -> Limit | None:
@@ -90,14 +91,14 @@ class QueueControl:
         if self.drained:
             return {"ok": True, "result": f"already drained ({self.drained})"}
         self.drained = f"by {by} at {time.strftime('%Y-%m-%d %H:%M', time.localtime())}"
-        self.store.set_drained(self.drained, time.time())
+        self.store.host.set_drained(self.drained, time.time())
         log.warning("queue_drained", by=by)
         return {"ok": True, "result": "drained: no new job starts; running jobs go on (spx undrain to resume)"}
 
     def undrain(self, by: str) -> dict:
         if not self.drained:
             return {"ok": True, "result": "not drained"}
-        self.store.set_drained(None, time.time())
+        self.store.host.set_drained(None, time.time())
         self.drained = None
         log.info("queue_undrained", by=by)
         return {"ok": True, "result": "undrained: queued jobs may start"}
@@ -108,8 +109,8 @@ class QueueControl:
         if job.held:
             return {"ok": True, "result": f"{job.name} already held by {job.held}"}
         now = time.time()
-        self.store.update_job(job.id, now, held=by, reason=f"held by {by} (spx release {job.name})")
-        self.store.add_event(job.id, "held", f"by {by}", now)
+        self.store.jobs.update(job.id, now, held=by, reason=f"held by {by} (spx release {job.name})")
+        self.store.jobs.add_event(job.id, "held", f"by {by}", now)
         log.info("job_held", job=job.name, attempt=None, by=by)
         return {"ok": True, "result": f"{job.name} held: it will not start until spx release {job.name}"}
 
@@ -119,8 +120,8 @@ class QueueControl:
         if not job.held:
             return {"ok": False, "error": f"{job.name} is not held", "code": 1}
         now = time.time()
-        self.store.update_job(job.id, now, held=None, reason=None)
-        self.store.add_event(job.id, "released", f"by {by}", now)
+        self.store.jobs.update(job.id, now, held=None, reason=None)
+        self.store.jobs.add_event(job.id, "released", f"by {by}", now)
         log.info("job_released", job=job.name, attempt=None, by=by)
         return {"ok": True, "result": f"{job.name} released"}
 
@@ -134,8 +135,8 @@ class QueueControl:
         if job.state.terminal:
             return {"ok": False, "error": f"{job.name} already {job.state.value}", "code": 1}
         now = time.time()
-        self.store.update_job(job.id, now, priority=value)
-        self.store.add_event(job.id, "priority", f"{job.priority} -> {value} by {by}", now)
+        self.store.jobs.update(job.id, now, priority=value)
+        self.store.jobs.add_event(job.id, "priority", f"{job.priority} -> {value} by {by}", now)
         log.info("job_priority", job=job.name, attempt=None, priority=value, was=job.priority, by=by)
         return {"ok": True, "result": f"{job.name}: priority {job.priority} -> {value}"}
 
@@ -143,7 +144,7 @@ class QueueControl:
 
     def answer(self) -> dict:
         """`queue` read op: the drain state (from the store: this runs on the control thread) and the limits."""
-        return {"ok": True, "result": {"drained": self.store.drained(),
+        return {"ok": True, "result": {"drained": self.store.host.drained(),
                                        "limits": self.cfg.limits.model_dump()}}
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spx.daemon.state.store import JobRow
+from spx.daemon.state.jobs_table import JobRow
 
 
 @dataclass(frozen=True)

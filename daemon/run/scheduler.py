@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from spx.daemon.run.queue_rules import QueueFacts, UserBudget, gate
-from spx.daemon.state.store import JobRow
+from spx.daemon.state.jobs_table import JobRow
 
 MAX_STARTS_PER_TURN = 32
 

@@ -24,8 +24,10 @@ from spx.daemon.run import cgroups, step, step_types
 from spx.daemon.run.executor import Executor
 from spx.daemon.run.scheduler import Start, Waiting
 from spx.daemon.staging.runner import staging_done
+from spx.daemon.state.db import StoreUnavailable
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow, Store, StoreUnavailable
+from spx.daemon.state.store import Store
 
 log = get_logger()
 # Observations one job may cause in one turn: a step function that keeps answering itself is a bug.
@@ -61,14 +63,14 @@ class Supervisor:
         stored remaining seconds."""
         now = self.clock()
         self.adopted = 0
-        for job in self.store.live_jobs():
+        for job in self.store.jobs.live():
             if job.state is JobState.QUEUED:
                 continue
             self._guarded(job, functools.partial(self._recover_one, job, now))
 
     def _recover_one(self, job: JobRow, now: float) -> None:
-        attempts = self.store.attempts(job.id)
-        faults = self.store.fault_attempts_by_class(job.id)
+        attempts = self.store.attempts.for_job(job.id)
+        faults = self.store.attempts.faults_by_class(job.id)
         base = step.placed(job.id, job.name, limits_of(job, self.cfg), job.state, tuple(job.gpus),
                            number=len(attempts), restarts=sum(faults.values()), class_counts=faults,
                            backoff_level=job.backoff_level, no_progress_streak=job.no_progress_streak,
@@ -77,7 +79,7 @@ class Supervisor:
                            generation=attempts[-1].generation if attempts else None)
         self.jobs[job.id] = job
         self.steps[job.id] = base
-        open_att = self.store.open_attempt(job.id)
+        open_att = self.store.attempts.open_for(job.id)
         if open_att is None and job.state is JobState.RUNNING:
             # Running without an open attempt (its row never made it): nothing to find; lost, and
             # relaunched through the step (so a store that refuses the write now gets it retried).
@@ -108,9 +110,9 @@ class Supervisor:
         if s.job is not None:
             job = s.job
             self.jobs[job.id] = job
-            faults = self.store.fault_attempts_by_class(job.id)
+            faults = self.store.attempts.faults_by_class(job.id)
             self.steps[job.id] = step.placed(job.id, job.name, limits_of(job, self.cfg), job.state, s.gpus,
-                                             number=len(self.store.attempts(job.id)),
+                                             number=len(self.store.attempts.for_job(job.id)),
                                              restarts=sum(faults.values()), class_counts=faults,
                                              backoff_level=job.backoff_level,
                                              no_progress_streak=job.no_progress_streak,
@@ -194,7 +196,7 @@ class Supervisor:
         """Cancel: a job without processes ends at once; a live attempt gets its grace period."""
         s = self.steps.get(job.id)
         if s is None:  # queued: never started
-            self.store.transition(job.id, JobState.CANCELLED, f"cancelled by {by}", time.time(), gpus=[])
+            self.store.jobs.transition(job.id, JobState.CANCELLED, f"cancelled by {by}", time.time(), gpus=[])
             log.info("cancelled", job=job.name, attempt=None, by=by)
             return f"cancelled {job.name}"
         had_processes = s.phase.has_processes

@@ -13,7 +13,7 @@ The names, in order, are `state.phases`'s. A restart runs through these phases, 
   phase a script not on `spx.trainer` reports too (any heartbeat writer gives it).
 
 The `Recorder` is the executor's: it is told of each phase as the executor sees it and writes it
-to the attempt's row (`Store.add_attempt_phases`), each phase once. A timeline is a diagnostic:
+to the attempt's row (`store.attempts.add_phases`), each phase once. A timeline is a diagnostic:
 a store that refuses the write loses that phase (the next beat retries worker phases), and nothing
 is ever decided on it. The heartbeat's phases come from a file the job's user writes: only known
 names with finite times pass the contract's parser, and a beat older than the attempt's spawn (the
@@ -26,7 +26,8 @@ from collections.abc import Callable
 
 from spx.daemon.contract.worker_env import WORKER_PHASES, Heartbeat
 from spx.daemon.core.log import get_logger
-from spx.daemon.state.store import Store, StoreUnavailable
+from spx.daemon.state.db import StoreUnavailable
+from spx.daemon.state.store import Store
 
 log = get_logger()
 
@@ -86,7 +87,7 @@ class Recorder:
 
     def _write(self, row: int, phases: dict[str, float]) -> None:
         try:
-            self.store.add_attempt_phases(row, phases)
+            self.store.attempts.add_phases(row, phases)
         except StoreUnavailable as e:
             log.warning("timeline_not_recorded", job=None, attempt=None, attempt_row=row, phases=sorted(phases),
                         error=str(e))

@@ -56,7 +56,7 @@ class Answers:
         """The daemon's own backend and allocation (what `spx top` shows); the job on a GPU is named
         only to its owner and admins, as in `ls`."""
         live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
-        rows = gpu_rows(self.backend, live, self.store.quarantined_gpus())
+        rows = gpu_rows(self.backend, live, self.store.host.quarantined_gpus())
         admin = is_admin(uid, self.cfg.admin_group)
         seen = {v.name for v in live if admin or v.owner_uid == uid}
         return {"ok": True, "result": [

@@ -30,6 +30,7 @@ from spx.daemon.gpu.gate import GpuGate
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.run import cgroups, proctree
+from spx.daemon.run.invalid_specs import fail_invalid_specs
 from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.run.placement import Placement
 from spx.daemon.run.queue_control import QueueControl
@@ -43,7 +44,8 @@ from spx.daemon.service.snapshot import LoopSnapshot
 from spx.daemon.service.status_line import format_status
 from spx.daemon.state import jobviews
 from spx.daemon.state.backup import Backups
-from spx.daemon.state.store import Store, StoreUnavailable
+from spx.daemon.state.db import StoreUnavailable
+from spx.daemon.state.store import Store
 
 log = get_logger()
 TICK_SECONDS = 0.25
@@ -113,7 +115,7 @@ class Daemon:
         from spx.daemon.exporter.server import build_registry, serve
 
         proctree.become_subreaper()
-        for job in self.store.fail_unusable_specs(time.time()):
+        for job in fail_invalid_specs(self.store, time.time()):
             log.error("job_spec_invalid_after_upgrade", job=job.name, reason=job.spec_problem)
         handover.clear_stopping(self.cfg.run_dir)
         self.supervisor.recover()
@@ -125,7 +127,7 @@ class Daemon:
         self.control.start()
         self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
         registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
-                                  quarantined=self.store.quarantined_gpus, drained=self.store.drained)
+                                  quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained)
         metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=daemon_version(), root=str(self.cfg.spool_dir.parent),

@@ -20,7 +20,8 @@ import enum
 from dataclasses import dataclass
 
 from spx.daemon.core.users import is_admin
-from spx.daemon.state.store import JobRow, Store
+from spx.daemon.state.jobs_table import JobRow
+from spx.daemon.state.store import Store
 
 
 class Who(enum.Enum):
@@ -86,7 +87,7 @@ def refusal(op: str, name: str | None, uid: int, admin_group: str | None) -> dic
 def find_job(store: Store, name: str, uid: int, admin_group: str | None) -> JobRow | dict:
     """The job a JOB request names, or the error reply: a job `uid` may not act on does not exist
     for them (its owner, root and the admin group see it)."""
-    job = store.job_by_name(name)
+    job = store.jobs.by_name(name)
     if job is None or not (job.owner_uid == uid or is_admin(uid, admin_group)):
         return error(f"no job named {name!r}")
     return job

@@ -3,12 +3,13 @@ between any two writes of a job's life restarts into a state that runs each job 
 
     SPX_TEST_FAULT_POINT=after-commit:7     # os._exit(137) right after the 7th write transaction commits
     SPX_TEST_FAULT_POINT=before-commit:7    # ... inside it, before COMMIT (SQLite rolls it back)
-    SPX_TEST_FAULT_TRACE=1                  # log every write transaction (number, store method)
+    SPX_TEST_FAULT_TRACE=1                  # log every write transaction (number, fault point)
 
-Counted per daemon process, in the order `Store._tx` runs them (the main loop is the only writer),
-except the writes in NOT_COUNTED: diagnostics whose number depends on when heartbeats land (nothing is
-decided on them), which would make "the Nth write" a different write from one run to the next.
-Unset — always, outside tests — every call is one dictionary lookup that finds nothing.
+Each write names its fault point (`Database.write("finish_attempt")`). They are counted per daemon
+process, in the order they run (the main loop is the only writer), except the writes named None:
+diagnostics whose number depends on when heartbeats land (nothing is decided on them), which would
+make "the Nth write" a different write from one run to the next.
+Unset — always, outside tests — `ACTIVE` is False and a write does not call in here.
 """
 
 from __future__ import annotations
@@ -23,23 +24,17 @@ _POINT = os.environ.get("SPX_TEST_FAULT_POINT")
 _TRACE = os.environ.get("SPX_TEST_FAULT_TRACE") == "1"
 ACTIVE = bool(_POINT) or _TRACE
 _count = 0
-NOT_COUNTED = frozenset({"add_attempt_phases"})
 
 
-def begin(op: str) -> int | None:
-    """A write transaction of store method `op` begins; returns its number (1-based, per process),
-    None for a write that is not counted."""
+def begin() -> int:
+    """A write transaction at a fault point begins; returns its number (1-based, per process)."""
     global _count
-    if op in NOT_COUNTED:
-        return None
     _count += 1
     return _count
 
 
-def reached(phase: str, number: int | None, op: str) -> None:
-    """Die here if this is the configured point; `op` names the store method (for the log)."""
-    if number is None:
-        return
+def reached(phase: str, number: int, op: str) -> None:
+    """Die here if this is the configured point; `op` names the fault point (for the log)."""
     if _TRACE:
         log.info("test_store_write", phase=phase, number=number, op=op)
     if f"{phase}:{number}" == _POINT:

@@ -7,9 +7,9 @@ job a second time, a running one twice at once. So at start:
 - `lock_state_dir` takes an exclusive flock on `state_dir/daemon.lock` for the life of the process: a
   second daemon on the same root refuses to start instead of sharing the store and the jobs.
 - `check_store` reads the file's header, asks SQLite (`PRAGMA quick_check`), checks the schema and
-  the `meta` row the store writes at creation, and takes the write lock once. A missing or empty file
-  counts as a new store only when nothing shows that this host had state before (no backup, no
-  accepted job file).
+  the `meta` row the store writes at creation, refuses a store of a newer schema version than this
+  code knows (`schema.py`), and takes the write lock once. A missing or empty file counts as a new
+  store only when nothing shows that this host had state before (no backup, no accepted job file).
 
 Both raise `StoreRefused` with a message that is one line: what is wrong, where, and how to restore.
 """
@@ -21,19 +21,13 @@ import os
 import sqlite3
 from pathlib import Path
 
+from spx.daemon.state import schema
+from spx.daemon.state.db import StoreRefused
+
 SQLITE_HEADER = b"SQLite format 3\x00"
 REQUIRED_TABLES = ("jobs", "attempts", "events")
 META_TABLE = "meta"
 LOCK_TIMEOUT_SECONDS = 2.0
-
-
-class StoreRefused(Exception):
-    """The daemon must not start on this store. `str()` is the one line to log; `exit_code` is the
-    process's exit status (2: damaged, restarting cannot help; 3: in use, it may when the other goes)."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def lock_state_dir(state_dir: Path) -> int:
@@ -163,6 +157,7 @@ def _sqlite_problem(path: Path, state_dir: Path, backup_dir: Path) -> str | None
             # The write lock first: a store another process holds must be refused as in use, not damaged.
             db.execute("BEGIN IMMEDIATE")
             db.execute("ROLLBACK")
+            schema.refuse_newer(path, int(db.execute("PRAGMA user_version").fetchone()[0]))
             result = [r[0] for r in db.execute("PRAGMA quick_check").fetchall()]
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             created = db.execute(f"SELECT value FROM {META_TABLE} WHERE key = 'created'").fetchone() \

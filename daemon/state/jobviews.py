@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Literal
 
 from spx.daemon.state import phases as timeline
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.node_view import node_view
-from spx.daemon.state.store import JobRow, Store
+from spx.daemon.state.store import Store
 from spx.daemon.state.views import AttemptView, JobView
 from spx.daemon.userfs.heartbeat import read_heartbeat
 
@@ -25,7 +26,7 @@ def job_view(
     gang_hosts: list[dict] | None = None,
 ) -> JobView:
     """`gang_hosts`: for a job across hosts, every host's line as the supervisor last read it."""
-    attempts = store.attempts(job.id)
+    attempts = store.attempts.for_job(job.id)
     # Through userfs: the file is the user's, and this runs for every `spx ls` and scrape — a FIFO,
     # a link to a root-only file or a huge file there is "no heartbeat", never a wait or a leak.
     beat = read_heartbeat(heartbeat_path(run_dir, job), run_dir / "jobs")
@@ -61,7 +62,7 @@ def job_view(
         gpus=list(job.gpus),
         submitted=job.submitted,
         priority=job.priority,
-        restarts_by_reason=store.restarts_by_reason(job.id),
+        restarts_by_reason=store.attempts.restarts_by_reason(job.id),
         pids=list((pids or {}).get(job.name, [])),
         staging=job.staging,
         history=history,
@@ -85,9 +86,9 @@ def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int
     RECENT_SECONDS ("recent"), or of every job ever submitted ("all")."""
     live_pids = pids() if pids else {}
     if scope == "live":
-        rows = store.live_jobs()
+        rows = store.jobs.live()
     elif scope == "recent":
-        rows = store.current_jobs(finished_since=(time.time() if now is None else now) - RECENT_SECONDS)
+        rows = store.jobs.current(finished_since=(time.time() if now is None else now) - RECENT_SECONDS)
     else:
-        rows = store.all_jobs()
+        rows = store.jobs.all()
     return [job_view(store, j, run_dir, live_pids) for j in rows]

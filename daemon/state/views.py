@@ -1,7 +1,7 @@
 """Read-only snapshots of jobs, as the CLI (`--json`), the metrics and `systemctl status` see them.
 
 One shape for every reader, so `spx ls --json`, `/metrics` and the STATUS line can never disagree.
-Built by `Store.job_views()` from the state store plus each job's heartbeat; stdlib-only.
+Built by `jobviews` from the state store plus each job's heartbeat; stdlib-only.
 """
 
 from __future__ import annotations

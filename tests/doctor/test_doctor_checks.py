@@ -491,7 +491,7 @@ def test_quarantined_gpus_are_a_warning_that_says_how_to_release_them(tmp_path):
     assert check_quarantine(tmp_path).status == "ok"  # no store yet
     store = Store(tmp_path / "spx.sqlite")
     assert check_quarantine(tmp_path).detail == "no GPU quarantined"
-    store.quarantine_gpu(5, "GPU-5", "XID 79 on GPU 5 (GPU fell off the bus)", 1.0)
+    store.host.quarantine_gpu(5, "GPU-5", "XID 79 on GPU 5 (GPU fell off the bus)", 1.0)
     store.close()
     c = check_quarantine(tmp_path)
     assert c.status == "warn" and c.detail == "1 GPU quarantined (GPU 5: XID 79 on GPU 5 (GPU fell off the bus))"

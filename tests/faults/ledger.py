@@ -112,11 +112,11 @@ def _stopped_as_it_ended(job_log_dir: Path, run: dict) -> bool:
 
 
 def _audit_job(store: Store, job: CountedJob, final: bool, result: Audit, log_dir: Path) -> None:
-    row = store.job_by_name(job.name)
+    row = store.jobs.by_name(job.name)
     if row is None:
         result.lost.append(f"{job.name}: submitted, not in the store")
         return
-    attempts = store.attempts(row.id)
+    attempts = store.attempts.for_job(row.id)
     known = {a.attempt_id for a in attempts}
     runs = job.runs()
     starts = [r for r in runs if r["event"] == "start"]

@@ -21,8 +21,8 @@ from harness import Daemon, wait_for
 from spx.daemon.core.spec import parse_spec
 from spx.daemon.intake import job_record
 from spx.daemon.intake.adopt_scan import MAX_DEPTH, Found, Refused, scan
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: chowns to real users, runs the daemon as root")
 

@@ -58,9 +58,9 @@ def kill_attempts(d: Daemon, name: str) -> None:
     launcher and workers, found by their attempt tag, as a host going away would end them."""
     store = Store(d.root / "state" / "spx.sqlite", readonly=True)
     try:
-        job = store.job_by_name(name)
+        job = store.jobs.by_name(name)
         assert job is not None
-        attempts = store.attempts(job.id)
+        attempts = store.attempts.for_job(job.id)
     finally:
         store.close()
     for att in attempts:

@@ -16,8 +16,8 @@ from hostile.users import hostile_users, run_as
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.spec import parse_spec
 from spx.daemon.run import attempt_files
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow
 from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError
 

@@ -16,7 +16,8 @@ from harness import small_tmpfs
 from spx.daemon.core.spec import JobSpec
 from spx.daemon.state import integrity
 from spx.daemon.state.backup import Backups
-from spx.daemon.state.store import Store, StoreUnavailable
+from spx.daemon.state.db import StoreUnavailable
+from spx.daemon.state.store import Store
 
 
 def spec(name: str = "a", **extra: object) -> JobSpec:
@@ -33,7 +34,7 @@ def state(tmp_path) -> Path:
 def make_store(state: Path, jobs: int = 3) -> Path:
     store = Store(state / "spx.sqlite")
     for i in range(jobs):
-        store.add_job(spec(f"j{i}"), 0, "root", f"/x/j{i}.yaml", 1.0)
+        store.jobs.add(spec(f"j{i}"), 0, "root", f"/x/j{i}.yaml", 1.0)
     store.close()
     return state / "spx.sqlite"
 
@@ -118,6 +119,7 @@ def test_a_store_from_before_the_creation_record_is_accepted_and_gets_one(state)
     path = make_store(state)
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE meta")
+        db.execute("PRAGMA user_version = 0")  # what a daemon of then wrote: no version
     integrity.check_store(path, state / "backup")
     Store(path).close()
     with sqlite3.connect(path) as db:
@@ -169,7 +171,7 @@ def test_backups_are_whole_single_file_stores_and_the_oldest_are_pruned(state):
     restored.parent.mkdir()
     restored.write_bytes(made[-1].read_bytes())
     integrity.check_store(restored, state / "backup")
-    assert [j.name for j in Store(restored, readonly=True).all_jobs()] == ["j0", "j1", "j2"]
+    assert [j.name for j in Store(restored, readonly=True).jobs.all()] == ["j0", "j1", "j2"]
 
 
 def test_backups_run_at_start_and_then_every_period(state):
@@ -191,7 +193,7 @@ def small_fs(tmp_path) -> Iterator[Path]:
 
 def test_a_full_disk_is_store_unavailable_with_nothing_written(small_fs):
     store = Store(small_fs / "spx.sqlite")
-    store.add_job(spec("first"), 0, "root", "/x/first.yaml", 1.0)
+    store.jobs.add(spec("first"), 0, "root", "/x/first.yaml", 1.0)
     filler = small_fs / "filler"
     with filler.open("wb") as f:
         try:
@@ -203,12 +205,12 @@ def test_a_full_disk_is_store_unavailable_with_nothing_written(small_fs):
     big = {"env": {f"V{i}": "x" * 1000 for i in range(200)}}
     with pytest.raises(StoreUnavailable, match="database or disk is full"):
         for i in range(50):
-            store.add_job(spec(f"big{i}", **big), 0, "root", f"/x/big{i}.yaml", 2.0)
+            store.jobs.add(spec(f"big{i}", **big), 0, "root", f"/x/big{i}.yaml", 2.0)
     filler.unlink()
-    names = [j.name for j in store.all_jobs()]
+    names = [j.name for j in store.jobs.all()]
     assert names[0] == "first" and names == ["first"] + [f"big{i}" for i in range(len(names) - 1)]
-    store.add_job(spec("after"), 0, "root", "/x/after.yaml", 3.0)  # space is back: writes work again
-    assert store.job_by_name("after") is not None
+    store.jobs.add(spec("after"), 0, "root", "/x/after.yaml", 3.0)  # space is back: writes work again
+    assert store.jobs.by_name("after") is not None
     store.close()
 
 
@@ -217,8 +219,8 @@ def test_a_store_truncated_to_zero_beside_its_write_ahead_log_is_refused_without
     # main file as a new database and discard the log.
     code = ("import os, sys\nfrom pathlib import Path\nfrom spx.daemon.state.store import Store\n"
             "from spx.daemon.core.spec import JobSpec\ns = Store(Path(sys.argv[1]))\n"
-            "s._db.execute('PRAGMA wal_autocheckpoint=0')\n"
-            "s.add_job(JobSpec.model_validate({'name': 'a', 'script': 'a.py'}), 0, 'r', 'f', 1.0)\nos._exit(9)\n")
+            "s.db.conn.execute('PRAGMA wal_autocheckpoint=0')\n"
+            "s.jobs.add(JobSpec.model_validate({'name': 'a', 'script': 'a.py'}), 0, 'r', 'f', 1.0)\nos._exit(9)\n")
     path = state / "spx.sqlite"
     subprocess.run([sys.executable, "-c", code, str(path)], check=False)
     wal = Path(f"{path}-wal")

@@ -18,31 +18,31 @@ def test_a_beat_of_the_previous_attempt_does_not_count_as_the_jobs_step(tmp_path
     """Attempt 1 reached step 26 and died; attempt 2 resumed from the step-20 checkpoint. Until
     attempt 2 beats, the job is at step 20 (steps 21–26 were lost), with no rate of its own."""
     store = Store(tmp_path / "s.sqlite")
-    jid = store.add_job(parse_spec("name: a\nscript: a.py\n"), 0, "root", "/x", 1.0)
-    store.transition(jid, JobState.STARTING, "starting", 2.0)
-    a1 = store.start_attempt(jid, number=1, attempt_id="u1", now=10.0, resumed_from=None, resumed_from_step=None, port=1)
-    store.transition(jid, JobState.RUNNING, "fresh start", 10.0)
+    jid = store.jobs.add(parse_spec("name: a\nscript: a.py\n"), 0, "root", "/x", 1.0)
+    store.jobs.transition(jid, JobState.STARTING, "starting", 2.0)
+    a1 = store.attempts.start(jid, number=1, attempt_id="u1", now=10.0, resumed_from=None, resumed_from_step=None, port=1)
+    store.jobs.transition(jid, JobState.RUNNING, "fresh start", 10.0)
     beat = tmp_path / "run"
-    path = heartbeat_path(beat, store.job(jid))
+    path = heartbeat_path(beat, store.jobs.get(jid))
     path.parent.mkdir(parents=True)
     write_heartbeat(path, Heartbeat(step=26, epoch=1, samples_per_second=70.0, last_checkpoint_step=20,
                                     last_checkpoint_time=50.0, time=60.0))
-    view = job_view(store, store.job(jid), beat)
+    view = job_view(store, store.jobs.get(jid), beat)
     assert (view.step, view.epoch, view.samples_per_second, view.last_checkpoint_step) == (26, 1, 70.0, 20)
 
-    store.end_attempt(a1, end=61.0, exit_code=1, reason="exit code 1", reason_class="crash")
-    store.transition(jid, JobState.RESTARTING, "exit code 1", 61.0)
-    store.transition(jid, JobState.STARTING, "relaunching", 63.0)
-    store.start_attempt(jid, number=2, attempt_id="u2", now=63.0, resumed_from="/c/step-000000020",
+    store.attempts.end(a1, end=61.0, exit_code=1, reason="exit code 1", reason_class="crash")
+    store.jobs.transition(jid, JobState.RESTARTING, "exit code 1", 61.0)
+    store.jobs.transition(jid, JobState.STARTING, "relaunching", 63.0)
+    store.attempts.start(jid, number=2, attempt_id="u2", now=63.0, resumed_from="/c/step-000000020",
                         resumed_from_step=20, port=2)
-    store.transition(jid, JobState.RUNNING, "resuming", 63.0)
-    view = job_view(store, store.job(jid), beat)
+    store.jobs.transition(jid, JobState.RUNNING, "resuming", 63.0)
+    view = job_view(store, store.jobs.get(jid), beat)
     assert (view.step, view.epoch, view.samples_per_second, view.last_checkpoint_step) == (20, None, None, 20)
     assert view.last_checkpoint_time == 50.0  # still the time of the newest checkpoint
 
     write_heartbeat(path, Heartbeat(step=21, epoch=1, samples_per_second=75.0, last_checkpoint_step=20,
                                     last_checkpoint_time=50.0, time=70.0))
-    view = job_view(store, store.job(jid), beat)
+    view = job_view(store, store.jobs.get(jid), beat)
     assert (view.step, view.samples_per_second) == (21, 75.0)
     store.close()
 
@@ -54,9 +54,9 @@ def test_ls_shows_live_and_recent_jobs_and_ls_all_the_whole_history(tmp_path, ca
     store = Store(cfg.store_path)
     now = time.time()
     for name, ended in (("last-month", now - 30 * 86400), ("an-hour-ago", now - 3600)):
-        jid = store.add_job(parse_spec(f"name: {name}\nscript: a.py\n"), 0, "root", "/x", ended - 60)
-        store.transition(jid, JobState.CANCELLED, "cancelled", ended)
-    store.add_job(parse_spec("name: queued\nscript: a.py\n"), 0, "root", "/x", now)
+        jid = store.jobs.add(parse_spec(f"name: {name}\nscript: a.py\n"), 0, "root", "/x", ended - 60)
+        store.jobs.transition(jid, JobState.CANCELLED, "cancelled", ended)
+    store.jobs.add(parse_spec("name: queued\nscript: a.py\n"), 0, "root", "/x", now)
     store.close()
 
     def ls(*flags: str) -> list[str]:
@@ -76,8 +76,8 @@ def test_ls_shows_each_names_latest_job_and_ls_all_every_job_with_its_id(tmp_pat
     now = time.time()
     ids = []
     for ended in (now - 7200, now - 3600):
-        jid = store.add_job(parse_spec("name: reused\nscript: a.py\n"), 0, "root", "/x", ended - 60)
-        store.transition(jid, JobState.CANCELLED, "cancelled", ended)
+        jid = store.jobs.add(parse_spec("name: reused\nscript: a.py\n"), 0, "root", "/x", ended - 60)
+        store.jobs.transition(jid, JobState.CANCELLED, "cancelled", ended)
         ids.append(jid)
     store.close()
 

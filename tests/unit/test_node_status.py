@@ -43,20 +43,20 @@ def test_a_beat_with_a_node_field_out_of_range_is_not_a_beat(fields):
 
 def _running_job(tmp_path, text):
     store = Store(tmp_path / "s.sqlite")
-    jid = store.add_job(parse_spec(text), 0, "root", "/x", 1.0)
-    store.transition(jid, JobState.STARTING, "starting", 2.0)
-    store.start_attempt(jid, number=1, attempt_id="u1", now=10.0, resumed_from=None, resumed_from_step=None, port=1,
+    jid = store.jobs.add(parse_spec(text), 0, "root", "/x", 1.0)
+    store.jobs.transition(jid, JobState.STARTING, "starting", 2.0)
+    store.attempts.start(jid, number=1, attempt_id="u1", now=10.0, resumed_from=None, resumed_from_step=None, port=1,
                         generation=2)
-    store.transition(jid, JobState.RUNNING, "fresh start", 10.0)
+    store.jobs.transition(jid, JobState.RUNNING, "fresh start", 10.0)
     run = tmp_path / "run"
-    path = heartbeat_path(run, store.job(jid))
+    path = heartbeat_path(run, store.jobs.get(jid))
     path.parent.mkdir(parents=True)
     return store, jid, run, path
 
 
 def test_a_node_of_a_job_across_hosts_is_in_its_view_status_and_metrics(tmp_path, capsys):
     store, jid, run, path = _running_job(tmp_path, WIDE)
-    view = job_view(store, store.job(jid), run)
+    view = job_view(store, store.jobs.get(jid), run)
     # Before the first beat only the spec's part is known.
     assert view.node == NodeView(node_rank=None, nnodes=2, ranks=None, rdzv_endpoint="10.0.0.1:29400",
                                  rdzv_backend="c10d", rdzv_id="wide", generation=2)
@@ -65,7 +65,7 @@ def test_a_node_of_a_job_across_hosts_is_in_its_view_status_and_metrics(tmp_path
     write_heartbeat(path, Heartbeat(step=3, node_rank=1, nnodes=2, ranks=[2, 3], time=20.0))
     hosts = [{"host": "node0", "generation": 2, "state": "running", "time": time.time() - 3, "step": 3},
              {"host": "node1", "generation": 1, "state": "ended", "time": time.time() - 40, "step": 2}]
-    view = job_view(store, store.job(jid), run, with_history=True, gang_hosts=hosts)
+    view = job_view(store, store.jobs.get(jid), run, with_history=True, gang_hosts=hosts)
     doc = view.to_json(with_history=True)
     assert doc["node"] == {"node_rank": 1, "nnodes": 2, "ranks": [2, 3], "rdzv_endpoint": "10.0.0.1:29400",
                            "rdzv_backend": "c10d", "rdzv_id": "wide", "generation": 2, "hosts": hosts}
@@ -85,12 +85,12 @@ def test_a_beat_of_the_previous_attempt_does_not_say_where_this_one_is(tmp_path)
     """torch numbers the nodes again at each rendezvous: the last attempt's node rank may not hold."""
     store, jid, run, path = _running_job(tmp_path, WIDE)
     write_heartbeat(path, Heartbeat(step=3, node_rank=0, nnodes=2, ranks=[0, 1], time=20.0))
-    assert job_view(store, store.job(jid), run).node.node_rank == 0
-    attempt = store.open_attempt(jid)
+    assert job_view(store, store.jobs.get(jid), run).node.node_rank == 0
+    attempt = store.attempts.open_for(jid)
     assert attempt is not None
-    store.end_attempt(attempt.id, end=30.0, exit_code=1, reason="exit code 1", reason_class="communication")
-    store.start_attempt(jid, number=2, attempt_id="u2", now=40.0, resumed_from=None, resumed_from_step=None, port=2)
-    node = job_view(store, store.job(jid), run).node
+    store.attempts.end(attempt.id, end=30.0, exit_code=1, reason="exit code 1", reason_class="communication")
+    store.attempts.start(jid, number=2, attempt_id="u2", now=40.0, resumed_from=None, resumed_from_step=None, port=2)
+    node = job_view(store, store.jobs.get(jid), run).node
     assert node is not None and (node.node_rank, node.ranks, node.nnodes) == (None, None, 2)
     store.close()
 
@@ -98,7 +98,7 @@ def test_a_beat_of_the_previous_attempt_does_not_say_where_this_one_is(tmp_path)
 def test_a_one_host_job_shows_no_node_even_with_torchs_numbers_in_its_beat(tmp_path, capsys):
     store, jid, run, path = _running_job(tmp_path, "name: one\nscript: train.py\ngpus: 2\n")
     write_heartbeat(path, Heartbeat(step=3, node_rank=0, nnodes=1, ranks=[0, 1], time=20.0))
-    view = job_view(store, store.job(jid), run)
+    view = job_view(store, store.jobs.get(jid), run)
     assert view.node is None and view.to_json()["node"] is None
     print_status(view.to_json())
     assert "rendezvous" not in capsys.readouterr().out

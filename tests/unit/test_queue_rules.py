@@ -7,12 +7,13 @@ import sqlite3
 import pytest
 
 from spx.daemon.core.spec import SpecError, parse_spec
-from spx.daemon.intake.dependencies import dependency_problem
+from spx.daemon.intake.dependencies import dependency_problem, resolve_dep
 from spx.daemon.run.queue_rules import Dep, Limit, QueueFacts
 from spx.daemon.run.scheduler import Start, Waiting, plan
 from spx.daemon.service.status_line import format_status
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow, Store
+from spx.daemon.state.store import Store
 
 ALL = list(range(8))
 
@@ -103,11 +104,30 @@ def test_after_names_jobs_once_each():
 
 def test_an_after_name_resolves_only_to_jobs_the_submitter_can_see(tmp_path):
     store = Store(tmp_path / "s.sqlite")
-    store.add_job(parse_spec("name: prep\nscript: a.py\n"), 1001, "bob", "f", 1.0)
+    store.jobs.add(parse_spec("name: prep\nscript: a.py\n"), 1001, "bob", "f", 1.0)
     spec = parse_spec("name: train\nscript: a.py\nafter: [prep]\n")
     assert "no job named 'prep'" in dependency_problem(store, spec, 1000, None)
     assert dependency_problem(store, spec, 1001, None) is None
     assert dependency_problem(store, spec, 0, None) is None  # root sees every job
+    store.close()
+
+
+def test_an_after_name_finds_the_submitters_job_behind_any_number_of_newer_ones_of_others(tmp_path):
+    """65 newer same-name jobs of another user must not hide one's own (they once did: the newest 64
+    were read first and filtered by owner after)."""
+    store = Store(tmp_path / "s.sqlite")
+    prep = parse_spec("name: prep\nscript: a.py\n")
+    mine = store.jobs.add(prep, 1000, "alice", "f", 1.0)
+    store.jobs.transition(mine, JobState.CANCELLED, "cancelled", 1.0)
+    for i in range(65):
+        theirs = store.jobs.add(prep, 1001, "bob", "f", 2.0 + i)
+        store.jobs.transition(theirs, JobState.CANCELLED, "cancelled", 2.0 + i)
+    after = store.jobs.add(parse_spec("name: train\nscript: a.py\nafter: [prep]\n"), 1000, "alice", "f", 100.0)
+    found = resolve_dep(store, "prep", after, 1000, None)
+    assert found is not None and found.id == mine
+    assert dependency_problem(store, parse_spec("name: t2\nscript: a.py\nafter: [prep]\n"), 1000, None) is None
+    assert resolve_dep(store, "prep", after, 0, None).id == theirs  # root: anyone's, the newest
+    assert resolve_dep(store, "prep", mine, 1000, None) is None  # only jobs submitted before count
     store.close()
 
 
@@ -119,21 +139,22 @@ def test_drain_in_the_status_line():
 def test_an_existing_store_gains_the_hold_column_and_the_drain_table(tmp_path):
     path = tmp_path / "s.sqlite"
     store = Store(path)
-    store.add_job(parse_spec("name: old\nscript: a.py\n"), 1000, "alice", "f", 1.0)
+    store.jobs.add(parse_spec("name: old\nscript: a.py\n"), 1000, "alice", "f", 1.0)
     store.close()
     db = sqlite3.connect(path)  # make it what an older daemon wrote
     db.execute("ALTER TABLE jobs DROP COLUMN held")
     db.execute("DROP TABLE queue_settings")
+    db.execute("PRAGMA user_version = 0")
     db.commit()
     db.close()
     store = Store(path)
-    (old,) = store.live_jobs()
-    assert old.held is None and store.drained() is None
-    store.update_job(old.id, 2.0, held="alice")
-    store.set_drained("by root", 2.0)
+    (old,) = store.jobs.live()
+    assert old.held is None and store.host.drained() is None
+    store.jobs.update(old.id, 2.0, held="alice")
+    store.host.set_drained("by root", 2.0)
     store.close()
     store = Store(path)
-    assert store.live_jobs()[0].held == "alice" and store.drained() == "by root"
-    store.set_drained(None, 3.0)
-    assert store.drained() is None
+    assert store.jobs.live()[0].held == "alice" and store.host.drained() == "by root"
+    store.host.set_drained(None, 3.0)
+    assert store.host.drained() is None
     store.close()

@@ -1,7 +1,7 @@
 from spx.daemon.core.spec import parse_spec
 from spx.daemon.run.scheduler import Start, Waiting, impossible_reason, place, plan
+from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
-from spx.daemon.state.store import JobRow
 
 
 def job(name, gpus, n=0):

@@ -653,7 +653,7 @@ def supervised(tmp_path):
 def _add(store, name, owner_uid=0):
     from spx.daemon.core.spec import parse_spec
 
-    return store.add_job(parse_spec(f"name: {name}\nscript: /bin/true\n"), owner_uid, "someone", f"/spool/{name}", 1.0)
+    return store.jobs.add(parse_spec(f"name: {name}\nscript: /bin/true\n"), owner_uid, "someone", f"/spool/{name}", 1.0)
 
 
 def _tick_until(sup, predicate, timeout=15.0):
@@ -671,9 +671,9 @@ def test_a_deleted_owner_fails_only_that_job_with_the_reason(supervised):
 
     sup, store = supervised
     gone = _add(store, "orphan", owner_uid=54321)  # no such account
-    sup.start(Start(gone, (), store.job(gone)))
-    _tick_until(sup, lambda: store.job(gone).state is JobState.FAILED)
-    reason = store.job(gone).reason or ""
+    sup.start(Start(gone, (), store.jobs.get(gone)))
+    _tick_until(sup, lambda: store.jobs.get(gone).state is JobState.FAILED)
+    reason = store.jobs.get(gone).reason or ""
     assert reason.startswith("cannot prepare the attempt") and "54321" in reason, reason
     assert gone not in sup.tracked()
 
@@ -683,8 +683,8 @@ def test_a_bug_in_one_jobs_step_fails_that_job_and_the_others_go_on(supervised, 
     ids = {}
     for name in ("buggy", "bystander"):
         ids[name] = _add(store, name)
-        store.transition(ids[name], JobState.STARTING, "starting", 2.0)
-        store.transition(ids[name], JobState.RESTARTING, "exit code 1", 3.0, backoff_remaining=0.3)
+        store.jobs.transition(ids[name], JobState.STARTING, "starting", 2.0)
+        store.jobs.transition(ids[name], JobState.RESTARTING, "exit code 1", 3.0, backoff_remaining=0.3)
     real_step = st.step
 
     def step_with_a_bug(s, obs, now):
@@ -695,20 +695,20 @@ def test_a_bug_in_one_jobs_step_fails_that_job_and_the_others_go_on(supervised, 
     monkeypatch.setattr(st, "step", step_with_a_bug)
     sup.recover()
     _tick_until(sup, lambda: any(w.job_id == ids["bystander"] for w in sup.waiting()))
-    buggy = store.job(ids["buggy"])
+    buggy = store.jobs.get(ids["buggy"])
     assert buggy.state is JobState.FAILED and buggy.reason == "daemon error: ZeroDivisionError: injected"
-    assert store.job(ids["bystander"]).state is JobState.RESTARTING and ids["buggy"] not in sup.tracked()
+    assert store.jobs.get(ids["bystander"]).state is JobState.RESTARTING and ids["buggy"] not in sup.tracked()
 
 
 def test_a_refused_store_write_is_kept_and_retried_on_the_next_tick(supervised, monkeypatch):
-    from spx.daemon.state.store import StoreUnavailable
+    from spx.daemon.state.db import StoreUnavailable
 
     sup, store = supervised
     jid = _add(store, "patient")
-    store.transition(jid, JobState.STARTING, "starting", 2.0)
-    store.transition(jid, JobState.RESTARTING, "exit code 1", 3.0, backoff_remaining=60.0)
+    store.jobs.transition(jid, JobState.STARTING, "starting", 2.0)
+    store.jobs.transition(jid, JobState.RESTARTING, "exit code 1", 3.0, backoff_remaining=60.0)
     sup.recover()
-    real = store.finish_attempt
+    real = store.attempts.finish
     refusals = []
 
     def full_disk(*args, **kwargs):
@@ -717,10 +717,10 @@ def test_a_refused_store_write_is_kept_and_retried_on_the_next_tick(supervised, 
             raise StoreUnavailable("state store: database or disk is full")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(store, "finish_attempt", full_disk)
-    sup.cancel(store.job(jid), "root")
-    assert store.job(jid).state is JobState.RESTARTING and sup.store_problem()
-    _tick_until(sup, lambda: store.job(jid).state is JobState.CANCELLED)
+    monkeypatch.setattr(store.attempts, "finish", full_disk)
+    sup.cancel(store.jobs.get(jid), "root")
+    assert store.jobs.get(jid).state is JobState.RESTARTING and sup.store_problem()
+    _tick_until(sup, lambda: store.jobs.get(jid).state is JobState.CANCELLED)
     assert len(refusals) == 2 and sup.store_problem() is None and jid not in sup.tracked()
 
 
@@ -746,11 +746,11 @@ def test_the_status_line_says_when_the_state_store_refuses_writes():
 def test_a_job_stored_running_without_an_attempt_is_relaunched_after_a_restart(supervised):
     sup, store = supervised
     jid = _add(store, "lost")
-    store.transition(jid, JobState.STARTING, "GPUs allocated", 2.0)
-    store.transition(jid, JobState.RUNNING, "fresh start", 3.0)  # its attempt row never made it
+    store.jobs.transition(jid, JobState.STARTING, "GPUs allocated", 2.0)
+    store.jobs.transition(jid, JobState.RUNNING, "fresh start", 3.0)  # its attempt row never made it
     sup.recover()
     _tick_until(sup, lambda: any(w.job_id == jid for w in sup.waiting()))
-    job = store.job(jid)
+    job = store.jobs.get(jid)
     assert job.state is JobState.RESTARTING and job.reason.startswith("lost")
 
 

@@ -25,7 +25,7 @@ def open_fds_of(path: Path) -> int:
 
 def read_on_threads(store: Store, n: int) -> None:
     for _ in range(n):
-        t = threading.Thread(target=store.live_jobs)
+        t = threading.Thread(target=store.jobs.live)
         t.start()
         t.join()
 
@@ -44,4 +44,4 @@ def test_a_reader_threads_connection_closes_when_the_thread_ends(tmp_path):
         wait_for(lambda: open_fds_of(db) <= settled, 5, "the threads' connections to close")
     finally:
         gc.enable()
-    assert store.live_jobs() == []
+    assert store.jobs.live() == []

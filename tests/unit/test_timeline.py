@@ -95,17 +95,17 @@ def test_the_trainer_heartbeat_carries_the_marked_phases(tmp_path, monkeypatch):
 def make_store(tmp_path) -> tuple[Store, int, int]:
     store = Store(tmp_path / "state" / "spx.db")
     spec = JobSpec.model_validate({"name": "tl", "launcher": "python", "script": "/bin/true"})
-    job_id = store.add_job(spec, 0, "root", "/spool/tl.yaml", 1.0)
-    row = store.start_attempt(job_id, number=1, attempt_id="a" * 32, now=2.0, resumed_from=None,
+    job_id = store.jobs.add(spec, 0, "root", "/spool/tl.yaml", 1.0)
+    row = store.attempts.start(job_id, number=1, attempt_id="a" * 32, now=2.0, resumed_from=None,
                               resumed_from_step=None, port=None)
     return store, job_id, row
 
 
 def test_phases_merge_into_the_attempt_row_and_a_recorded_phase_keeps_its_time(tmp_path):
     store, job_id, row = make_store(tmp_path)
-    store.add_attempt_phases(row, {"spawn": 2.0, "rendezvous": 5.0})
-    store.add_attempt_phases(row, {"rendezvous": 9.0, "first_step": 6.0})
-    assert stored(store.attempts(job_id)[0].phases) == {"spawn": 2.0, "rendezvous": 5.0, "first_step": 6.0}
+    store.attempts.add_phases(row, {"spawn": 2.0, "rendezvous": 5.0})
+    store.attempts.add_phases(row, {"rendezvous": 9.0, "first_step": 6.0})
+    assert stored(store.attempts.for_job(job_id)[0].phases) == {"spawn": 2.0, "rendezvous": 5.0, "first_step": 6.0}
     store.close()
 
 
@@ -114,13 +114,14 @@ def test_a_store_from_before_timelines_gets_the_column_and_keeps_its_attempts(tm
     store.close()
     db = sqlite3.connect(tmp_path / "state" / "spx.db")
     db.execute("ALTER TABLE attempts DROP COLUMN phases")
+    db.execute("PRAGMA user_version = 0")  # what a daemon of then wrote: no version
     db.commit()
     db.close()
     store = Store(tmp_path / "state" / "spx.db")
-    (attempt,) = store.attempts(job_id)
+    (attempt,) = store.attempts.for_job(job_id)
     assert attempt.phases is None and attempt.number == 1
-    store.add_attempt_phases(attempt.id, {"spawn": 3.0})
-    assert stored(store.attempts(job_id)[0].phases) == {"spawn": 3.0}
+    store.attempts.add_phases(attempt.id, {"spawn": 3.0})
+    assert stored(store.attempts.for_job(job_id)[0].phases) == {"spawn": 3.0}
     store.close()
 
 
@@ -151,7 +152,7 @@ def test_the_recorder_stores_start_phases_at_spawn_and_each_worker_phase_once(tm
     rec.beat(job_id, row, Heartbeat(step=9, time=1004.0, phases={"first_step": 1003.0}))  # before spawn: the old attempt's
     rec.beat(job_id, row, Heartbeat(step=1, time=1010.0, phases={"rendezvous": 1008.0, "first_step": 1009.0}))
     rec.beat(job_id, row, Heartbeat(step=2, time=1020.0, phases={"rendezvous": 1.0, "first_step": 2.0}))
-    got = stored(store.attempts(job_id)[0].phases)
+    got = stored(store.attempts.for_job(job_id)[0].phases)
     assert got == {"gpus_free": 1001.0, "checkpoint_found": 1003.0, "spawn": 1005.0, "rendezvous": 1008.0,
                    "first_step": 1009.0, "first_beat": 1010.0}
     store.close()
@@ -164,14 +165,14 @@ def test_failure_phases_go_to_the_failed_attempt_and_a_missing_row_records_nothi
     rec.phase(row, "failure_seen")
     rec.phase(row, "failure_seen")
     rec.phase(None, "group_dead")
-    assert stored(store.attempts(job_id)[0].phases) == {"launcher_exit": 500.0, "failure_seen": 1001.0}
+    assert stored(store.attempts.for_job(job_id)[0].phases) == {"launcher_exit": 500.0, "failure_seen": 1001.0}
     store.close()
 
 
 def test_an_adopted_attempt_spawned_by_another_daemon_gets_no_worker_phases(tmp_path):
     store, job_id, row = make_store(tmp_path)
     Recorder(store, Clock()).beat(job_id, row, Heartbeat(step=1, time=5.0, phases={"first_step": 4.0}))
-    assert store.attempts(job_id)[0].phases is None
+    assert store.attempts.for_job(job_id)[0].phases is None
     store.close()
 
 
@@ -182,8 +183,8 @@ def test_from_beat_names_the_beat_itself_first_beat_for_scripts_without_spx_trai
 
 def test_job_views_carry_each_attempts_phases(tmp_path):
     store, job_id, row = make_store(tmp_path)
-    store.add_attempt_phases(row, {"spawn": 2.5})
-    view = jobviews.job_view(store, store.job(job_id), tmp_path / "run", with_history=True)
+    store.attempts.add_phases(row, {"spawn": 2.5})
+    view = jobviews.job_view(store, store.jobs.get(job_id), tmp_path / "run", with_history=True)
     assert view.to_json(with_history=True)["history"][0]["phases"] == {"spawn": 2.5}
     store.close()
 

@@ -1,0 +1,172 @@
+"""What a store of this version holds, and how a store an older daemon wrote becomes one.
+
+`TABLES` and `INDEXES` are the whole schema of version `VERSION`: every table and every column. A new
+store is created at that version directly. `PRAGMA user_version` says which version a store is at;
+`MIGRATIONS[n - 1]` takes a store from version n - 1 to n. `prepare` runs the ones a store lacks and
+stamps the version in the same transaction, so a daemon killed meanwhile leaves the store as it
+was. A store of a newer version than this code knows is refused: this daemon would not write what
+the newer one expects (a new column left empty, a row it cannot read), so it must not start on it.
+
+Changing the schema: change `TABLES`/`INDEXES` (what a new store gets), append the migration that
+does the same to a store of the previous version, and bump `VERSION` (tests/unit/test_store_schema.py
+checks that a migrated store has the new store's columns).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from spx.daemon.state.db import StoreRefused
+
+TABLES = (
+    """CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    owner_uid INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    spec_json TEXT NOT NULL,
+    spec_file TEXT NOT NULL,
+    submitted REAL NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    gpus TEXT NOT NULL DEFAULT '[]',
+    backoff_remaining REAL NOT NULL DEFAULT 0,
+    no_progress_streak INTEGER NOT NULL DEFAULT 0,
+    backoff_level INTEGER NOT NULL DEFAULT 0,
+    staging TEXT,
+    updated REAL NOT NULL,
+    uid TEXT,
+    held TEXT
+)""",
+    """CREATE TABLE IF NOT EXISTS attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    number INTEGER NOT NULL,
+    attempt_id TEXT NOT NULL,
+    start REAL NOT NULL,
+    end REAL,
+    exit_code INTEGER,
+    signal INTEGER,
+    reason TEXT,
+    reason_class TEXT,
+    resumed_from TEXT,
+    resumed_from_step INTEGER,
+    max_step INTEGER,
+    pgid INTEGER,
+    boot_id TEXT,
+    start_ticks INTEGER,
+    stop_cause TEXT,
+    exited REAL,
+    port INTEGER,
+    root_cause TEXT,
+    phases TEXT,
+    checkpoint_discovery TEXT,
+    generation INTEGER,
+    UNIQUE (job_id, number)
+)""",
+    # Written once, when the store is created: a store without it was not made whole (integrity.py).
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    # GPUs the health gate found faulty: never allocated until an operator releases them (spx gpu release).
+    """CREATE TABLE IF NOT EXISTS gpu_quarantine (
+    gpu INTEGER PRIMARY KEY,
+    uuid TEXT,
+    reason TEXT NOT NULL,
+    since REAL NOT NULL
+)""",
+    # The queue's host-wide switches (spx drain: key 'drained', value = who and why), kept across restarts.
+    "CREATE TABLE IF NOT EXISTS queue_settings (key TEXT PRIMARY KEY, value TEXT NOT NULL, since REAL NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER REFERENCES jobs(id),
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    detail TEXT
+)""",
+)
+INDEXES = (
+    # Names are unique among live jobs only: a finished job's name may be reused.
+    "CREATE UNIQUE INDEX IF NOT EXISTS jobs_live_name ON jobs(name) WHERE state NOT IN ('succeeded', 'failed', 'cancelled')",
+    "CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name, id)",
+    "CREATE INDEX IF NOT EXISTS jobs_uid ON jobs(uid)",
+)
+_CREATED = "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', datetime('now'))"
+
+# Columns added to the tables of the first release before stores had a version; a store of
+# version 0 may lack any of them, so version 1 adds each one it lacks.
+_UNVERSIONED_ADDITIONS = (
+    ("jobs", "backoff_remaining", "REAL NOT NULL DEFAULT 0"),
+    ("attempts", "boot_id", "TEXT"),
+    ("attempts", "start_ticks", "INTEGER"),
+    ("attempts", "stop_cause", "TEXT"),
+    ("attempts", "exited", "REAL"),
+    ("jobs", "uid", "TEXT"),
+    ("attempts", "phases", "TEXT"),
+    ("jobs", "held", "TEXT"),
+    ("attempts", "checkpoint_discovery", "TEXT"),
+    ("attempts", "generation", "INTEGER"),
+)
+
+
+def _version_1(db: sqlite3.Connection) -> None:
+    """A store written before stores had a version: the tables added since its daemon (meta,
+    gpu_quarantine, queue_settings), the columns added since, an identity for every job recorded
+    before jobs had one, and the creation record."""
+    for create in TABLES:
+        db.execute(create)
+    for table, column, decl in _UNVERSIONED_ADDITIONS:
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})").fetchall()}
+        if column not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+    # So other hosts can tell every job apart (the host-loss record next to its checkpoints carries
+    # it; see intake/job_record.py).
+    db.execute("UPDATE jobs SET uid = lower(hex(randomblob(16))) WHERE uid IS NULL")
+    for index in INDEXES:
+        db.execute(index)
+    db.execute(_CREATED)
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1,)
+VERSION = len(MIGRATIONS)
+
+
+def refuse_newer(path: Path, found: int) -> None:
+    """Raise `StoreRefused` if the store's version `found` is one this code does not know."""
+    if found > VERSION:
+        raise StoreRefused(
+            f"state store {path} is at schema version {found}, written by a newer spx-trainer (this one knows "
+            f"up to {VERSION}); run that version again, or restore a backup this version wrote", 2)
+
+
+def prepare(db: sqlite3.Connection, path: Path) -> None:
+    """Make the store at `path` (this connection's) one of `VERSION`: create it if it has no tables,
+    else run the migrations it lacks; one transaction, stamped with the version. Raises
+    `StoreRefused` for a store of a newer version (nothing written)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        found = int(db.execute("PRAGMA user_version").fetchone()[0])
+        refuse_newer(path, found)
+        if found < VERSION:
+            if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone() is None:
+                _create(db)
+            else:
+                for migrate in MIGRATIONS[found:]:
+                    migrate(db)
+            db.execute(f"PRAGMA user_version = {VERSION}")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _create(db: sqlite3.Connection) -> None:
+    """A new store, at the latest version, with its creation record."""
+    for statement in (*TABLES, *INDEXES, _CREATED):
+        db.execute(statement)
+
+
+def check_readable(db: sqlite3.Connection, path: Path) -> None:
+    """For a read-only opener: refuse a store of a newer version (`StoreRefused`)."""
+    refuse_newer(path, int(db.execute("PRAGMA user_version").fetchone()[0]))
