@@ -194,7 +194,7 @@ def test_per_user_gpu_limit_makes_a_users_second_job_wait_while_another_user_sta
             os.rename(tmp, d.spool / name)
             wait_for(lambda: d.job(name), 30, f"{name} accepted")
 
-        drop_as(alice, "a-first", 8, 4)
+        drop_as(alice, "a-first", 20, 4)  # outlives the three drops and b-first even on a loaded host
         d.wait_state("a-first", "running", 30)
         drop_as(alice, "a-second", 0.1, 2)
         drop_as(alice, "a-huge", 0.1, 6)
