@@ -178,6 +178,7 @@ class AttemptRow:
 
 _JOB_FIELDS = {"gpus", "backoff_remaining", "no_progress_streak", "backoff_level", "staging", "reason", "held", "priority"}
 _ATTEMPT_END_FIELDS = {"end", "exit_code", "signal", "reason", "reason_class", "max_step", "root_cause"}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 _ATTEMPT_COLUMNS = frozenset(AttemptRow.__dataclass_fields__)
@@ -433,6 +434,10 @@ class Store:
         unknown = (set(attempt_fields) - _ATTEMPT_END_FIELDS) | (set(job_fields) - _JOB_FIELDS)
         if unknown:
             raise ValueError(f"not attempt/job fields: {sorted(unknown)}")
+        # An integer SQLite cannot hold (a step from a user's file, were one unchecked) is dropped,
+        # not raised: refused, this write would leave the job `running` here while given up in memory.
+        attempt_fields = {k: None if type(v) is int and not _INT64_MIN <= v <= _INT64_MAX else v
+                          for k, v in attempt_fields.items()}
         with self._tx() as db:
             if attempt_row is not None and attempt_fields:
                 cols = ", ".join(f"{k} = ?" for k in attempt_fields)
