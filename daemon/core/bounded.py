@@ -61,9 +61,6 @@ class Unusable:
 
     text: str
 
-    def __str__(self) -> str:
-        return self.text
-
 
 def _shown(value: object) -> str:
     """A value as a reason quotes it: short, one line."""
