@@ -134,6 +134,8 @@ def print_status(doc: dict) -> None:
     print(f"{doc['name']}: {doc['state']}" + (f" ({doc['reason']})" if doc["reason"] else ""))
     print(f"  owner {doc['owner']}  gpus {_fmt(doc['gpus'])}  step {_fmt(doc['step'])}  "
           f"last checkpoint {_fmt(doc['last_checkpoint_step'])}  samples/s {_fmt(doc['samples_per_second'])}")
+    if doc.get("heartbeat_problem"):
+        print(f"  heartbeat unreadable: {doc['heartbeat_problem']}")
     if doc.get("node"):
         for line in node_view.describe(doc["node"], time.time()):
             print(f"  {line}")

@@ -6,5 +6,6 @@
     from) ← checkpoint_tiers (host-local copy or persistent one)
 
 `spx.trainer` imports these, the daemon reads through them: neither side re-implements the other's
-half. Stdlib only. The run side writes the environment, workers write heartbeats and checkpoints.
+half. Stdlib only (core.bounded, which reads their JSON and numbers, is too). The run side writes
+the environment, workers write heartbeats and checkpoints.
 """

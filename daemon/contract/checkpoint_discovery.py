@@ -27,7 +27,7 @@ before it are reported with their reasons, and a few older complete ones are kep
 fallback resumes from the next one). Hostile dirs are bounded: at most MAX_SCAN entries are read
 and MAX_EVALUATED candidates judged, and the answer says when a cap cut the scan.
 
-Runs as the job's owner (userfs.user_actions); stdlib only, never torch.
+Runs as the job's owner (userfs.user_actions); stdlib (and core.bounded) only, never torch.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any
 
 from spx.daemon.contract import checkpoint_formats as fmt
 from spx.daemon.contract.checkpoint_layout import TMP_MARK
+from spx.daemon.core import bounded
 
 MAX_SCAN = 10_000          # entries of the checkpoint dir read (a hostile dir may hold millions)
 MAX_EVALUATED = 64         # candidates judged, newest first
@@ -230,7 +231,9 @@ def _order(rows: list[tuple[str, Path, str, tuple[int, ...], float, str | None]]
     for name, path, layout, nums, mtime, problem in rows:
         if nums:
             order = (*nums, 0)
-            step: int | None = nums[-1]
+            # A number past 2**53 in a name is no step any run reached: it still orders the
+            # candidate, but is not reported (the daemon stores steps; SQLite's integers end at 2**63).
+            step: int | None = nums[-1] if nums[-1] <= bounded.MAX_WHOLE else None
         else:
             below = [n for n, m in numbered if m <= mtime]
             order = (*(below[-1] if below else (-1,)), 1)

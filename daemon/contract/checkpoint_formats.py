@@ -10,12 +10,11 @@ states the byte length of the data that must follow it.
 
 Run as the job's owner (userfs.user_actions), never as root; even so, links are not followed and
 nothing but regular files is opened (O_NOFOLLOW | O_NONBLOCK, then fstat), so a FIFO or a link
-farm in the dir is a reason, not a hang. stdlib only.
+farm in the dir is a reason, not a hang. stdlib (and core.bounded) only.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import struct
@@ -23,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 from spx.daemon.contract.checkpoint_layout import MANIFEST, read_manifest
+from spx.daemon.core import bounded
 
 MAX_JSON_BYTES = 32 << 20        # trainer_state.json with a long log_history, a shard index
 MAX_SAFETENSORS_HEADER = 100 << 20
@@ -75,13 +75,13 @@ def not_followed(path: Path) -> str:
 
 
 def read_json(path: Path, cap: int = MAX_JSON_BYTES) -> object:
-    """The JSON in regular file `path` (at most `cap` bytes); NotRegular or ValueError."""
+    """The JSON in regular file `path` (at most `cap` bytes); NotRegular or ValueError (a
+    `bounded.Garbage`: too deep to parse, not JSON). Numbers out of range (a NaN loss in a log
+    history, total_flos past 2**53) are kept as `bounded.Unusable`: only the shape is judged here."""
     fd = _open_regular(path)
     with os.fdopen(fd, "rb") as f:
         raw = f.read(cap + 1)
-    if len(raw) > cap:
-        raise ValueError(f"larger than {cap} bytes")
-    return json.loads(raw)
+    return bounded.parse_json(raw, path.name, max_bytes=cap, mark=True)
 
 
 def torch_zip_problem(path: Path, *, pickle: bool = True) -> str | None:
@@ -118,7 +118,7 @@ def safetensors_problem(path: Path) -> str | None:
         if n > min(MAX_SAFETENSORS_HEADER, size - 8):
             return f"{path.name}: truncated (header of {n} bytes in a file of {size})"
         try:
-            header = json.loads(f.read(n))
+            header = bounded.parse_json(f.read(n), path.name, max_bytes=MAX_SAFETENSORS_HEADER, mark=True)
             end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             return f"{path.name}: its header does not parse (torn write)"

@@ -6,21 +6,24 @@ counts as a checkpoint only if its manifest parses and every file it lists exist
 size; that check is all the daemon needs to pick `SPX_RESUME_FROM`, and it needs no torch.
 
 Scripts that keep their own naming (the seed's `checkpoint_epoch{e}_step{s}.pt`, nanoGPT's `ckpt.pt`,
-Hugging Face's `checkpoint-*/`, …) are found by `checkpoint_discovery`. This module is stdlib-only and
-only names and reads; the writer side (publish, retention — renames and deletes in the user's tree)
-is the trainer's, `spx.trainer.layout_writer`, run in workers as the job's user.
+Hugging Face's `checkpoint-*/`, …) are found by `checkpoint_discovery`. This module is stdlib-only
+(with core.bounded, its JSON reader) and only names and reads; the writer side (publish, retention —
+renames and deletes in the user's tree) is the trainer's, `spx.trainer.layout_writer`, run in
+workers as the job's user.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from spx.daemon.core import bounded
+
 MANIFEST = "COMPLETE.json"
+MANIFEST_MAX_BYTES = 32 << 20  # a line per file of the checkpoint
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 TMP_MARK = ".tmp-"
@@ -76,7 +79,8 @@ def read_manifest(ckpt: Path) -> dict | None:
     checkpoints); `verify_checksums` does that when asked.
     """
     try:
-        manifest = json.loads((ckpt / MANIFEST).read_text())
+        with open(ckpt / MANIFEST, "rb") as f:
+            manifest = bounded.parse_json(f.read(MANIFEST_MAX_BYTES + 1), MANIFEST, max_bytes=MANIFEST_MAX_BYTES)
         if int(manifest["step"]) < 0:
             return None
         for entry in manifest["files"]:

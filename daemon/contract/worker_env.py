@@ -1,8 +1,9 @@
 """The environment contract between the daemon and the workers it launches (design §6).
 
 Both sides import this module: the daemon to set the variables, `spx.trainer` to read them. It is
-stdlib-only on purpose, so the daemon can use it without ever loading torch. Changing a name here is a
-protocol change: workers built against an older library would stop resuming.
+stdlib-only on purpose (so is core.bounded, which checks what a heartbeat holds), so the daemon can
+use it without ever loading torch. Changing a name here is a protocol change: workers built against
+an older library would stop resuming.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from spx.daemon.core import bounded
 
 ENV_JOB = "SPX_JOB"
 ENV_ATTEMPT = "SPX_ATTEMPT"
@@ -34,6 +36,8 @@ ENV_NAMES = (ENV_JOB, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_HEAR
 EXIT_PREEMPTED = 75
 
 HEARTBEAT_MIN_INTERVAL_SECONDS = 1.0
+HEARTBEAT_MAX_BYTES = 64 * 1024  # a beat is a few hundred bytes; the daemon reads no more
+MAX_STATUS_CHARS = 64
 
 # When each start-up phase of an attempt ended on the worker (Unix seconds), carried in rank 0's
 # heartbeat so `spx status --timeline` shows where a (re)start spends its time. In start-up order:
@@ -86,59 +90,70 @@ def write_heartbeat(path: str | os.PathLike[str], beat: Heartbeat) -> None:
         raise
 
 
+def load_heartbeat(data: str | bytes) -> Heartbeat:
+    """The heartbeat in a file's content, or `bounded.Garbage` saying why it is not one: not JSON,
+    too large or deep, or fields the daemon cannot compute with — a step that is no whole number
+    below 2**53 (a string, 1e400, 10**400) would break hang detection, the metrics or the store.
+    Only `phases` is lenient: an odd phase is dropped, never the beat (its step drives hang
+    detection)."""
+    f = bounded.Fields(bounded.parse_json(data, "heartbeat", max_bytes=HEARTBEAT_MAX_BYTES, mark=True), "heartbeat")
+    nnodes = f.whole("nnodes", 1, missing=None)
+    node_rank = f.whole("node_rank", 0, nnodes - 1 if nnodes is not None else bounded.MAX_WHOLE, missing=None)
+    when = f.real("time", 0.0, bounded.MAX_TIME, missing=None)
+    return Heartbeat(
+        step=f.whole("step"),
+        epoch=f.whole("epoch", missing=0),
+        samples_per_second=f.real("samples_per_second", 0.0, missing=0.0),
+        last_checkpoint_step=f.whole("last_checkpoint_step", missing=None),
+        last_checkpoint_time=f.real("last_checkpoint_time", 0.0, bounded.MAX_TIME, missing=None),
+        status=f.text("status", MAX_STATUS_CHARS, missing="running"),
+        phases=_known_phases(f.doc.get("phases")),
+        node_rank=node_rank,
+        nnodes=nnodes,
+        ranks=_ranks(f),
+        **({"time": when} if when is not None else {}),
+    )
+
+
 def parse_heartbeat(data: str | bytes) -> Heartbeat | None:
-    """A heartbeat from its file's content, or None if it is not one: not JSON, not an object, or
-    fields of types the daemon cannot compute with (a string step would break hang detection)."""
+    """`load_heartbeat`, None for what is not a heartbeat (the worker's side, and tests)."""
     try:
-        raw = json.loads(data)
-        if not isinstance(raw, dict):
-            return None
-        beat = Heartbeat(**{k: raw[k] for k in Heartbeat.__dataclass_fields__ if k in raw})
-    except (ValueError, TypeError, RecursionError):
+        return load_heartbeat(data)
+    except bounded.Garbage:
         return None
-    beat.phases = _known_phases(beat.phases)
-    return beat if _well_typed(beat) else None
 
 
 def _known_phases(raw: object) -> dict[str, float] | None:
-    """Only WORKER_PHASES names with finite times: odd phases never cost the beat itself (its step
+    """Only WORKER_PHASES names with times in range: odd phases never cost the beat itself (its step
     drives hang detection), they are just not shown."""
     if not isinstance(raw, dict):
         return None
-    out = {k: float(raw[k]) for k in WORKER_PHASES
-           if isinstance(raw.get(k), (int, float)) and not isinstance(raw.get(k), bool)
-           and abs(raw[k]) != float("inf") and raw[k] == raw[k]}
+    out = {}
+    for name in WORKER_PHASES:
+        try:
+            out[name] = bounded.real(raw.get(name), "heartbeat", 0.0, bounded.MAX_TIME)
+        except bounded.Garbage:
+            continue
     return out or None
 
 
-def _well_typed(beat: Heartbeat) -> bool:
-    def integer(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    def finite(v: object) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-
-    return (integer(beat.step) and integer(beat.epoch) and finite(beat.samples_per_second) and finite(beat.time)
-            and isinstance(beat.status, str)
-            and (beat.last_checkpoint_step is None or integer(beat.last_checkpoint_step))
-            and (beat.last_checkpoint_time is None or finite(beat.last_checkpoint_time))
-            and _well_placed(beat, integer))
-
-
-def _well_placed(beat: Heartbeat, integer: Callable[[object], bool]) -> bool:
-    """The node fields are each None or an int in range: 0 <= node_rank < nnodes, 0 <= first <= last."""
-    nnodes, node_rank, ranks = beat.nnodes, beat.node_rank, beat.ranks
-    return ((nnodes is None or (integer(nnodes) and nnodes >= 1))
-            and (node_rank is None or (integer(node_rank) and node_rank >= 0 and (nnodes is None or node_rank < nnodes)))
-            and (ranks is None or (isinstance(ranks, list) and len(ranks) == 2 and all(integer(r) for r in ranks)
-                                   and 0 <= ranks[0] <= ranks[1])))
+def _ranks(f: bounded.Fields) -> list[int] | None:
+    """The node's global ranks [first, last]: two whole numbers, 0 <= first <= last."""
+    ranks = f.items("ranks", 2, missing=None)
+    if ranks is None:
+        return None
+    if len(ranks) != 2:
+        raise bounded.Garbage("heartbeat", f"ranks holds {len(ranks)} numbers, not [first, last]")
+    first = bounded.whole(ranks[0], "heartbeat", name="ranks[0]")
+    return [first, bounded.whole(ranks[1], "heartbeat", first, name="ranks[1]")]
 
 
 def read_heartbeat(path: str | os.PathLike[str]) -> Heartbeat | None:
     """The last heartbeat, or None if there is none yet or it does not parse (never raises). The
     worker's side; the root daemon reads through `spx.daemon.userfs.heartbeat` instead."""
     try:
-        return parse_heartbeat(Path(path).read_text())
+        with open(path, "rb") as f:
+            return parse_heartbeat(f.read(HEARTBEAT_MAX_BYTES + 1))
     except OSError:
         return None
 

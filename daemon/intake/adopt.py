@@ -218,5 +218,4 @@ class Adopter:
 
 
 def _held(lease: dict[str, Any]) -> str:
-    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(lease.get("expires", 0))))
-    return f"running on {lease.get('host')} (its lease lasts until {until} unless renewed)"
+    return f"running on {lease.get('host')} (its lease lasts until {job_record.lease_until(lease)} unless renewed)"

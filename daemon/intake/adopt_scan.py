@@ -4,7 +4,8 @@ The root is the admin's (`spx adopt DIR`, `adopt_checkpoint_roots`); everything 
 trees and hostile, as the spool is (design §9): the walk goes from the root's fd one directory at a
 time with O_NOFOLLOW (a link is never followed, a FIFO never blocks an open), at most MAX_DEPTH levels
 down, MAX_ENTRIES names per directory and MAX_DIRS directories in all, and reads at most 64 KiB of a
-record (4 KiB of a lease or end marker) through `fsafe`.
+record (4 KiB of a lease or end marker) through `fsafe`. A lease or end marker that is no lease or
+end marker (job_record reads them through core.bounded) refuses its record with the reason.
 
 Who owns a job is decided here, as for a spool file: the owner is the uid owning `job.yaml`, never
 what the file says. That uid must also own `.spx/` and the checkpoint dir, neither `.spx/` nor the
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spx.daemon.core.bounded import Garbage
 from spx.daemon.intake import job_record
 from spx.daemon.intake.job_record import Record, RecordError
 from spx.daemon.userfs import fsafe
@@ -33,7 +35,7 @@ MAX_ENTRIES = 10_000
 MAX_DIRS = 20_000
 SPX, RECORD, LEASE, STATE = ".spx", "job.yaml", "lease", "state"
 RECORD_MAX_BYTES = 64 * 1024
-SMALL_MAX_BYTES = 4096
+SMALL_MAX_BYTES = job_record.SMALL_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,9 @@ def _job_at(fd: int, path: Path) -> Found | Refused | None:
     except UserPathError as e:
         return Refused(path, e.strerror or str(e))
     except RecordError as e:
-        return Refused(path, f"{SPX}/{RECORD}: {e}")
+        return Refused(path, str(e))
+    except Garbage as e:  # the lease or the end marker is not one: nobody can tell who runs the job
+        return Refused(path, f"{e} (remove or fix it to adopt this job)")
     except OSError as e:
         return Refused(path, f"{SPX}/{RECORD}: {e.strerror or e}")
     finally:

@@ -15,15 +15,17 @@ userfs/spx_dir.py):
 `parse` is the adopting daemon's reader: the file is in a user's tree and is hostile (it arrives
 capped and opened safely by intake/adopt_scan.py); it is read as YAML without aliases or deep
 nesting and validated like a spool file. What it says about the owner is only checked, never
-believed: the owner is the file's owner (see adopt_scan).
+believed: the owner is the file's owner (see adopt_scan). `lease_of` and `ended_state` read the
+other two through `core.bounded`: what is not a lease or an end marker is `Garbage` with the reason
+(adopt_scan refuses that record with it), never an OverflowError or RecursionError.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import re
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from spx.daemon.core import bounded
 from spx.daemon.core.spec import JobSpec
 from spx.daemon.core.spec_yaml import SpecError, read_yaml
 from spx.daemon.state.jobs_table import JobRow
@@ -40,10 +43,16 @@ FORMAT = 1
 MACHINE_ID = Path("/etc/machine-id")
 _UID = re.compile(r"^[0-9a-f]{32}$")
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+SMALL_MAX_BYTES = 4096  # a lease or end marker (adopt_scan reads no more)
+MAX_HOST_CHARS = 4096   # a lease's host: machine id and the daemon's state dir (a path)
+MAX_REASON_CHARS = 1000
 
 
-class RecordError(ValueError):
-    """`.spx/job.yaml` is not a record this daemon can adopt; the message says why."""
+class RecordError(bounded.Garbage):
+    """`.spx/job.yaml` is not a record this daemon can adopt; `detail` says why."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(".spx/job.yaml", detail)
 
 
 @dataclass(frozen=True)
@@ -97,16 +106,17 @@ def parse(raw: bytes) -> Record:
         raise RecordError(f"not a readable record: {e.render('job.yaml')}") from None
     if not isinstance(data, dict):
         raise RecordError("not a mapping")
-    if data.get("format") != FORMAT:
+    if type(data.get("format")) is not int or data.get("format") != FORMAT:
         raise RecordError(f"format {data.get('format')!r}, this daemon reads format {FORMAT}")
     uid, name, owner, host = data.get("uid"), data.get("name"), data.get("owner"), data.get("host")
-    submitted = data.get("submitted")
     if not isinstance(uid, str) or not _UID.match(uid):
         raise RecordError("uid: missing or not 32 hex digits")
     if not isinstance(owner, str) or not owner or not isinstance(host, str):
         raise RecordError("owner/host: missing")
-    if not isinstance(submitted, (int, float)) or isinstance(submitted, bool) or not 0 < submitted < 1e11:
-        raise RecordError("submitted: missing or not a time")
+    try:
+        submitted = bounded.real(data.get("submitted"), "job.yaml", 1.0, bounded.MAX_TIME, "submitted")
+    except bounded.Garbage as e:
+        raise RecordError(f"{e.detail} (a Unix time)") from None
     try:
         spec = JobSpec.model_validate(data.get("spec"))
     except ValidationError as e:
@@ -114,7 +124,7 @@ def parse(raw: bytes) -> Record:
         raise RecordError(f"spec: {problems}") from None
     if name != spec.name:
         raise RecordError(f"name {name!r} differs from the spec's {spec.name!r}")
-    return Record(uid, spec.name, owner, float(submitted), host, spec)
+    return Record(uid, spec.name, owner, submitted, host, spec)
 
 
 def lease_doc(host: str, job_uid: str, seconds: float, now: float) -> dict[str, Any]:
@@ -122,34 +132,35 @@ def lease_doc(host: str, job_uid: str, seconds: float, now: float) -> dict[str, 
 
 
 def state_doc(job: JobRow, host: str, now: float) -> dict[str, Any]:
-    return {"job": job.uid, "state": job.state.value, "reason": job.reason, "host": host, "time": now}
-
-
-def _json_object(raw: bytes | None) -> dict[str, Any] | None:
-    """`raw` parsed as one JSON object; None if absent or anything else."""
-    if raw is None:
-        return None
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
+    # Cut: adopt_scan reads at most SMALL_MAX_BYTES of the marker, and one cut short is no marker.
+    reason = job.reason[:MAX_REASON_CHARS] if job.reason else job.reason
+    return {"job": job.uid, "state": job.state.value, "reason": reason, "host": host, "time": now}
 
 
 def ended_state(raw: bytes | None, job_uid: str) -> str | None:
     """The terminal state `.spx/state` (content `raw`) records for `job_uid`; None if none (absent,
-    unreadable, or about another job that used the same directory)."""
-    doc = _json_object(raw)
-    if doc is None or doc.get("job") != job_uid or doc.get("state") not in TERMINAL_STATES:
+    or about another job that used the same directory). Garbage if it is no end marker."""
+    if raw is None:
         return None
-    return str(doc["state"])
+    f = bounded.Fields(bounded.parse_json(raw, ".spx/state", max_bytes=SMALL_MAX_BYTES), ".spx/state")
+    job, state = f.text("job", 64, missing=None), f.text("state", 32, missing=None)
+    f.real("time", 0.0, bounded.MAX_TIME, missing=None)
+    return state if job == job_uid and state in TERMINAL_STATES else None
 
 
 def lease_of(raw: bytes | None) -> dict[str, Any] | None:
-    """The lease in `raw`, None if absent or not a lease."""
-    doc = _json_object(raw)
-    if doc is None or not isinstance(doc.get("host"), str):
+    """The lease in `raw` ({"host", "job", "expires"}), None if absent; Garbage if it is no lease."""
+    if raw is None:
         return None
-    if not isinstance(doc.get("expires"), (int, float)) or isinstance(doc.get("expires"), bool):
-        return None
-    return doc
+    f = bounded.Fields(bounded.parse_json(raw, ".spx/lease", max_bytes=SMALL_MAX_BYTES), ".spx/lease")
+    return {"host": f.text("host", MAX_HOST_CHARS), "job": f.text("job", 64, missing=None),
+            "expires": f.real("expires", 0.0, bounded.MAX_TIME)}
+
+
+def lease_until(lease: dict[str, Any]) -> str:
+    """When `lease` (read by `lease_of`, or a holder a helper reported) expires, as UTC text."""
+    try:
+        expires = bounded.real(lease.get("expires"), ".spx/lease", 0.0, bounded.MAX_TIME)
+    except bounded.Garbage:
+        return "an unknown time"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))

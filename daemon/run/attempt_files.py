@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
 from spx.daemon.contract.worker_env import Heartbeat
+from spx.daemon.core import bounded
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
 from spx.daemon.intake import job_record
@@ -50,7 +50,6 @@ MARKER = ".job-id"
 MARKER_MAX_BYTES = 64
 LOG_DIR_MODE = 0o755
 LOG_FILE_MODE = 0o640
-_DIGITS = re.compile(rb"\s*(\d{1,19})\s*")
 
 
 @dataclass(frozen=True)
@@ -146,10 +145,9 @@ def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_di
     if not isinstance(reply, dict) or reply.get("held"):
         return
     holder = reply.get("holder") or {}
-    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(holder.get("expires", now))))
     same = "this job" if holder.get("job") == job.uid else f"job {holder.get('job')}"
     raise UserPathError(errno.EBUSY, f"checkpoint dir {ckpt_dir} is in use: {same} runs on {holder.get('host')} "
-                                     f"(its lease lasts until {until})")
+                                     f"(its lease lasts until {job_record.lease_until(holder)})")
 
 
 def staging_log(cfg: DaemonConfig, job: JobRow) -> Path:
@@ -186,10 +184,9 @@ def job_log_dir_fd(cfg: DaemonConfig, job: JobRow) -> int:
 def _marker(dir_fd: int) -> int | None:
     """The job id in `.job-id`, or None if absent, odd, too large, a link or not a file."""
     try:
-        m = _DIGITS.fullmatch(fsafe.read_at(dir_fd, MARKER, MARKER_MAX_BYTES))
-    except OSError:
+        return bounded.whole_text(fsafe.read_at(dir_fd, MARKER, MARKER_MAX_BYTES), MARKER, 1)
+    except (OSError, bounded.Garbage):
         return None
-    return int(m.group(1)) if m else None
 
 
 def _retire_other_job(base_fd: int, job: JobRow) -> None:
@@ -316,8 +313,13 @@ def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float,
             raise UserPathError(errno.ENOENT, f"checkpoints.resume is require, but {files.checkpoint_dir} "
                                               "holds no complete checkpoint")
         return None, found
-    if not isinstance(path, str) or not (step is None or (isinstance(step, int) and not isinstance(step, bool))):
-        raise UserPathError(errno.EIO, f"checkpoint discovery in {files.checkpoint_dir} gave an odd answer")
+    try:
+        path = bounded.text(path, "checkpoint discovery", 4096, "path")
+        # The step goes into the store (resumed_from_step): a whole number SQLite and float() take.
+        step = None if step is None else bounded.whole(step, "checkpoint discovery", name="step")
+    except bounded.Garbage as e:
+        raise UserPathError(errno.EIO, f"checkpoint discovery in {files.checkpoint_dir} gave an odd answer: "
+                                       f"{e.detail}") from None
     return CheckpointRef(Path(path), step), found
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import os
 import pwd
 import socket
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spx.daemon.contract import worker_env
+from spx.daemon.core import bounded
 from spx.daemon.core.spec import JobSpec
 from spx.daemon.run import rendezvous
 
@@ -31,6 +31,7 @@ SHIM_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
 # The log relay and the attempt monitor: root too (the log dir is root's), so started the same way.
 RELAY = Path(__file__).with_name("log_relay.py")
 MONITOR = Path(__file__).with_name("attempt_monitor.py")
+EXIT_RECORD_MAX_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -209,19 +210,20 @@ def recorded_exit(log_dir: Path, log_name: str, attempt_id: str) -> ExitRecord |
     except OSError:
         return None
     try:
-        record = json.loads(os.read(fd, 4096))
-    except (OSError, ValueError):
+        f = bounded.Fields(bounded.parse_json(os.read(fd, EXIT_RECORD_MAX_BYTES + 1), "exit record",
+                                              max_bytes=EXIT_RECORD_MAX_BYTES), "exit record")
+        if f.text("attempt_id", 256, missing=None) != attempt_id:
+            return None
+        # An exit status is 0-255, a signal number below 128 (SIGRTMAX is 64): what the store keeps.
+        code, sig = f.whole("exit_code", 0, 255, missing=None), f.whole("signal", 0, 127, missing=None)
+        ended = f.real("end", 0.0, bounded.MAX_TIME, missing=None)
+    except (OSError, bounded.Garbage):
         return None
     finally:
         os.close(fd)
-    if not isinstance(record, dict) or record.get("attempt_id") != attempt_id:
+    if code is None and sig is None:
         return None
-    code, sig = record.get("exit_code"), record.get("signal")
-    if not (isinstance(code, int) or isinstance(sig, int)):
-        return None
-    end = record.get("end")
-    ended = float(end) if isinstance(end, int | float) and math.isfinite(end) else None
-    return ExitRecord(record.get("launched") is True, code, sig, stopped=record.get("stop_signal") is not None,
+    return ExitRecord(f.doc.get("launched") is True, code, sig, stopped=f.doc.get("stop_signal") is not None,
                       ended=ended)
 
 

@@ -54,6 +54,8 @@ _NOT_THE_JOBS_FAULT = "('daemon-restart', 'lost', 'peer-restart', 'cancelled', '
 def _attempt(row: sqlite3.Row) -> AttemptRow:
     return AttemptRow(**{k: row[k] for k in row.keys() if k in _COLUMNS})  # noqa: SIM118 (sqlite3.Row iterates values)
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
 
 class AttemptsTable:
     """Attempts: writes on the daemon's main loop only; reads from any thread."""
@@ -119,6 +121,10 @@ class AttemptsTable:
         unknown = (set(attempt_fields) - _END_FIELDS) | (set(job_fields) - JOB_FIELDS)
         if unknown:
             raise ValueError(f"not attempt/job fields: {sorted(unknown)}")
+        # An integer SQLite cannot hold (a step from a user's file, were one unchecked) is dropped,
+        # not raised: refused, this write would leave the job `running` here while given up in memory.
+        attempt_fields = {k: None if type(v) is int and not _INT64_MIN <= v <= _INT64_MAX else v
+                          for k, v in attempt_fields.items()}
         with self._db.write("finish_attempt") as db:
             if attempt_row is not None and attempt_fields:
                 cols = ", ".join(f"{k} = ?" for k in attempt_fields)

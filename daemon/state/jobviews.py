@@ -13,7 +13,7 @@ from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.node_view import node_view
 from spx.daemon.state.store import Store
 from spx.daemon.state.views import AttemptView, JobView
-from spx.daemon.userfs.heartbeat import read_heartbeat
+from spx.daemon.userfs import heartbeat
 
 
 def heartbeat_path(run_dir: Path, job: JobRow) -> Path:
@@ -28,8 +28,10 @@ def job_view(
     """`gang_hosts`: for a job across hosts, every host's line as the supervisor last read it."""
     attempts = store.attempts.for_job(job.id)
     # Through userfs: the file is the user's, and this runs for every `spx ls` and scrape — a FIFO,
-    # a link to a root-only file or a huge file there is "no heartbeat", never a wait or a leak.
-    beat = read_heartbeat(heartbeat_path(run_dir, job), run_dir / "jobs")
+    # a link to a root-only file, a huge file or garbage there is "no heartbeat" with the reason,
+    # never a wait, a leak or an exception.
+    found = heartbeat.read(heartbeat_path(run_dir, job), run_dir / "jobs")
+    beat = found.beat
     # A beat older than the current attempt is the previous attempt's: its step was lost with it
     # (the job went back to the checkpoint it resumed from), and its rate is not this attempt's.
     stale = beat is not None and bool(attempts) and beat.time < attempts[-1].start
@@ -67,6 +69,7 @@ def job_view(
         staging=job.staging,
         history=history,
         job_id=job.id,
+        heartbeat_problem=found.problem,
         node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat,
                        attempts[-1].generation if attempts else None, gang_hosts),
     )

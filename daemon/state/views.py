@@ -68,6 +68,9 @@ class JobView:
     job_id: int = 0
     # This host's node of a job across hosts (state/node_view.py); None for a one-host job.
     node: NodeView | None = None
+    # Why the job's heartbeat file is no heartbeat (garbage, a link, too large); None when it is one
+    # or there is none yet. `spx status` shows it as "heartbeat unreadable: …".
+    heartbeat_problem: str | None = None
 
     def to_json(self, with_history: bool = False) -> dict:
         doc = asdict(self)

@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from spx.daemon.core import bounded
 from spx.daemon.userfs import user_actions
 from spx.daemon.userfs.fsafe import UserPathError
 from spx.daemon.userfs.identity import become
@@ -100,11 +101,16 @@ def run(user: Owner, action: str, args: dict[str, Any], timeout: float = DEFAULT
                 if pipe is not None:
                     pipe.close()
         raise UserPathError(errno.ETIMEDOUT, f"{action} as {user.name} took longer than {timeout:g} s") from None
-    try:
-        reply = json.loads(out[:MAX_REPLY_BYTES])
-    except ValueError:
+    if not out.lstrip().startswith(b"{"):  # no answer: the child's last words say why
         tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        raise UserPathError(errno.EIO, f"{action} as {user.name} failed: {tail[0]}") from None
+        raise UserPathError(errno.EIO, f"{action} as {user.name} failed: {tail[0]}")
+    try:
+        # What the child read in the user's tree comes back in it: through core.bounded, so no number
+        # or nesting there reaches the daemon unbounded.
+        reply = bounded.Fields(bounded.parse_json(out, f"the answer of {action}", max_bytes=MAX_REPLY_BYTES),
+                               f"the answer of {action}").doc
+    except bounded.Garbage as e:
+        raise UserPathError(errno.EIO, f"{action} as {user.name} gave an unreadable answer: {e.detail}") from None
     if not reply.get("ok"):
         raise UserPathError(errno.EIO, f"{action} as {user.name} failed: {reply.get('error')}")
     return reply["result"]

@@ -17,9 +17,10 @@ generation, and waits while another host still runs in an older one: its agent w
 (or use) the old round's store.
 
 Runs only in `user_actions`, as the job's owner (the dir is in the owner's tree: what may be
-written there is the kernel's decision for them); stdlib only. Every file is replaced whole
-(spx_dir.replace_file), so a reader on another host sees the old content or the new one. What is
-read back is the user's to write, so it is checked for shape here and again by the daemon.
+written there is the kernel's decision for them); stdlib and core.bounded only. Every file is
+replaced whole (spx_dir.replace_file), so a reader on another host sees the old content or the new
+one. What is read back is the user's to write: read through core.bounded, checked for shape here
+and again by the daemon.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import os
 import re
 from typing import Any
 
+from spx.daemon.core import bounded
 from spx.daemon.userfs import spx_dir
 
 GANG = ".spx-gang"
@@ -54,9 +56,11 @@ def _open(ckpt_dir: str) -> tuple[int, int]:
 
 
 def _load(raw: bytes | None) -> dict[str, Any] | None:
+    """A generation or a host's line; None if absent or garbage (core.bounded: every number in it is
+    finite and below 2**53, so the time arithmetic here and in the daemon never overflows)."""
     try:
-        doc = json.loads(raw) if raw else None
-    except ValueError:
+        doc = bounded.parse_json(raw, "gang file", max_bytes=spx_dir.SMALL_MAX_BYTES) if raw else None
+    except bounded.Garbage:
         return None
     return doc if isinstance(doc, dict) else None
 

@@ -2,24 +2,46 @@
 
 `contract.worker_env.read_heartbeat` is the trainer's reader (and test helper); the daemon reads
 through here instead: no link followed below the root-owned `run/jobs`, a FIFO never blocks, at most
-64 KiB, and anything odd at the path (garbage, a directory, a link to a root-only file) is "no
-heartbeat", never an exception.
+64 KiB, and every number checked (`contract.worker_env.load_heartbeat`). Anything odd at the path
+(garbage, a directory, a link to a root-only file) is "no heartbeat" with the reason why, never an
+exception: `spx ls`, `spx top` and `/metrics` read it for every job of every user.
 """
 
 from __future__ import annotations
 
+import errno
+from dataclasses import dataclass
 from pathlib import Path
 
-from spx.daemon.contract.worker_env import Heartbeat, parse_heartbeat
+from spx.daemon.contract.worker_env import HEARTBEAT_MAX_BYTES, Heartbeat, load_heartbeat
+from spx.daemon.core.bounded import Garbage
 from spx.daemon.userfs import fsafe
 
-MAX_HEARTBEAT_BYTES = 64 * 1024
+
+@dataclass(frozen=True)
+class HeartbeatRead:
+    """What the heartbeat file holds: a beat, or None with `problem` saying why the file there is no
+    heartbeat (None when there is simply none yet). `spx status` shows it: "heartbeat unreadable: …"."""
+
+    beat: Heartbeat | None
+    problem: str | None = None
+
+
+def read(path: Path, base: Path | None = None) -> HeartbeatRead:
+    """The heartbeat at `path`, walked from `base` (default: two levels up, `run/jobs`, the last
+    directory only root writes). Never raises."""
+    try:
+        raw = fsafe.read_file(path, base or path.parent.parent, HEARTBEAT_MAX_BYTES)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return HeartbeatRead(None)
+        return HeartbeatRead(None, e.strerror or str(e))
+    try:
+        return HeartbeatRead(load_heartbeat(raw))
+    except Garbage as e:
+        return HeartbeatRead(None, e.detail)
 
 
 def read_heartbeat(path: Path, base: Path | None = None) -> Heartbeat | None:
-    """The heartbeat at `path`, walked from `base` (default: two levels up, `run/jobs`, the last
-    directory only root writes); None if absent, unreadable, odd or not a heartbeat."""
-    try:
-        return parse_heartbeat(fsafe.read_file(path, base or path.parent.parent, MAX_HEARTBEAT_BYTES))
-    except OSError:
-        return None
+    """`read`'s beat: None if absent, unreadable, odd or not a heartbeat."""
+    return read(path, base).beat

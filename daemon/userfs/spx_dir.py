@@ -5,9 +5,9 @@
     CHECKPOINT_DIR/.spx/state      {"job", "state", ...}: written when the job ended (never re-run it)
 
 Runs only in `user_actions`, that is as the job's owner (the directory is in the owner's tree, so the
-kernel decides what may be written there, for them). stdlib only. Every file is replaced atomically
-(a temporary name, fsync, rename, fsync of the directory), so a reader on another host sees the old
-content or the new one, never half.
+kernel decides what may be written there, for them). stdlib only (and core.bounded, which is too).
+Every file is replaced atomically (a temporary name, fsync, rename, fsync of the directory), so a
+reader on another host sees the old content or the new one, never half.
 
 The lease is the one compare-and-swap. Every read-decide-write of it runs under an exclusive
 `flock` of `.spx/lease.lock` (network file systems map it to their byte-range locks; the lock goes
@@ -32,6 +32,8 @@ import re
 import stat
 import time
 from typing import Any
+
+from spx.daemon.core import bounded
 
 SPX = ".spx"
 RECORD = "job.yaml"
@@ -130,14 +132,15 @@ def _unlink(dfd: int, name: str) -> None:
 
 def _lease_doc(raw: bytes) -> dict[str, Any] | None:
     """A lease's content, or None when it is not one (treated as expired: a lease is written whole,
-    so garbage there is nobody's)."""
+    so garbage there is nobody's). Read through core.bounded: `expires` is a time in range (1e300
+    or 10**400 there is garbage, never an OverflowError here or in the daemon that gets it back)."""
     try:
-        doc = json.loads(raw[:SMALL_MAX_BYTES])
-    except ValueError:
+        f = bounded.Fields(bounded.parse_json(raw, "lease", max_bytes=SMALL_MAX_BYTES), "lease")
+        f.text("host", 4096)
+        f.real("expires", 0.0, bounded.MAX_TIME)
+    except bounded.Garbage:
         return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("host"), str) or not isinstance(doc.get("expires"), (int, float)):
-        return None
-    return doc
+    return f.doc
 
 
 class DirLock:

@@ -6,7 +6,7 @@ It starts as root (the interpreter may be unreadable to the user), imports every
 the owner — uid, gid and supplementary groups — before reading the request's paths, so `os.access`,
 `mkdir` and every open here are the kernel's answer for that user: a decision root could only guess
 from mode bits.
-stdlib and the torch-free checkpoint contract only; it prints exactly one JSON document.
+stdlib, core.bounded and the torch-free checkpoint contract only; it prints exactly one JSON document.
 """
 
 from __future__ import annotations
