@@ -1,8 +1,8 @@
 """Core: what every other package of the daemon builds on, and which builds on none of them.
 
     config (the daemon's config file and flags) · log (structlog JSON lines) · users (is this uid an
-    admin; its name) · spec (the job file's model) ← spec_yaml (the safe YAML reader it parses with),
-    nodes (a job across hosts: its `nodes:` block)
+    admin; its name; who reads its logs) · spec (the job file's model) ← spec_yaml (the safe YAML
+    reader it parses with), nodes (a job across hosts: its `nodes:` block)
 
 The leaf of the package graph (docs/architecture.md): it imports nothing from `spx.daemon`.
 """

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from spx.daemon.core.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.core.log import configure, get_logger
-from spx.daemon.core.users import is_admin, user_name
+from spx.daemon.core.users import is_admin, log_access, user_name
 from spx.daemon.gpu.backend import GpuBackend, XidEvent, open_backend
 from spx.daemon.gpu.health import HealthGate, fatal_xid, xid_reason
 from spx.daemon.intake.accept import Intake
@@ -540,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
              reason=why)
     if backend.kind == "none":
         log.warning("no_gpus", detail=backend.description + "; only CPU jobs (gpus: 0) will run")
+    if cfg.log_group and not log_access(0, cfg.log_group).group_reads:
+        log.warning("log_group_missing", log_group=cfg.log_group,
+                    detail="no such group: job logs are readable by their owners alone")
     daemon = Daemon(cfg, backend, Notifier.from_env(), cgroup_tree)
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
