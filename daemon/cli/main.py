@@ -22,6 +22,7 @@ from pathlib import Path
 
 from spx.daemon.cli import queue_cmds, submit_cmdline
 from spx.daemon.cli.launch_cmdline import CommandLineError
+from spx.daemon.cli.socket_hint import not_running_message
 from spx.daemon.contract import checkpoint_discovery
 from spx.daemon.core.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.core.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, submitted_text
@@ -44,6 +45,8 @@ def ask(cfg: DaemonConfig, op: str, name: str | None = None, arg: str | None = N
     """Ask the daemon; if it is not running, root may still read the store directly."""
     try:
         reply = control.request(cfg.socket_path, op, name, arg=arg)
+    except TimeoutError as e:  # something listens there but did not answer whole in time
+        raise CliError(f"{e}; the daemon may be overloaded (see its log)") from e
     except OSError:
         return _ask_store(cfg, op, name)
     if not reply.get("ok"):
@@ -73,35 +76,6 @@ def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
         return jobviews.job_view(store, job, cfg.run_dir, with_history=True).to_json(with_history=True)
     finally:
         store.close()
-
-
-def not_running_message(cfg: DaemonConfig, cwd: Path | None = None) -> str:
-    """Why `spx` got no answer, for the user who forgot `--root`: the socket tried, and any daemon
-    socket found one level under the current directory (`./spx-root/run/spx.sock`, the README's
-    layout) that does answer, with the `--root` that reaches it."""
-    others, answering = [], []
-    try:
-        candidates = sorted((cwd or Path.cwd()).glob("*/run/spx.sock"))
-    except OSError:
-        candidates = []
-    for sock in candidates:
-        if sock.absolute() == cfg.socket_path.absolute():
-            continue
-        try:
-            control.request(sock, "ls", timeout=2.0)
-        except OSError:
-            others.append(sock)
-            continue
-        answering.append(sock)
-    if answering:
-        lines = [f"no daemon answers on {cfg.socket_path}, but one does on {', '.join(map(str, answering))}"]
-        for sock in answering:
-            root = sock.parent.parent.absolute()
-            lines.append(f"use `spx --root {root} …` or `export SPX_ROOT={root}`")
-        return "\n".join(lines)
-    tried = ", ".join(map(str, [cfg.socket_path, *others]))
-    return (f"the daemon is not running (no answer on {tried}); if it runs with `spx-trainer --root DIR`, "
-            "give `spx --root DIR …` or set SPX_ROOT=DIR, else start it with `spx-trainer`")
 
 
 def _ago(t: float | None, now: float) -> str:
@@ -361,7 +335,11 @@ def cmd_top(cfg: DaemonConfig, args: argparse.Namespace, only: str | None = None
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spx", description="Submit and inspect spx-trainer jobs.")
-    p.add_argument("--root", type=Path, help="the daemon's --root (or set SPX_ROOT)")
+    p.add_argument("--root", type=Path, help=(
+        "the daemon's --root (or set SPX_ROOT): spx talks to DIR/run/spx.sock, else to the config's run_dir "
+        "(default /run/spx/spx.sock) and nowhere else. When no daemon answers there, a ./*/run/spx.sock that "
+        "answers is suggested, but only one that you or root own, in directories no one else can write "
+        "(when root runs spx: root's alone); another user's socket is never connected to"))
     p.add_argument("--config", type=Path, help="the daemon's config file")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("submit", help="drop a job file (or, after --, a torchrun/deepspeed/python command line) "

@@ -1,10 +1,10 @@
 """Core: what every other package of the daemon builds on, and which builds on none of them.
 
     config (the daemon's config file and flags) · log (structlog JSON lines) · users (is this uid an
-    admin; its name) · spec (the job file's model) ← spec_yaml (the safe YAML reader it parses with),
-    nodes (a job across hosts: its `nodes:` block) · lanes (off-loop work for users, fair by owner,
-    deadlines from the start) · bounded (the one reader for numbers and structures in files a user
-    writes: JSON with size, depth and number caps, typed fields, Garbage)
+    admin; its name; who reads its logs) · spec (the job file's model) ← spec_yaml (the safe YAML
+    reader it parses with), nodes (a job across hosts: its `nodes:` block) · lanes (off-loop work
+    for users, fair by owner, deadlines from the start) · bounded (the one reader for numbers and
+    structures in files a user writes: JSON with size, depth and number caps, typed fields, Garbage)
 
 The leaf of the package graph (docs/architecture.md): it imports nothing from `spx.daemon`. `bounded`
 is stdlib-only, so `contract` (shared with spx.trainer) may import it.

@@ -71,6 +71,11 @@ class DaemonConfig(BaseModel):
     rescan_seconds: float = Field(5.0, gt=0, description="Spool rescan period, the backstop for inotify overflow.")
     submit_group: str | None = Field(None, description="If set, only root and this group's members may submit.")
     admin_group: str | None = Field(None, description="Members see and cancel every job, not only their own.")
+    log_group: str | None = Field(None, description=(
+        "Who besides root and the job's owner reads a job's logs (attempt-N.log, its rotated .1, the per-rank "
+        "log dir, staging.log): unset, the owner alone (0600; never the owner's primary group, which on many "
+        "hosts is everyone's `users`); set, this group's members too (0640 with this group). A name that is "
+        "no group gives no one else access."))
     healthy_seconds: float = Field(600.0, gt=0, description="An attempt alive this long resets the backoff.")
     log_max_bytes: int = Field(256 * 1024 * 1024, ge=4096, description=(
         "Cap on one attempt log file; past it the log rotates to attempt-N.log.1 (one kept), so an attempt's "

@@ -3,13 +3,17 @@
 Where each lives and who makes it:
 
 - `log/NAME/` — root's (0755, never the user's: a user who could write there could plant a link at
-  the next `attempt-N.log`). Marked with `.job-id`; a reused name moves the earlier job's directory
-  aside as `NAME.job-<id>`. Anything at `log/NAME` that root did not make is moved aside, not used.
-- `log/NAME/attempt-N.log` — created by root in that directory with O_EXCL|O_NOFOLLOW on its fd, mode
-  0640, fchown'd to the owner (who reads it with `spx logs`).
-- `log/NAME/attempt-N.ranks/` (torchrun's --log-dir) and `run/jobs/ID-NAME/` (the heartbeat's
-  directory) — made by root inside those root-only parents and handed to the owner with fchown on
-  the fd: the owner cannot create anything in the parent, so nothing there is theirs to swap.
+  the next `attempt-N.log`). Marked with `.job-id` (root's, 0600); a reused name moves the earlier
+  job's directory aside as `NAME.job-<id>`. Anything at `log/NAME` that root did not make is moved
+  aside, not used.
+- `log/NAME/attempt-N.log` (and its rotated `.1`) — created by root in that directory with
+  O_EXCL|O_NOFOLLOW on its fd, fchown'd to the owner (who reads it with `spx logs`), readable by them
+  alone (0600) or, with the config's `log_group`, by that group too (0640): `core.users.log_access`.
+  `attempt-N.exit` (attempt_monitor.py) is root's alone (0600): only the daemon reads it.
+- `log/NAME/attempt-N.ranks/` (torchrun's --log-dir, 0700, or 0750 with `log_group`) and
+  `run/jobs/ID-NAME/` (the heartbeat's directory) — made by root inside those root-only parents and
+  handed to the owner with fchown on the fd: the owner cannot create anything in the parent, so
+  nothing there is theirs to swap.
 - the checkpoint dir — in the user's tree: created and checked *as the user* (`as_user`), so root
   never mkdirs or chowns through a path the user can rearrange. The default `checkpoints_root/NAME`
   is the one exception: its parent is root's, so root makes that one component and gives it away.
@@ -33,6 +37,7 @@ from spx.daemon.contract.worker_env import Heartbeat
 from spx.daemon.core import bounded
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
+from spx.daemon.core.users import LogAccess, log_access
 from spx.daemon.intake import job_record
 from spx.daemon.run import local_tier
 from spx.daemon.state import jobviews
@@ -49,7 +54,7 @@ __all__ = ["AttemptFiles", "UserPathError", "job_log_dir_fd", "latest_checkpoint
 MARKER = ".job-id"
 MARKER_MAX_BYTES = 64
 LOG_DIR_MODE = 0o755
-LOG_FILE_MODE = 0o640
+MARKER_MODE = 0o600  # the daemon's alone: it reads the marker, nobody else needs to
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,7 @@ class AttemptFiles:
     rank_log_dir: Path     # log_dir / f"attempt-{number}.ranks" — the owner's (torchrun --log-dir)
     heartbeat_file: Path   # jobviews.heartbeat_path(cfg.run_dir, job); its parent dir is the owner's
     checkpoint_dir: Path   # job.spec.checkpoint_dir(cfg.checkpoints_root); created as the owner if missing
-    owner_uid: int = -1    # who the log files are handed to (-1: leave as created)
-    owner_gid: int = -1
+    readers: LogAccess = LogAccess()  # who the log files are handed to, and who else reads them
     local_checkpoint_dir: Path | None = None  # local_tier: host RAM, the owner's (None: the tier is off)
 
     @property
@@ -77,8 +81,7 @@ def paths(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
         rank_log_dir=log_dir / f"attempt-{number}.ranks",
         heartbeat_file=jobviews.heartbeat_path(cfg.run_dir, job),
         checkpoint_dir=job.spec.checkpoint_dir(cfg.checkpoints_root),
-        owner_uid=job.owner_uid,
-        owner_gid=_gid_or_unchanged(job.owner_uid),
+        readers=log_access(job.owner_uid, cfg.log_group),
         local_checkpoint_dir=local_tier.path(cfg, job),
     )
 
@@ -104,13 +107,6 @@ def remove_attempt_logs(cfg: DaemonConfig, job: JobRow, number: int) -> None:
         os.close(fd)
 
 
-def _gid_or_unchanged(uid: int) -> int:
-    try:
-        return as_user.owner(uid).gid
-    except UserPathError:
-        return -1
-
-
 def prepare(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
     """Create or verify everything attempt `number` needs (see the module doc). Raises
     UserPathError with the reason — also when the owner has no account any more."""
@@ -118,7 +114,8 @@ def prepare(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
     files = paths(cfg, job, number)
     log_fd = job_log_dir_fd(cfg, job)
     try:
-        os.close(fsafe.ensure_owned_dir_at(log_fd, files.rank_log_dir.name, 0o750, user.uid, user.gid))
+        os.close(fsafe.ensure_owned_dir_at(log_fd, files.rank_log_dir.name, files.readers.dir_mode, user.uid,
+                                           files.readers.gid))
     finally:
         os.close(log_fd)
     jobs_fd = fsafe.open_root_dir(files.heartbeat_file.parent.parent, 0o755)
@@ -167,10 +164,10 @@ def job_log_dir_fd(cfg: DaemonConfig, job: JobRow) -> int:
     try:
         if _marker(fd) != job.id:
             try:
-                mfd = fsafe.create_excl(fd, MARKER, 0o644)
+                mfd = fsafe.create_excl(fd, MARKER, MARKER_MODE)
             except FileExistsError:  # an odd marker in our own directory: replace it
                 os.unlink(MARKER, dir_fd=fd)
-                mfd = fsafe.create_excl(fd, MARKER, 0o644)
+                mfd = fsafe.create_excl(fd, MARKER, MARKER_MODE)
             try:
                 fsafe.write_all(mfd, f"{job.id}\n".encode())
             finally:
@@ -275,12 +272,12 @@ def open_log_dir(files: AttemptFiles) -> int:
 
 
 def note(files: AttemptFiles, text: str) -> None:
-    """Append "spx: <text>" to the attempt log (created 0640 for the owner if missing); a failure is
+    """Append "spx: <text>" to the attempt log (created for its readers if missing); a failure is
     a warning in the daemon's log, never an exception."""
     try:
         fd = open_log_dir(files)
         try:
-            lfd = fsafe.open_append(fd, files.log_name, LOG_FILE_MODE, files.owner_uid, files.owner_gid)
+            lfd = fsafe.open_append(fd, files.log_name, files.readers.file_mode, files.readers.uid, files.readers.gid)
         finally:
             os.close(fd)
         try:

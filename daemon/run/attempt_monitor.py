@@ -9,7 +9,8 @@ an attempt that may have finished — a job run to its end twice. So, like conmo
 small stdlib process sits between: it forks the exec shim (SHIM_ARGV + its own request and status
 pipes), passes it the launch request read whole from REQUEST_FD and passes its status on to STATUS_FD
 (so it knows whether the attempt's argv was exec'd), waits for it, writes its exit status durably to
-NAME in the root-owned directory DIR_FD (temp file, fsync, rename, fsync dir),
+NAME in the root-owned directory DIR_FD (temp file, fsync, rename, fsync dir; 0600: only the
+daemon reads it, and how a job ended is its owner's business — `spx status` says it to them),
 and then ends the way its child ended (same exit code, or killed by the same signal), so the daemon,
 its parent, reads the status from its own Popen exactly as before.
 
@@ -44,11 +45,14 @@ import signal
 import sys
 import time
 
+RECORD_MODE = 0o600
+
 
 def write_record(dir_fd: int, name: str, record: dict) -> None:
     tmp = f".{name}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, RECORD_MODE, dir_fd=dir_fd)
     try:
+        os.fchmod(fd, RECORD_MODE)  # a stale temp file of the same name kept its mode through O_TRUNC
         os.write(fd, json.dumps(record).encode())
         os.fsync(fd)
     finally:

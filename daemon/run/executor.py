@@ -30,6 +30,7 @@ from pathlib import Path
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
+from spx.daemon.core.users import log_access
 from spx.daemon.run import (
     attempt_files,
     cgroups,
@@ -300,7 +301,8 @@ class Executor:
         stage = job.spec.data.stage
         assert stage is not None
         h = self.handles[job.id] = Handles(number=s.number, staging_text=job.staging)
-        h.staging = start_staging(job.id, stage.source, stage.to, job.owner_uid, attempt_files.staging_log(self.cfg, job))
+        h.staging = start_staging(job.id, stage.source, stage.to, job.owner_uid, attempt_files.staging_log(self.cfg, job),
+                                  log_access(job.owner_uid, self.cfg.log_group))
         self._log(job, s, step_types.Log("staging_started", "info", (("source", str(stage.source)), ("to", str(stage.to)))))
         return []
 
@@ -401,7 +403,8 @@ class Executor:
             try:
                 fd = attempt_files.open_log_dir(files)
                 try:
-                    spawned = launcher.spawn(plan, job.owner_uid, fd, files.log_name, h.cgroup, self.cfg.log_max_bytes)
+                    spawned = launcher.spawn(plan, job.owner_uid, fd, files.log_name, h.cgroup, self.cfg.log_max_bytes,
+                                             readers=files.readers)
                 finally:
                     os.close(fd)
             except BaseException:
@@ -455,7 +458,7 @@ class Executor:
             fd = attempt_files.job_log_dir_fd(self.cfg, job)
             try:
                 ready = standby.start(number, attempt_id, plan, job.owner_uid, fd, files.log_name, cgroup,
-                                      self.cfg.log_max_bytes)
+                                      self.cfg.log_max_bytes, readers=files.readers)
             finally:
                 os.close(fd)
         except (OSError, KeyError) as e:

@@ -22,6 +22,7 @@ from pathlib import Path
 from spx.daemon.contract import worker_env
 from spx.daemon.core import bounded
 from spx.daemon.core.spec import JobSpec
+from spx.daemon.core.users import LogAccess, log_access
 from spx.daemon.run import rendezvous
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -171,12 +172,14 @@ class Spawned:
         return self.relay.pid
 
 
-def start_relay(log_dir_fd: int, log_name: str, max_log_bytes: int, uid: int, gid: int,
+def start_relay(log_dir_fd: int, log_name: str, max_log_bytes: int, readers: LogAccess,
                 source_fd: int) -> subprocess.Popen:
     """The log relay (log_relay.py) reading `source_fd`, writing `log_name` in the directory
-    `log_dir_fd`. Its own session: a group kill of the attempt must not cut off the attempt's last words."""
+    `log_dir_fd`, for `readers` to read. Its own session: a group kill of the attempt must not cut off
+    the attempt's last words."""
     return subprocess.Popen(
-        [sys.executable, "-I", "-S", str(RELAY), str(log_dir_fd), log_name, str(max_log_bytes), str(uid), str(gid)],
+        [sys.executable, "-I", "-S", str(RELAY), str(log_dir_fd), log_name, str(max_log_bytes), str(readers.uid),
+         str(readers.gid), f"{readers.file_mode:o}"],
         cwd="/", env=SHIM_ENV, stdin=source_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         close_fds=True, pass_fds=(log_dir_fd,), start_new_session=True,
     )
@@ -228,15 +231,16 @@ def recorded_exit(log_dir: Path, log_name: str, attempt_id: str) -> ExitRecord |
 
 
 def spawn(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Path | None,
-          max_log_bytes: int) -> Spawned:
+          max_log_bytes: int, readers: LogAccess | None = None) -> Spawned:
     """Start the attempt as `uid` in a new session (and in `cgroup`, if given) through the attempt
     monitor (attempt_monitor.py, the session leader: it records the exit status in the log dir, see
     `recorded_exit`) and the exec shim (enter_attempt.py); stdout+stderr go through a log relay into
     `log_name` inside the directory `log_dir_fd` (root's), capped at `max_log_bytes` per file with one
-    rotated file. Returns once the attempt's argv has been exec'd; raises OSError, as subprocess would,
-    when any step before that failed (the relay then has the shim's last words in the log and has
-    exited). The plan's SPX_ATTEMPT_ID ties the exit record to this attempt."""
-    started = start_monitor(plan, uid, log_dir_fd, log_name, cgroup, max_log_bytes)
+    rotated file, readable by `readers` (default: the owner alone). Returns once the attempt's argv has
+    been exec'd; raises OSError, as subprocess would, when any step before that failed (the relay then
+    has the shim's last words in the log and has exited). The plan's SPX_ATTEMPT_ID ties the exit
+    record to this attempt."""
+    started = start_monitor(plan, uid, log_dir_fd, log_name, cgroup, max_log_bytes, readers=readers)
     raise_launch_failure(started, started.status_r)
     return Spawned(proc=started.proc, relay=started.relay)
 
@@ -254,10 +258,11 @@ class Started:
 
 
 def start_monitor(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Path | None,
-                  max_log_bytes: int, standby: bool = False) -> Started:
+                  max_log_bytes: int, standby: bool = False, readers: LogAccess | None = None) -> Started:
     """The attempt monitor and its log relay, started; the shim's status is the caller's to read
     (`raise_launch_failure`). With `standby`, the monitor keeps the attempt's stdin pipe and waits
-    for a plan (attempt_monitor.py's doc; standby.py)."""
+    for a plan (attempt_monitor.py's doc; standby.py). The log is for `readers` (core.users.log_access;
+    default: the owner alone)."""
     attempt_id = plan.env.get(worker_env.ENV_ATTEMPT_ID, "")
     user = pwd.getpwuid(uid)
     as_other = uid != os.getuid()
@@ -270,7 +275,7 @@ def start_monitor(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cg
     }
     out_r, out_w = os.pipe()
     try:
-        relay = start_relay(log_dir_fd, log_name, max_log_bytes, uid, user.pw_gid, out_r)
+        relay = start_relay(log_dir_fd, log_name, max_log_bytes, readers or log_access(uid, None), out_r)
     except BaseException:
         os.close(out_w)
         raise

@@ -1,6 +1,6 @@
 """The per-attempt log relay: the attempt's stdout+stderr pipe → a size-capped, rotated log file.
 
-    python -I -S .../spx/daemon/run/log_relay.py DIR_FD NAME MAX_BYTES UID GID   (launcher.spawn runs this)
+    python -I -S .../spx/daemon/run/log_relay.py DIR_FD NAME MAX_BYTES UID GID MODE   (launcher.spawn runs this)
 
 Why a relay and not the file as the attempt's stdout: a job that prints without end would fill the
 log filesystem (shared with every other job, and often with the state store), and a full disk would
@@ -11,9 +11,10 @@ blocks on its output.
 Contract:
 - Reads stdin (the read end of the attempt's pipe) until EOF — every writer gone — then exits 0.
 - Appends to NAME inside the directory DIR_FD (root-owned; opened with O_APPEND|O_CREAT|O_NOFOLLOW,
-  mode 0640, fchown'd to UID:GID so the owner can read their log). Before a write would take the file
-  past MAX_BYTES it renames NAME to NAME.1 (replacing an older NAME.1) and starts a new NAME: a job's
-  logs use at most 2 × MAX_BYTES.
+  given MODE (octal) and fchown'd to UID:GID on its fd so the owner can read their log: 0600, or 0640
+  with the config's `log_group` as GID — core.users.log_access). Before a write would take the file
+  past MAX_BYTES it renames NAME to NAME.1 (replacing an older NAME.1, and keeping its owner and
+  mode) and starts a new NAME: a job's logs use at most 2 × MAX_BYTES.
 - A write that fails with ENOSPC, EDQUOT, EFBIG or EIO drops that output and counts it; the first
   write that works again is preceded by a line saying how many bytes were dropped and why.
 - Never raises on the job's output; the daemon may write its own `spx:` notes into NAME at any time
@@ -39,25 +40,31 @@ OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBL
 class Relay:
     """The file side of the relay: open, rotate, write or drop. One instance per attempt log."""
 
-    def __init__(self, dir_fd: int, name: str, max_bytes: int, uid: int, gid: int):
+    def __init__(self, dir_fd: int, name: str, max_bytes: int, uid: int, gid: int, mode: int = 0o600):
         self.dir_fd = dir_fd
         self.name = name
         self.max_bytes = max(max_bytes, 1)
         self.uid = uid
         self.gid = gid
+        self.mode = mode
         self.fd: int | None = None
         self.dropped = 0
         self.drop_reason: str | None = None
 
     def _open(self) -> int:
         if self.fd is None:
-            fd = os.open(self.name, OPEN_FLAGS, 0o640, dir_fd=self.dir_fd)
-            st = os.fstat(fd)
-            if (st.st_mode & 0o170000) != 0o100000:  # not a regular file: never write into it
+            fd = os.open(self.name, OPEN_FLAGS, self.mode, dir_fd=self.dir_fd)
+            try:
+                st = os.fstat(fd)
+                if (st.st_mode & 0o170000) != 0o100000:  # not a regular file: never write into it
+                    raise OSError(errno.EINVAL, "not a regular file", self.name)
+                if st.st_mode & 0o7777 != self.mode:  # the umask's, or an older file's
+                    os.fchmod(fd, self.mode)
+                if (st.st_uid, st.st_gid) != (self.uid, self.gid):
+                    os.fchown(fd, self.uid, self.gid)
+            except OSError:
                 os.close(fd)
-                raise OSError(errno.EINVAL, "not a regular file", self.name)
-            if (st.st_uid, st.st_gid) != (self.uid, self.gid):
-                os.fchown(fd, self.uid, self.gid)
+                raise
             self.fd = fd
         return self.fd
 
@@ -115,10 +122,11 @@ def relay(source_fd: int, sink: Relay) -> None:
 
 def main(argv: list[str]) -> int:
     dir_fd, name, max_bytes, uid, gid = int(argv[1]), argv[2], int(argv[3]), int(argv[4]), int(argv[5])
+    mode = int(argv[6], 8)
     # The daemon's stop signals are for the daemon; the relay ends when its pipe does.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    relay(0, Relay(dir_fd, name, max_bytes, uid, gid))
+    relay(0, Relay(dir_fd, name, max_bytes, uid, gid, mode))
     return 0
 
 

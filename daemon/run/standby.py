@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from spx.daemon.core.users import LogAccess
 from spx.daemon.run import launcher
 
 AGENT = Path(__file__).with_name("standby_agent.py")
@@ -102,15 +103,16 @@ class Standby:
 
 
 def start(number: int, attempt_id: str, plan: launcher.LaunchPlan, uid: int, log_dir_fd: int, log_name: str,
-          cgroup: Path | None, max_log_bytes: int) -> Standby | None:
+          cgroup: Path | None, max_log_bytes: int, readers: LogAccess | None = None) -> Standby | None:
     """A standby for attempt `number` from a provisional `plan` (its GPUs, port and checkpoint may
     still change: only the interpreter, working directory, module and user count), or None where
     the plan's launcher gets none. It sees no GPU until its plan (standby_agent.py). Does not wait
-    for the agent's start: its errors come at `go`."""
+    for the agent's start: its errors come at `go`. Its log is the attempt's, for `readers`."""
     module = module_of(plan)
     if module is None:
         return None
     env = {k: v for k, v in plan.env.items() if k != "CUDA_DEVICE_ORDER"} | {"CUDA_VISIBLE_DEVICES": ""}
     agent = launcher.LaunchPlan(argv=[plan.argv[0], str(AGENT), PREIMPORTS[module], module], env=env, cwd=plan.cwd)
-    started = launcher.start_monitor(agent, uid, log_dir_fd, log_name, cgroup, max_log_bytes, standby=True)
+    started = launcher.start_monitor(agent, uid, log_dir_fd, log_name, cgroup, max_log_bytes, standby=True,
+                                     readers=readers)
     return Standby(number, attempt_id, cgroup, plan.argv[0], plan.cwd, module, time.monotonic(), started)

@@ -10,6 +10,11 @@ on its own thread (at most MAX_CLIENTS at once, MAX_PER_UID of them for one uid;
 reply at once), the whole request must arrive within REQUEST_SECONDS (a client sending a byte every few
 seconds is cut off, not waited for per recv), a request over MAX_REQUEST bytes is refused, and every
 request gets a JSON reply -- an error one when it is malformed, late, too large or the answer failed.
+
+The client (`request`, what `spx` uses) is bounded the same way against whatever listens where it
+connects: the whole exchange has one deadline (not one per recv, which a server dripping a byte at a
+time would stretch forever) and a reply over MAX_REPLY bytes is cut off with an error reply, never read
+on into memory. `spx` connects only to the socket its config names (cli/socket_hint.py).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from spx.daemon.userfs import fsafe
 
 log = get_logger()
 MAX_REQUEST = 64 * 1024
+# Far above any real reply (`spx ls --all` is ~0.5 KiB a job: some 100,000 jobs), far below harm.
+MAX_REPLY = 64 * 1024 * 1024
 MAX_CLIENTS = 32
 MAX_PER_UID = 8
 REQUEST_SECONDS = 5.0  # to receive the whole request line
@@ -228,24 +235,36 @@ def _encode(reply: dict) -> bytes:
 
 
 def request(path: Path, op: str, name: str | None = None, timeout: float = 35.0, arg: str | None = None) -> dict:
-    """Client side (used by `spx`). Raises OSError if the daemon is not listening; a connection closed
-    without a reply is an error reply, not an exception."""
+    """Client side (used by `spx`). Raises OSError if the daemon is not listening, TimeoutError (an
+    OSError) if the whole reply has not come within `timeout` seconds of the start; a connection closed
+    without a reply, or a reply over MAX_REPLY bytes, is an error reply, not an exception."""
+    deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(str(path))
         try:
+            s.settimeout(max(deadline - time.monotonic(), 0.001))
             s.sendall(json.dumps({"op": op, "name": name, **({"arg": arg} if arg is not None else {})}).encode() + b"\n")
         except (BrokenPipeError, ConnectionResetError):
             pass  # the daemon answered (e.g. "busy") and closed before reading: its reply is still there
-        data = b""
+        data = bytearray()
         while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no whole reply on {path} within {timeout:g} s")
+            s.settimeout(left)
             try:
-                chunk = s.recv(65536)
+                chunk = s.recv(min(1 << 20, MAX_REPLY + 1 - len(data)))
             except ConnectionResetError:
                 break
+            except TimeoutError:
+                raise TimeoutError(f"no whole reply on {path} within {timeout:g} s") from None
             if not chunk:
                 break
             data += chunk
+            if len(data) > MAX_REPLY:
+                return {"ok": False, "code": 1, "error": f"the reply on {path} is larger than {MAX_REPLY >> 20} MiB: "
+                                                         "cut off unread (is that the daemon's socket?)"}
     try:
         reply = json.loads(data)
     except ValueError:

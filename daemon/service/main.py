@@ -24,6 +24,7 @@ from pathlib import Path
 
 from spx.daemon.core.config import ConfigError, load_config
 from spx.daemon.core.log import configure, get_logger
+from spx.daemon.core.users import log_access
 from spx.daemon.gpu.backend import open_backend
 from spx.daemon.run import cgroups
 from spx.daemon.service import handover
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
              reason=why)
     if backend.kind == "none":
         log.warning("no_gpus", detail=backend.description + "; only CPU jobs (gpus: 0) will run")
+    if cfg.log_group and not log_access(0, cfg.log_group).group_reads:
+        log.warning("log_group_missing", log_group=cfg.log_group,
+                    detail="no such group: job logs are readable by their owners alone")
     daemon = Daemon(cfg, backend, Notifier.from_env(), cgroup_tree)
     install_signal_handlers(daemon, early_stop)
     return daemon.run()

@@ -3,8 +3,8 @@
 The copier is `python -m spx.daemon.staging.copier SRC DST` in its own process (running as the owner,
 with the owner's groups, so the user's permissions apply, and killable like any attempt); this module
 reads its JSON progress lines without blocking the main loop and turns them into the job's `staging`
-text, noted in `log/NAME/staging.log` (root's directory; the file is the owner's to read, written
-through `fsafe`).
+text, noted in `log/NAME/staging.log` (root's directory; the file is the owner's to read, and the
+config's `log_group`'s if set, as the attempt logs are: written through `fsafe`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spx.daemon.core.log import get_logger
+from spx.daemon.core.users import LogAccess, log_access
 from spx.daemon.staging import copier
 from spx.daemon.userfs import as_user, fsafe
 
@@ -28,8 +29,7 @@ class StagingRun:
     job_id: int
     proc: subprocess.Popen
     log_file: Path
-    owner_uid: int = -1
-    owner_gid: int = -1
+    readers: LogAccess = LogAccess()
     buffer: bytes = b""
     last: copier.StageProgress | copier.StageResult | copier.StageFailure | None = None
     lines: list[str] = field(default_factory=list)
@@ -58,7 +58,8 @@ class StagingRun:
 
     def _note(self, line: str) -> None:
         try:
-            fsafe.append_text(self.log_file, self.log_file.parent.parent, line, 0o640, self.owner_uid, self.owner_gid)
+            fsafe.append_text(self.log_file, self.log_file.parent.parent, line, self.readers.file_mode,
+                              self.readers.uid, self.readers.gid)
         except OSError as e:
             log.warning("staging_log_failed", job=self.log_file.parent.name, attempt=None, error=str(e))
 
@@ -74,13 +75,15 @@ class StagingRun:
         return self.proc.returncode == 0 and isinstance(self.last, copier.StageResult)
 
 
-def start_staging(job_id: int, src: Path, dst: Path, uid: int, log_file: Path) -> StagingRun:
-    """Start the copier as `uid` with its groups; UserPathError (an OSError) if the account is gone."""
+def start_staging(job_id: int, src: Path, dst: Path, uid: int, log_file: Path,
+                  readers: LogAccess | None = None) -> StagingRun:
+    """Start the copier as `uid` with its groups; UserPathError (an OSError) if the account is gone.
+    Its log is for `readers` (core.users.log_access; default: the owner alone)."""
     user = as_user.owner(uid)
     proc = copier.spawn(src, dst, uid=uid, gid=user.gid, groups=list(user.groups))
     assert proc.stdout is not None
     os.set_blocking(proc.stdout.fileno(), False)
-    return StagingRun(job_id, proc, log_file, user.uid, user.gid)
+    return StagingRun(job_id, proc, log_file, readers or log_access(user.uid, None))
 
 
 def staging_done(staging_text: str | None) -> bool:

@@ -301,16 +301,24 @@ def create_excl(dir_fd: int, name: str, mode: int, uid: int = -1, gid: int = -1,
 
 def open_append(dir_fd: int, name: str, mode: int, uid: int = -1, gid: int = -1) -> int:
     """A write fd (O_APPEND) on `name` in `dir_fd`: created as by `create_excl`, or an existing
-    regular file with one link owned by `uid` or the daemon (never a link, FIFO or someone else's)."""
+    regular file with one link owned by `uid` or the daemon (never a link, FIFO or someone else's),
+    given `mode`, `uid` and `gid` on its fd if it had others (a file from before a change of them)."""
     try:
         return create_excl(dir_fd, name, mode, uid, gid, os.O_APPEND)
     except FileExistsError:
         pass
     fd = open_regular(dir_fd, name, os.O_WRONLY | os.O_APPEND)
-    st = os.fstat(fd)
-    if st.st_nlink != 1 or st.st_uid not in (uid, os.geteuid()):
+    try:
+        st = os.fstat(fd)
+        if st.st_nlink != 1 or st.st_uid not in (uid, os.geteuid()):
+            raise UserPathError(errno.EPERM, f"{name} has {st.st_nlink} links or belongs to uid {st.st_uid}")
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
+        if (uid != -1 and st.st_uid != uid) or (gid != -1 and st.st_gid != gid):
+            os.fchown(fd, uid, gid)
+    except BaseException:
         os.close(fd)
-        raise UserPathError(errno.EPERM, f"{name} has {st.st_nlink} links or belongs to uid {st.st_uid}")
+        raise
     return fd
 
 

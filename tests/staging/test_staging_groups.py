@@ -63,7 +63,7 @@ def test_a_group_readable_source_stages_as_a_supplementary_member(users):
         st = os.stat(dst / "shard.bin")
         assert st.st_uid == owner.pw_uid and (dst / "shard.bin").read_bytes() == b"s" * 4096
         lst = os.lstat(logs / "staging.log")
-        assert lst.st_uid == owner.pw_uid and lst.st_mode & 0o777 == 0o640
+        assert lst.st_uid == owner.pw_uid and lst.st_mode & 0o777 == 0o600, "the owner's alone (no log_group)"
         assert "staged" in (logs / "staging.log").read_text()
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -129,12 +129,32 @@ def test_prepare_makes_root_log_dir_and_owner_dirs(users, cfg):
     assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o755
     for d in (files.rank_log_dir, files.heartbeat_file.parent, files.checkpoint_dir):
         assert os.lstat(d).st_uid == owner.pw_uid, d
+    assert stat.S_IMODE(os.lstat(files.rank_log_dir).st_mode) == 0o700, "the rank logs are the owner's alone"
+    marker = os.lstat(files.log_dir / ".job-id")
+    assert (marker.st_uid, stat.S_IMODE(marker.st_mode)) == (0, 0o600)
     attempt_files.note(files, "attempt 1 starts")
     log_st = os.lstat(files.log_file)
-    assert (log_st.st_uid, stat.S_IMODE(log_st.st_mode)) == (owner.pw_uid, 0o640)
+    assert (log_st.st_uid, stat.S_IMODE(log_st.st_mode)) == (owner.pw_uid, 0o600)
     assert files.log_file.read_text() == "spx: attempt 1 starts\n"
     assert attempt_files.read_log_tail(files, 7) == b"starts\n"
     assert run_as(owner, ["ln", "-s", "/etc/shadow", str(files.log_dir / "attempt-2.log")]).returncode != 0
+
+
+def test_a_log_group_reads_the_logs_and_an_older_logs_mode_is_corrected(users, cfg):
+    owner, victim, group = users
+    files = attempt_files.prepare(cfg.model_copy(update={"log_group": group.gr_name}), job_row(owner), 1)
+    assert files.readers.group_reads and files.readers.gid == group.gr_gid
+    rank = os.lstat(files.rank_log_dir)
+    assert (rank.st_uid, rank.st_gid, stat.S_IMODE(rank.st_mode)) == (owner.pw_uid, group.gr_gid, 0o750)
+    files.log_file.write_text("older\n")
+    os.chown(files.log_file, owner.pw_uid, victim.pw_gid)
+    files.log_file.chmod(0o644)  # an older daemon's log: the owner's primary group and everyone read it
+    attempt_files.note(files, "attempt 1 starts")
+    st = os.lstat(files.log_file)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (owner.pw_uid, group.gr_gid, 0o640)
+    assert files.log_file.read_text() == "older\nspx: attempt 1 starts\n"
+    unset = attempt_files.paths(cfg.model_copy(update={"log_group": "spx-no-such-group"}), job_row(owner), 1)
+    assert not unset.readers.group_reads and unset.readers.file_mode == 0o600, "no group: the owner alone"
 
 
 def test_prepare_retires_a_reused_names_logs_and_survives_odd_markers(users, cfg):

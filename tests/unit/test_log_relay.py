@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import small_tmpfs, wait_for
+from spx.daemon.core.users import LogAccess
 from spx.daemon.run import launcher
 
 KIB = 1024
@@ -23,11 +24,11 @@ KIB = 1024
 class RelayUnderTest:
     """A relay started as spawn starts it, fed from a pipe this test writes."""
 
-    def __init__(self, log_dir: Path, name: str, max_bytes: int):
+    def __init__(self, log_dir: Path, name: str, max_bytes: int, readers: LogAccess | None = None):
         self.dir_fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY)
         r, self.w = os.pipe()
         try:
-            self.proc = launcher.start_relay(self.dir_fd, name, max_bytes, os.getuid(), os.getgid(), r)
+            self.proc = launcher.start_relay(self.dir_fd, name, max_bytes, readers or LogAccess(os.getuid(), os.getgid()), r)
         finally:
             os.close(r)
 
@@ -50,8 +51,9 @@ class RelayUnderTest:
 def relay(tmp_path) -> Iterator[callable]:
     started: list[RelayUnderTest] = []
 
-    def start(max_bytes: int, log_dir: Path = tmp_path, name: str = "attempt-1.log") -> RelayUnderTest:
-        started.append(RelayUnderTest(log_dir, name, max_bytes))
+    def start(max_bytes: int, log_dir: Path = tmp_path, name: str = "attempt-1.log",
+              readers: LogAccess | None = None) -> RelayUnderTest:
+        started.append(RelayUnderTest(log_dir, name, max_bytes, readers))
         return started[-1]
 
     yield start
@@ -69,7 +71,18 @@ def test_eof_ends_the_relay_with_everything_written(relay, tmp_path):
     r.write(b"hello\nworld\n")
     assert r.close() == 0
     assert (tmp_path / "attempt-1.log").read_bytes() == b"hello\nworld\n"
-    assert oct((tmp_path / "attempt-1.log").stat().st_mode & 0o777) == oct(0o640)
+    assert oct((tmp_path / "attempt-1.log").stat().st_mode & 0o777) == oct(0o600), "the owner's alone"
+
+
+def test_a_log_group_reads_the_log_and_an_older_files_mode_is_corrected(relay, tmp_path):
+    (tmp_path / "attempt-1.log").write_bytes(b"before\n")
+    (tmp_path / "attempt-1.log").chmod(0o644)  # an older daemon's, or the umask's
+    r = relay(1024 * KIB, readers=LogAccess(os.getuid(), os.getgid(), group_reads=True))
+    r.write(b"after\n")
+    assert r.close() == 0
+    st = (tmp_path / "attempt-1.log").stat()
+    assert (oct(st.st_mode & 0o777), st.st_gid) == (oct(0o640), os.getgid())
+    assert (tmp_path / "attempt-1.log").read_bytes() == b"before\nafter\n"
 
 
 def test_the_log_rotates_at_the_cap_and_keeps_one_older_file(relay, tmp_path):
@@ -116,7 +129,7 @@ def test_a_writer_that_never_stops_is_never_blocked_and_the_disk_use_stays_cappe
          "while True:\n    n += os.write(1, block)\n    if n % (64 << 20) < 65536: open(sys.argv[1], 'w').write(str(n))\n",
          str(count)], stdout=w)
     try:
-        proc = launcher.start_relay(dir_fd, "attempt-1.log", cap, os.getuid(), os.getgid(), r)
+        proc = launcher.start_relay(dir_fd, "attempt-1.log", cap, LogAccess(os.getuid(), os.getgid()), r)
     finally:
         os.close(r)
         os.close(w)

@@ -146,9 +146,9 @@ def test_the_log_belongs_to_the_owner_and_is_capped(tmp_path, nobody):
     assert spawned.proc.wait(timeout=30) == 0
     assert spawned.relay.wait(timeout=30) == 0
     log, old = tmp_path / "attempt.log", tmp_path / "attempt.log.1"
-    for f in (log, old):
+    for f in (log, old):  # the owner's alone: not their primary group's (on many hosts, everyone's)
         st = f.stat()
-        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (nobody.pw_uid, nobody.pw_gid, 0o640)
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (nobody.pw_uid, nobody.pw_gid, 0o600)
         assert st.st_size <= 64 * 1024
     assert log.read_text().splitlines()[-1].startswith("0003999 "), "the newest output is in the log"
 
@@ -173,6 +173,8 @@ def test_the_monitor_records_the_exit_and_ends_as_the_launcher_did(tmp_path):
     assert ended_since(record, t0) == launcher.ExitRecord(True, 7, None, stopped=False)
     assert launcher.recorded_exit(tmp_path, "attempt-1.log", "another-attempt") is None
     assert not list(tmp_path.glob(".*tmp*")), "the record is renamed into place"
+    st = (tmp_path / "attempt-1.exit").stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (os.getuid(), 0o600), "the record is the daemon's alone"
 
 
 def test_a_stop_of_the_group_reaches_the_job_and_the_monitor_records_it(tmp_path):
