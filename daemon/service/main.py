@@ -37,6 +37,7 @@ from spx.daemon.gpu.health import HealthGate, fatal_xid, xid_reason
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.run import cgroups, proctree, scheduler, step_types
+from spx.daemon.run.device_filter import DeviceFilters
 from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service import handover
@@ -71,7 +72,7 @@ def _version() -> str:
 
 class Daemon:
     def __init__(self, cfg: DaemonConfig, backend: GpuBackend, notifier: Notifier,
-                 cgroup_tree: cgroups.CgroupTree | None = None):
+                 cgroup_tree: cgroups.CgroupTree | None = None, cgroups_reason: str = "cgroups: off"):
         self.cfg = cfg
         self.backend = backend
         self.notifier = notifier
@@ -83,8 +84,12 @@ class Daemon:
         self._prepare_dirs()
         self.store = Store(cfg.store_path)
         self.backups = Backups(cfg.store_path, cfg.backup_dir, cfg.backup_every_seconds, cfg.backup_keep)
+        # Which /dev/nvidiaN an attempt may open (its GPUs' minors); logged and recorded once here.
+        self.device_filters = DeviceFilters({d.index: d.minor for d in backend.devices()},
+                                            None if cgroup_tree else cgroups_reason,
+                                            functools.partial(handover.mark_device_filter, cfg.run_dir))
         self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"),
-                                     gpu_computing=backend.computing)
+                                     gpu_computing=backend.computing, device_filters=self.device_filters)
         self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake)
@@ -540,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
              reason=why)
     if backend.kind == "none":
         log.warning("no_gpus", detail=backend.description + "; only CPU jobs (gpus: 0) will run")
-    daemon = Daemon(cfg, backend, Notifier.from_env(), cgroup_tree)
+    daemon = Daemon(cfg, backend, Notifier.from_env(), cgroup_tree, why)
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)
     signal.signal(signal.SIGHUP, daemon.request_reload)
