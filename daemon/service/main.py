@@ -72,7 +72,7 @@ def _version() -> str:
 
 class Daemon:
     def __init__(self, cfg: DaemonConfig, backend: GpuBackend, notifier: Notifier,
-                 cgroup_tree: cgroups.CgroupTree | None = None, cgroups_reason: str = "cgroups: off"):
+                 cgroup_tree: cgroups.CgroupTree | None = None, cgroups_reason: str = "no cgroup tree given"):
         self.cfg = cfg
         self.backend = backend
         self.notifier = notifier
