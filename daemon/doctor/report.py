@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spx.daemon.doctor import gpu_checks
+from spx.daemon.doctor import device_checks, gpu_checks
 from spx.daemon.doctor.check import STATUSES, SYMBOL, Check
 from spx.daemon.doctor.hostprobe import (
     ContainerFacts,
@@ -52,6 +52,7 @@ class DoctorContext:
 
     spool_dir: Path = Path("/var/spool/spx")
     state_dir: Path = Path("/var/lib/spx")
+    run_dir: Path = Path("/run/spx")
     checkpoints_root: Path = Path("/checkpoints")
     backend: Any = None
     worker_python: str | None = sys.executable
@@ -80,7 +81,8 @@ class DoctorContext:
     def from_config(cls, config: Any, backend: Any, **overrides: Any) -> DoctorContext:
         """From a DaemonConfig: its spool, state and checkpoints paths and submit group."""
         return cls(
-            spool_dir=config.spool_dir, state_dir=config.state_dir, checkpoints_root=config.checkpoints_root,
+            spool_dir=config.spool_dir, state_dir=config.state_dir, run_dir=config.run_dir,
+            checkpoints_root=config.checkpoints_root,
             submit_group=config.submit_group, backend=backend, **overrides,
         )
 
@@ -344,6 +346,7 @@ CHECKS: list[tuple[str, Callable[[DoctorContext], Check | list[Check]]]] = [
     ("bf16", gpu_checks.check_bf16),
     ("driver", gpu_checks.check_driver),
     ("quarantine", lambda ctx: gpu_checks.check_quarantine(ctx.state_dir)),
+    ("gpu-devices", device_checks.check_gpu_devices),
     ("checkpoints", check_checkpoints),
     ("staging", check_staging),
     ("spool", check_spool),

@@ -42,6 +42,7 @@ class GpuDevice:
     name: str
     memory_total_bytes: int
     pci_bus_id: str
+    minor: int | None  # N of /dev/nvidiaN (NVML's minor number, not always the index); None: NVML cannot say
 
 
 def _text(value: Any) -> str:
@@ -78,6 +79,11 @@ class GpuBackend:
             except nvml.NVMLError as err:  # lost already at start: listed (up 0), never healthy or allocated
                 log.warning("gpu_unusable_at_start", gpu=index, error=str(err))
                 memory_total = 0
+            try:
+                minor: int | None = int(nvml.nvmlDeviceGetMinorNumber(handle))
+            except nvml.NVMLError as err:  # no job is let open a node NVML cannot name (device_filter)
+                log.warning("gpu_minor_unknown", gpu=index, error=str(err))
+                minor = None
             self._handles.append(handle)
             self._devices.append(
                 GpuDevice(
@@ -86,6 +92,7 @@ class GpuBackend:
                     name=_text(nvml.nvmlDeviceGetName(handle)),
                     memory_total_bytes=memory_total,
                     pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
+                    minor=minor,
                 )
             )
 

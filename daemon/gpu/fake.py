@@ -220,6 +220,11 @@ class FakeNvml:
         return str(self._dev(handle).spec["uuid"])
 
     @_api
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        """/dev/nvidiaN's N: the fixture's `minor`, else the index (real hosts may differ)."""
+        return int(self._dev(handle).spec.get("minor", self._dev(handle).index))
+
+    @_api
     def nvmlDeviceGetSerial(self, handle: Any) -> str:
         return str(self._dev(handle).spec.get("serial", ""))
 

@@ -12,7 +12,8 @@
     resume_fallback (the crash-loop fallback checkpoint), attempt_files (the attempt's files,
     safely), checkpoint_report (what discovery decided), local_tier (the host-local checkpoint
     dir), timeline (where a restart spent its time), lease_keeper (the job's `.spx/` lease),
-    proctree/cgroups (the processes), log_relay (the capped attempt log), rootcause/oom (why it ended);
+    proctree/cgroups (the processes), device_filter (the attempt cgroup's device program: only its
+    GPUs' /dev/nvidiaN open), log_relay (the capped attempt log), rootcause/oom (why it ended);
     invalid_specs (at start: a job whose accepted spec this version refuses ends failed).
 
 Third stage of the flow spool → intake → state → run → workers; the only writer of job states after

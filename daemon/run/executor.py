@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +35,7 @@ from spx.daemon.run import (
     attempt_files,
     cgroups,
     checkpoint_report,
+    device_filter,
     exit_wake,
     gang,
     launcher,
@@ -105,7 +106,8 @@ class Executor:
     def __init__(self, cfg: DaemonConfig, store: Store, cgroup_tree: cgroups.CgroupTree | None,
                  wake: Callable[[], None] = lambda: None, wall: Callable[[], float] = time.time,
                  clock: Callable[[], float] = time.monotonic,
-                 gpu_computing: Callable[[int], bool | None] | None = None):
+                 gpu_computing: Callable[[int], bool | None] | None = None,
+                 device_filters: device_filter.DeviceFilters | None = None):
         self.cfg = cfg
         self.store = store
         self.cgroups = cgroup_tree
@@ -113,6 +115,7 @@ class Executor:
         self.clock = clock
         self._wake = wake
         self.gpu_computing = gpu_computing  # backend.computing: None means "cannot say" (busy)
+        self.device_filters = device_filters  # which /dev/nvidiaN an attempt's cgroup may open (None: no filter)
         self._pool = ThreadPoolExecutor(max_workers=SLOW_WORKERS, thread_name_prefix="spx-slow")
         self._done: queue.SimpleQueue[tuple[int, Callable[[], step_types.Observation]]] = queue.SimpleQueue()
         self.handles: dict[int, Handles] = {}
@@ -397,9 +400,11 @@ class Executor:
         attempt_files.note(files, f"attempt {a.number} of job {job.name} at "
                                   f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}; {resumed}\n"
                                   f"gpus {list(s.gpus) or 'none'}, port {port}, argv {plan.argv}")
-        spawned = self._go_standby(job, a.number, h, plan)
+        spawned, confined = self._go_standby(job, a.number, h, plan, s.gpus)
         if spawned is None:
             h.cgroup = self._make_attempt_cgroup(job, a.number, h.attempt_id or "")
+            confined = (h.cgroup is not None and self.device_filters is not None
+                        and self.device_filters.confine(h.cgroup, s.gpus, job.name, a.number))
             try:
                 fd = attempt_files.open_log_dir(files)
                 try:
@@ -430,7 +435,8 @@ class Executor:
         self._log(job, s, step_types.Log("attempt_started", "info", (
             ("pid", spawned.proc.pid), ("gpus", list(s.gpus)), ("port", port),
             ("cgroup", str(h.cgroup) if h.cgroup else None), ("resumed_from", a.resume_from),
-            ("resumed_from_step", a.resume_step), ("standby", h.standby_age))), number=a.number)
+            ("resumed_from_step", a.resume_step), ("standby", h.standby_age), ("devices_confined", confined))),
+            number=a.number)
         return [step_types.Spawned(spawned.proc.pid, now)]
 
     # --- standbys (standby.py) ---------------------------------------------------------------------
@@ -446,7 +452,7 @@ class Executor:
         if (not self.cfg.launch_standby or job.spec.launcher not in ("torchrun", "deepspeed")
                 or self._standby_refused.get(s.job_id) == number):
             return
-        attempt_id, cgroup = uuid.uuid4().hex, None
+        attempt_id, cgroup, devices = uuid.uuid4().hex, None, None
         try:
             user = pwd.getpwuid(job.owner_uid)
             files = attempt_files.paths(self.cfg, job, number)
@@ -455,6 +461,9 @@ class Executor:
                 resume_from=None, heartbeat_file=files.heartbeat_file, rank_log_dir=files.rank_log_dir,
                 home=user.pw_dir, user=user.pw_name, local_checkpoint_dir=files.local_checkpoint_dir))
             cgroup = self._make_attempt_cgroup(job, number, attempt_id)
+            # Its GPUs are not final until the plan: no GPU node opens before (settled at go).
+            if cgroup is not None and self.device_filters is not None:
+                devices = self.device_filters.pending(cgroup, job.name, number)
             fd = attempt_files.job_log_dir_fd(self.cfg, job)
             try:
                 ready = standby.start(number, attempt_id, plan, job.owner_uid, fd, files.log_name, cgroup,
@@ -466,28 +475,41 @@ class Executor:
             self._standby_refused[s.job_id] = number
             ready = None
         if ready is None:
+            if devices is not None:
+                devices.close()
             if cgroup is not None:
                 cgroups.remove(cgroup)
             return
+        ready.devices = devices
         self.standbys[s.job_id] = ready
 
-    def _go_standby(self, job: JobRow, number: int, h: Handles, plan: launcher.LaunchPlan) -> launcher.Spawned | None:
-        """Attempt `number` through its standby, if one is ready and fits the plan; None: launch cold
-        (a standby that failed is discarded, and the cold launch says why, if it fails too)."""
+    def _go_standby(self, job: JobRow, number: int, h: Handles, plan: launcher.LaunchPlan,
+                    gpus: Sequence[int]) -> tuple[launcher.Spawned | None, bool]:
+        """Attempt `number` through its standby, if one is ready and fits the plan, and whether its
+        cgroup is confined to `gpus`; None: launch cold (a standby that failed is discarded, and the
+        cold launch says why, if it fails too)."""
         ready = self.standbys.get(job.id)
         h.standby_age = None
         if ready is None or ready.number != number or ready.attempt_id != h.attempt_id or not ready.fits(plan):
             self._discard_standby(job.id)
-            return None
+            return None, False
         del self.standbys[job.id]
+        if ready.devices is not None and self.device_filters is not None:
+            try:  # before the plan reaches it: from here on it may open the attempt's GPUs, and only those
+                ready.devices.settle(self.device_filters.allowed(gpus))
+            except OSError as e:  # its cgroup still allows no GPU: a cold launch gets a fresh one
+                log.warning("standby_failed", job=job.name, attempt=number, error=str(e))
+                ready.discard()
+                self._end_standby(ready)
+                return None, False
         try:
             spawned = ready.go(plan)
         except OSError as e:
             log.warning("standby_failed", job=job.name, attempt=number, error=str(e))
             self._end_standby(ready)
-            return None
+            return None, False
         h.cgroup, h.standby_age = ready.cgroup, round(self.clock() - ready.started, 3)
-        return spawned
+        return spawned, ready.devices is not None
 
     def _discard_standby(self, job_id: int) -> None:
         """End the job's standby unlaunched, with what it left: its cgroup, and the log its import
@@ -504,6 +526,8 @@ class Executor:
 
     @staticmethod
     def _end_standby(ready: standby.Standby) -> None:
+        if ready.devices is not None:
+            ready.devices.close()
         if ready.cgroup is not None:
             cgroups.remove(ready.cgroup)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spx.daemon.core.users import LogAccess
-from spx.daemon.run import launcher
+from spx.daemon.run import device_filter, launcher
 
 AGENT = Path(__file__).with_name("standby_agent.py")
 # Each launcher module, and what its standby imports ahead. DeepSpeed's launcher gets torch only:
@@ -54,6 +54,7 @@ class Standby:
     module: str
     started: float                  # monotonic
     monitor: launcher.Started
+    devices: device_filter.Pending | None = None  # its cgroup's filter, no GPU until `go` (the executor's)
 
     @property
     def pid(self) -> int:

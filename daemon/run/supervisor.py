@@ -21,6 +21,7 @@ from collections.abc import Callable
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
 from spx.daemon.run import cgroups, step, step_types
+from spx.daemon.run.device_filter import DeviceFilters
 from spx.daemon.run.executor import Executor
 from spx.daemon.run.scheduler import Start, Waiting
 from spx.daemon.staging.runner import staging_done
@@ -44,12 +45,14 @@ def limits_of(job: JobRow, cfg: DaemonConfig) -> step_types.Limits:
 class Supervisor:
     def __init__(self, cfg: DaemonConfig, store: Store, cgroup_tree: cgroups.CgroupTree | None = None,
                  wake: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
-                 gpu_computing: Callable[[int], bool | None] | None = None):
+                 gpu_computing: Callable[[int], bool | None] | None = None,
+                 device_filters: DeviceFilters | None = None):
         self.cfg = cfg
         self.store = store
         self.cgroups = cgroup_tree  # None: attempts are found by tag and process group only
         self.clock = clock
-        self.executor = Executor(cfg, store, cgroup_tree, wake=wake, clock=clock, gpu_computing=gpu_computing)
+        self.executor = Executor(cfg, store, cgroup_tree, wake=wake, clock=clock, gpu_computing=gpu_computing,
+                                 device_filters=device_filters)
         self.steps: dict[int, step_types.JobStep] = {}
         self.jobs: dict[int, JobRow] = {}  # the row each tracked job was loaded from (its spec, owner)
         self.adopted = 0  # attempts the last `recover` found running and took on as they are

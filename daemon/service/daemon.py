@@ -30,6 +30,7 @@ from spx.daemon.gpu.gate import GpuGate
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.run import cgroups, proctree
+from spx.daemon.run.device_filter import DeviceFilters
 from spx.daemon.run.invalid_specs import fail_invalid_specs
 from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.run.placement import Placement
@@ -62,7 +63,7 @@ def daemon_version() -> str:
 
 class Daemon:
     def __init__(self, cfg: DaemonConfig, backend: GpuBackend, notifier: Notifier,
-                 cgroup_tree: cgroups.CgroupTree | None = None):
+                 cgroup_tree: cgroups.CgroupTree | None = None, cgroups_reason: str = "no cgroup tree given"):
         self.cfg = cfg
         self.backend = backend
         self.notifier = notifier
@@ -75,8 +76,12 @@ class Daemon:
         self.store = Store(cfg.store_path)
         self.backups = Backups(cfg.store_path, cfg.backup_dir, cfg.backup_every_seconds, cfg.backup_keep)
         self.lanes = Lanes(cfg.user_work.slots_total, cfg.user_work.slots_per_owner, wake=lambda: self.wake.put("lane"))
+        # Which /dev/nvidiaN an attempt may open (its GPUs' minors); logged and recorded once here.
+        self.device_filters = DeviceFilters({d.index: d.minor for d in backend.devices()},
+                                            None if cgroup_tree else cgroups_reason,
+                                            functools.partial(handover.mark_device_filter, cfg.run_dir))
         self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"),
-                                     gpu_computing=backend.computing)
+                                     gpu_computing=backend.computing, device_filters=self.device_filters)
         self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake, self.lanes)

@@ -21,7 +21,8 @@ Stop guard (ExecStopPost= runs `spx-trainer --stop-post`): systemd signals only 
   daemon; the next start adopts them.
 
 run_dir is root-owned and verified the daemon's own (fsafe.open_root_dir); the markers are written
-and read by its fd, never following links.
+and read by its fd, never following links. One more marker lives there for `spx doctor`: whether
+this daemon confines jobs to their GPUs' device nodes (`device-filter.json`, run/device_filter.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import uuid
 from pathlib import Path
 
 from spx.daemon.core.log import get_logger
-from spx.daemon.run import cgroups
+from spx.daemon.run import cgroups, device_filter
 from spx.daemon.userfs import fsafe
 
 log = get_logger()
@@ -92,6 +93,12 @@ def _remove(run_dir: Path, name: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def mark_device_filter(run_dir: Path, finding: dict) -> None:
+    """Whether this daemon confines jobs to their GPUs' device nodes, and why not (run/device_filter.py);
+    `spx doctor` reads it."""
+    _write(run_dir, device_filter.RECORD, {**finding, "pid": os.getpid(), "time": time.time()})
 
 
 def mark_ready(run_dir: Path, version: str, adopted: int) -> None:

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.log_group and not log_access(0, cfg.log_group).group_reads:
         log.warning("log_group_missing", log_group=cfg.log_group,
                     detail="no such group: job logs are readable by their owners alone")
-    daemon = Daemon(cfg, backend, Notifier.from_env(), cgroup_tree)
+    daemon = Daemon(cfg, backend, Notifier.from_env(), cgroup_tree, why)
     install_signal_handlers(daemon, early_stop)
     return daemon.run()
 

@@ -51,6 +51,8 @@ ALLOWED: dict[str, str] = {
     "run/executor.py": "mkdir of the attempt's cgroup in the daemon's own cgroupfs subtree",
     "run/enter_attempt.py": "the exec shim: cgroup.procs in the daemon's cgroupfs, as root, before the uid switch",
     "run/cgroups.py": "cgroupfs: the daemon's own delegated subtree",
+    "run/device_filter.py": "opens an attempt's cgroup directory (O_RDONLY|O_DIRECTORY) in the daemon's own "
+                            "cgroupfs subtree, as bpf(2)'s attach target",
     "run/proctree.py": "/proc",
     "run/oom.py": "/dev/kmsg",
     "state/store.py": "state_dir (root-only)",
@@ -65,6 +67,8 @@ ALLOWED: dict[str, str] = {
                           "writable by no one else (fsafe.open_root_dir), unlink/chmod by that dir's fd",
     "doctor/hostprobe.py": "/proc, /sys and /etc, read on the admin's request",
     "doctor/report.py": "/proc/1/comm",
+    "doctor/device_checks.py": "the daemon's device-filter record in run_dir, read on the admin's request "
+                               "(O_NOFOLLOW|O_NONBLOCK, 4 KiB)",
     "doctor/storage_checks.py": "a probe file in a directory the admin configured (checkpoints root, staging)",
     "gpu/fake.py": "the fake-GPU fixture file the admin names",
     "gpu/fake_procs.py": "/proc",
