@@ -208,7 +208,9 @@ class Daemon:
         stop_deadline = None
         watchdog_every = self.notifier.watchdog_interval or 5.0
         next_watchdog = 0.0
+        turn = 0
         while True:
+            turn += 1
             now = time.monotonic()
             self._test_wedge_hook()
             self._stage("backup", functools.partial(self.backups.tick, now))
@@ -245,6 +247,9 @@ class Daemon:
             if now >= next_watchdog:
                 self.notifier.watchdog()
                 next_watchdog = now + watchdog_every
+            # Debug only: each finished turn, so that "it did not happen" can be said after turns that
+            # had the chance to do it (tests wait for these, not for seconds).
+            log.debug("loop_turn", turn=turn)
             try:
                 self.wake.get(timeout=TICK_SECONDS)
             except queue.Empty:
