@@ -46,7 +46,9 @@ def machine() -> dict[str, Any]:
         mem_kib = int(next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")).split()[1])
     except (OSError, StopIteration, ValueError):
         mem_kib = 0
-    cpu = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
+    # platform.processor() runs `uname -p`: asked only where /proc/cpuinfo names no model.
+    cpu = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo") if line.startswith("model name")),
+               None) or platform.processor()
     return {
         "cpus": os.cpu_count(),
         "cpu": cpu,

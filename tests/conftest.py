@@ -20,7 +20,7 @@ import run_summaries
 # fixed names created and removed per module, so these run one after another, on one worker.
 USER_DB_TESTS = (
     "tests/hostile/", "tests/systemd/", "tests/faults/test_owner_deleted.py", "tests/integration/test_intake.py",
-    "tests/integration/test_isolation.py", "tests/staging/test_staging_groups.py", "tests/unit/test_fsafe_users.py",
+    "tests/integration/test_isolation.py", "tests/staging/test_staging_groups.py", "tests/processes/test_fsafe_users.py",
     "tests/integration/test_queue_features.py::test_per_user",
 )
 

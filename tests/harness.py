@@ -84,8 +84,9 @@ class Daemon:
 
     def __init__(self, root: Path, gpu_backend: str = "none", extra_args: list[str] | None = None,
                  config: dict | None = None, env: dict[str, str] | None = None, cgroup: Path | None = None,
-                 prefix: list[str] | None = None):
+                 prefix: list[str] | None = None, log_level: str = "info"):
         self.root = root
+        self.log_level = log_level  # "debug": its main loop's turns are logged too (wait_turns)
         self.prefix = prefix or []  # runs the daemon under it, e.g. ["ip", "netns", "exec", NS] (it execs)
         self.cgroup = cgroup  # start the daemon in this cgroup v2 directory (as systemd starts it in the unit's)
         self.gpu_backend = gpu_backend
@@ -103,7 +104,7 @@ class Daemon:
 
     def start(self, timeout: float = 60) -> Daemon:
         args = [str(BIN / "spx-trainer"), "--root", str(self.root), "--gpu-backend", self.gpu_backend,
-                "--metrics-address", "127.0.0.1:0", *self.extra_args]
+                "--metrics-address", "127.0.0.1:0", "--log-level", self.log_level, *self.extra_args]
         if self.config is not None:
             import yaml
 
@@ -141,6 +142,26 @@ class Daemon:
             return hits[-1] if hits else None
 
         return wait_for(found, timeout, f"daemon event {name} {match}")
+
+    def wait_more(self, name: str, count: int = 1, timeout: float = 30, **match: object) -> dict:
+        """Until the daemon has logged `count` more `name` events (matching `match`) than it had now;
+        the last of them."""
+        before = len(self.events(name, **match))
+
+        def logged():
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited ({self.proc.returncode}) waiting for {name}: {self.lines[-20:]}")
+            hits = self.events(name, **match)
+            return hits[-1] if len(hits) >= before + count else None
+
+        return wait_for(logged, timeout, f"{count} more daemon events {name} {match}")
+
+    def wait_turns(self, turns: int = 2, timeout: float = 30) -> None:
+        """Until the main loop has finished `turns` more turns: whatever a turn would do (intake,
+        commands, supervise, schedule), it has had the chance to do; with 2, a whole turn began after
+        this call. Before saying that something did not happen, instead of sleeping."""
+        assert self.log_level == "debug", "the loop's turns are logged at debug: Daemon(..., log_level='debug')"
+        self.wait_more("loop_turn", turns, timeout)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -20,6 +20,7 @@ go to the main loop (`drain`), the store's one writer.
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import threading
@@ -100,6 +101,9 @@ class Adopter:
                 (log.info if r["result"] == "queued" else log.warning)(
                     "job_adopted" if r["result"] == "queued" else "job_not_adopted", job=r.get("name"), attempt=None,
                     dir=r["dir"], detail=r["detail"], by=by)
+        # Debug only: every scan, also one that queued nothing (the records it saw, by result).
+        log.debug("adopt_scanned", job=None, attempt=None, root=str(root), by=by,
+                  results=dict(collections.Counter(r["result"] for r in results)))
         return results
 
     def _decide(self, found: Found | Refused) -> dict[str, Any] | tuple[Found, JobSpec]:

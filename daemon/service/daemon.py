@@ -166,6 +166,7 @@ class Daemon:
         self.start()
         next_reap = next_status = next_watchdog = 0.0
         stop_deadline = None
+        turn = 0
         watchdog_every = self.notifier.watchdog_interval or 5.0
         while True:
             now = time.monotonic()
@@ -206,6 +207,10 @@ class Daemon:
             if now >= next_watchdog:
                 self.notifier.watchdog()
                 next_watchdog = now + watchdog_every
+            turn += 1
+            # Debug only: each finished turn, so that "it did not happen" can be said after turns that
+            # had the chance to do it (tests wait for these, not for seconds).
+            log.debug("loop_turn", turn=turn)
             try:
                 self.wake.get(timeout=TICK_SECONDS)
             except queue.Empty:

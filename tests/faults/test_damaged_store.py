@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ CONFIG = {"backup_every_seconds": 0.5, "backup_keep": 3}
 
 
 def start(root: Path, daemons: list[Daemon]) -> Daemon:
-    d = Daemon(root, config=CONFIG)
+    d = Daemon(root, config=CONFIG, log_level="debug")  # debug: its loop's turns (wait_turns)
     daemons.append(d)
     return d.start()
 
@@ -64,7 +63,9 @@ def recover_and_audit(root: Path, jobs: list[CountedJob], daemons: list[Daemon],
     d.wait_state("running", "running", 60)
     d.spx("cancel", "running")
     d.wait_state("running", "cancelled", 60)
-    time.sleep(1)  # a wrongly re-run "finished" would have started by now
+    # Whole turns of the loop on the restored store (its scheduler's too): had it taken the succeeded
+    # "finished" for one to run, the audit finds it started again, or no longer succeeded.
+    d.wait_turns()
     d.stop()
     result = audit(root / "state" / "spx.sqlite", jobs)
     scenario.record(result)

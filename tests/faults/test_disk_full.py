@@ -5,7 +5,6 @@ the loop, the other job's end is recorded once space returns, and nothing runs t
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +40,7 @@ def test_a_job_filling_the_log_and_state_filesystem_stops_neither_the_daemon_nor
     wait_for(lambda: state_of(root, "other") == "running", 30, "the other job to run")
     d.drop("flood.yaml", flood.yaml())
     wait_for(lambda: free_bytes(small_fs) < 256 * 1024, 60, "the filesystem to fill")
-    time.sleep(5)  # the other job ends meanwhile, on a full disk
+    d.wait_event("attempt_ended", timeout=60, job="other")  # the other job ends meanwhile, on a full disk
     assert d.alive(), d.lines[-10:]
     assert {j["name"] for j in d.ls()} >= {"other", "flood"}, "the daemon still answers"
     assert not d.events("traceback") and not [e for e in d.events("raw") if "Traceback" in e["text"]]

@@ -5,12 +5,11 @@ that answer, and a job runs exactly once."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 from ledger import CountedJob, audit, state_of
 
-from harness import Daemon
+from harness import Daemon, wait_for
 from spx.daemon.gpu.fake import DEFAULT_FIXTURE
 
 # GPU index → the calls that fail there (pynvml error names); the scrape meets them one after another.
@@ -35,11 +34,16 @@ def test_nvml_errors_mid_scrape_break_neither_the_scrape_nor_the_scheduling(tmp_
     d.drop("on-gpus.yaml", job.yaml())
     url = f"http://127.0.0.1:{d.metrics_port}/metrics"
     scrapes = []
-    while state_of(d.root, "on-gpus") not in ("succeeded", "failed"):
+
+    def ended_scraping_meanwhile() -> bool:
+        if state_of(d.root, "on-gpus") in ("succeeded", "failed"):
+            return True
         with urllib.request.urlopen(url, timeout=30) as resp:
             scrapes.append((resp.status, resp.read().decode()))
         assert d.alive(), d.lines[-10:]
-        time.sleep(1)
+        return False
+
+    wait_for(ended_scraping_meanwhile, 120, "the job on the flaky GPUs to end (scraped every second)", interval=1)
     assert len(scrapes) >= 3 and all(status == 200 for status, _ in scrapes)
     text = scrapes[-1][1]
     assert 'spx_gpu_up{gpu="6"' in text and 'spx_gpu_up{gpu="1"' in text

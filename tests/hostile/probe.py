@@ -33,8 +33,8 @@ def remove_world(base: Path) -> None:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def start_daemon(base: Path) -> Daemon:
-    return Daemon(base / "root", gpu_backend="none").start()
+def start_daemon(base: Path, log_level: str = "info") -> Daemon:
+    return Daemon(base / "root", gpu_backend="none", log_level=log_level).start()
 
 
 def drop_as(d: Daemon, user: pwd.struct_passwd, name: str, text: str) -> None:

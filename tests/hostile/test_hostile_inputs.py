@@ -186,8 +186,10 @@ CLIENT = textwrap.dedent("""
     try:
         if mode == "slow":
             print("started", flush=True)
-            for b in b'{"op": "ls", "name": null}\\n':
+            for i, b in enumerate(b'{"op": "ls", "name": null}\\n'):
                 s.send(bytes([b]))
+                if i == 1:
+                    print("two bytes in", flush=True)
                 time.sleep(arg)
         elif mode == "big":
             s.sendall(b'{"op": "ls", "name": "' + b"x" * 70000 + b'"}\\n')
@@ -223,7 +225,8 @@ def test_a_slow_loris_client_does_not_block_spx(users, base):
         loris = _client(owner, base, d, "slow", 2.0)  # one byte every 2 s
         try:
             assert loris.stdout is not None and loris.stdout.readline().strip() == "started"
-            time.sleep(3)  # two bytes in: the old server sat in recv() for this client
+            # Two bytes in: the old server sat in recv() for this client.
+            assert loris.stdout.readline().strip() == "two bytes in"
             for who in (None, victim):
                 t0 = time.monotonic()
                 res = d.spx("ls", "--json") if who is None else _spx_as(who, d, "ls", "--json")

@@ -136,13 +136,13 @@ def test_heartbeat_symlinked_to_a_root_only_file_never_shows(users, base):
         os.symlink("{bait.path}", hb)
         time.sleep(120)
     """)
-    d = start_daemon(base)
+    d = start_daemon(base, log_level="debug")  # debug: wait_turns
     try:
         drop_as(d, owner, "hblink.yaml", job_yaml("hblink", script))
         d.wait_state("hblink", "running", 30)
         hb = next((d.root / "run" / "jobs").glob("*-hblink")) / "heartbeat.json"
         wait_for(lambda: hb.is_symlink(), 30, "the link")
-        time.sleep(1.5)  # a few main-loop ticks read it
+        d.wait_turns(3)  # main-loop turns that read it
         shown = json.dumps(d.status("hblink")) + json.dumps(d.ls()) + _metrics(d)
         assert "987654321" not in shown, "a root-only file leaked into status or metrics"
         d.spx("cancel", "hblink")

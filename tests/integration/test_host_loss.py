@@ -173,14 +173,16 @@ def test_adopt_checkpoint_roots_takes_a_lost_hosts_job_over_once_its_lease_expir
         a.kill9()
         kill_attempts(a, "roots")
         shutil.rmtree(a.root)
-        b = Daemon(tmp_path / "B", config={"adopt_lease_seconds": 3, "adopt_checkpoint_roots": [str(volume)]}).start()
+        b = Daemon(tmp_path / "B", config={"adopt_lease_seconds": 3, "adopt_checkpoint_roots": [str(volume)]},
+                   log_level="debug").start()  # debug: its scans of the root (adopt_scanned)
         adopted = b.wait_event("job_adopted", timeout=30, job="roots")
         assert adopted["by"] == "adopt_checkpoint_roots"
         b.wait_state("roots", {"succeeded", "failed"}, 60)
         assert b.status("roots")["state"] == "succeeded"
         assert runs.read_text().split() == ["1", "1"], "once on A (killed), once on B"
         wait_for(lambda: (volume / "roots" / ".spx" / "state").exists(), 30, "the end marker")
-        time.sleep(4)  # past a rescan of the root: the ended job is not queued again
+        # Two more scans: a whole rescan of the root after the job ended. The ended job is not queued again.
+        b.wait_more("adopt_scanned", 2, timeout=30, root=str(volume))
         assert len(b.events("job_adopted", job="roots")) == 1
         assert [j["name"] for j in b.ls()] == ["roots"]
     finally:

@@ -36,7 +36,7 @@ def sleeper(name: str, seconds: float, gpus: int = 0, extra: str = "", python: s
 
 @pytest.fixture
 def daemon(tmp_path):
-    d = Daemon(tmp_path / "root", gpu_backend="fake").start()
+    d = Daemon(tmp_path / "root", gpu_backend="fake", log_level="debug").start()  # debug: wait_turns
     yield d
     d.stop()
 
@@ -82,7 +82,7 @@ def test_a_held_job_does_not_start_until_released(daemon):
     assert "held" in d.spx("hold", "second").stdout
     d.spx("cancel", "first")
     d.wait_state("first", "cancelled", 30)
-    time.sleep(1.5)  # the GPUs are free: a job not held would start now
+    d.wait_turns()  # the GPUs are free: a whole turn of the scheduler since would start a job not held
     assert d.job("second")["state"] == "queued"
     assert reason_of(d, "second", "held by") == "held by root (spx release second)"
     assert "held by root" in d.spx("top", "--once").stdout

@@ -237,7 +237,7 @@ def test_a_job_that_exits_0_while_the_daemon_is_down_succeeded_with_its_real_exi
 def test_a_backoff_interrupted_by_a_daemon_stop_resumes_with_the_seconds_left(tmp_path):
     import sqlite3
 
-    d = Daemon(tmp_path / "root").start()
+    d = Daemon(tmp_path / "root", log_level="debug").start()  # debug: wait_turns
     try:
         d.drop("b.yaml", f"name: backs-off\nlauncher: python\nscript: {SCRIPTS / 'always_crash.py'}\npython: {PY}\n"
                          "restart: {max_restarts: 5, backoff_seconds: [30, 30]}\n")
@@ -249,6 +249,7 @@ def test_a_backoff_interrupted_by_a_daemon_stop_resumes_with_the_seconds_left(tm
         db.close()
         assert 20 < left < 28, f"about 30 s minus the 3+ s already waited, got {left}"
         d.start()
+        d.wait_turns()  # whole turns of the restarted daemon: a relaunch at once would have begun
         j = d.wait_state("backs-off", "restarting", 10)
         assert j["attempts"] == 1, "the backoff resumes: no relaunch at once"
     finally:

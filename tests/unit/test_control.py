@@ -52,7 +52,8 @@ def _raw(path, payload: bytes, timeout=10.0) -> dict:
 
 
 class SlowLoris:
-    """A client that sends one byte every `every` seconds on its own thread until stopped."""
+    """A client that sends one byte every `every` seconds on its own thread until stopped; `started`
+    is set once its first byte is out (its request is under way)."""
 
     def __init__(self, path, every=0.3):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -60,6 +61,7 @@ class SlowLoris:
         self.every = every
         self.reply = b""
         self.stopped = threading.Event()
+        self.started = threading.Event()
         self.thread = threading.Thread(target=self._run, name="slow-loris")
         self.thread.start()
 
@@ -69,6 +71,7 @@ class SlowLoris:
                 if self.stopped.wait(self.every):
                     return
                 self.sock.send(bytes([byte]))
+                self.started.set()
         except OSError:  # cut off by the server
             pass
 
@@ -88,10 +91,19 @@ class SlowLoris:
         self.sock.close()
 
 
+def _client_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "spx-control-client"]
+
+
+# The server accepts connections in the order they were made, and hands each to a thread of its own
+# (or answers "busy") before it accepts the next: a client connected before another is the server's
+# by the time the later one is read.
+
+
 def test_a_slow_client_blocks_nobody_and_is_cut_off_with_a_reply(server):
     loris = SlowLoris(server.path)
     try:
-        time.sleep(0.5)  # the slow client holds a connection now
+        assert loris.started.wait(10), "the slow client's request is under way on a connection of its own"
         start = time.monotonic()
         reply = request(server.path, "ls")
         assert reply == {"ok": True, "result": [{"name": "j", "op": "ls"}]}
@@ -146,26 +158,25 @@ def test_unknown_op_and_failing_answer_are_error_replies(server):
 
 def test_clients_past_the_cap_get_busy_at_once_and_slots_free_again(server, monkeypatch):
     monkeypatch.setattr(control, "MAX_CLIENTS", 4)  # MAX_PER_UID is shown with a real user in tests/hostile
-    held = [SlowLoris(server.path, every=5) for _ in range(4)]
+    held = [SlowLoris(server.path, every=5) for _ in range(4)]  # connected first: the four slots are theirs
     try:
-        time.sleep(0.3)
         busy = request(server.path, "ls")
         assert busy == {"ok": False, "error": "daemon busy: too many open requests; try again", "code": 1}
     finally:
         for loris in held:
             loris.close()
-    deadline = time.monotonic() + 5
-    while not request(server.path, "ls")["ok"]:  # the slots free as the server cuts the clients off
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    for thread in _client_threads():  # the slots free as the server cuts the clients off
+        thread.join(timeout=5)
+    assert request(server.path, "ls")["ok"]
 
 
-def test_stop_ends_every_client_thread_promptly(tmp_path):
+def test_stop_ends_every_client_thread_promptly(tmp_path, monkeypatch):
+    monkeypatch.setattr(control, "MAX_CLIENTS", 3)  # a fourth client's "busy" says the three are held
     srv = ControlServer(tmp_path / "spx.sock", lambda *a: {"ok": True, "result": []}, queue.SimpleQueue(), queue.SimpleQueue())
     srv.start()
     held = [SlowLoris(srv.path, every=5) for _ in range(3)]
-    time.sleep(0.3)
-    assert sum(t.name == "spx-control-client" for t in threading.enumerate()) == 3
+    assert request(srv.path, "ls")["code"] == 1, "the three slow clients hold every slot"
+    assert len(_client_threads()) == 3
     start = time.monotonic()
     srv.stop()
     assert time.monotonic() - start < 2.0

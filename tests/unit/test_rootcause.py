@@ -152,47 +152,6 @@ def test_the_agents_own_traceback_and_log_lines_are_not_the_cause():
     assert find_root_cause_of_text(text) is None
 
 
-FAILING_SCRIPT = """\
-import time
-import torch.distributed as dist
-
-class InjectedCrash(Exception):
-    pass
-
-dist.init_process_group("gloo")
-if dist.get_rank() == 0:
-    raise InjectedCrash("injected crash at step 25")
-time.sleep(60)
-"""
-
-
-@pytest.mark.slow
-def test_a_log_written_by_this_venvs_torchrun_yields_the_workers_exception(tmp_path):
-    """The log as the daemon's launcher makes it (torchrun --tee=3, gloo, 2 workers), from the real
-    torchrun of this venv, whatever prefixes its version writes."""
-    import socket
-    import subprocess
-    import sys
-
-    import torch
-
-    (tmp_path / "fail.py").write_text(FAILING_SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = _log_in_job_dir(tmp_path)
-    with log.open("wb") as out:
-        proc = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-             "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0", "--tee=3",
-             f"--log-dir={tmp_path / 'ranks'}", "fail.py"],
-            cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, timeout=120, check=False)
-    assert proc.returncode != 0
-    found = find_root_cause(log)
-    assert found is not None and found.startswith("rank 0 (pid "), (torch.__version__, log.read_text()[-3000:])
-    assert "exited with code 1: InjectedCrash: injected crash at step 25 (user-code)" in found, (torch.__version__, found)
-
-
 # Captured from this venv's torchrun (2.13, gloo, --tee=3) running tests/fixtures/scripts/rank1_raises.py:
 # rank 1 raises, rank 0 dies in its next all_reduce, torchrun SIGTERMs rank 0 and names rank 1.
 GLOO_LOG = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "rank1_raises_gloo.log"

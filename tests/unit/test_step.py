@@ -7,6 +7,7 @@ actions it returns — the torch elastic agent's and supervisord's state tests a
 from __future__ import annotations
 
 import signal
+import threading
 from dataclasses import replace
 
 import pytest
@@ -634,6 +635,21 @@ def test_fault_fails_the_job_with_the_error_and_kills_what_runs(phase_of):
 # --- containment: the supervisor with a real store and executor (no job processes) ---------------------
 
 
+class MainLoop:
+    """The main loop's side of the supervisor, played by the test: its clock, moved on by hand, and
+    the executor's wake (slow work sent off the loop came back) as an event to wait on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.woke = threading.Event()
+
+    def clock(self) -> float:
+        return self.now
+
+    def wake(self) -> None:
+        self.woke.set()
+
+
 @pytest.fixture
 def supervised(tmp_path):
     from spx.daemon.core.config import load_config
@@ -644,8 +660,9 @@ def supervised(tmp_path):
     for d in (cfg.log_dir, cfg.run_dir, cfg.checkpoints_root):
         d.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.store_path)
-    sup = Supervisor(cfg, store)
-    yield sup, store
+    loop = MainLoop()
+    sup = Supervisor(cfg, store, wake=loop.wake, clock=loop.clock)
+    yield sup, store, loop
     sup.close(wait=True)
     store.close()
 
@@ -656,30 +673,32 @@ def _add(store, name, owner_uid=0):
     return store.jobs.add(parse_spec(f"name: {name}\nscript: /bin/true\n"), owner_uid, "someone", f"/spool/{name}", 1.0)
 
 
-def _tick_until(sup, predicate, timeout=15.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
+def _turns_until(sup, loop, predicate, turns=10):
+    """Main-loop turns until `predicate` holds, the clock one second on after each (a short backoff
+    runs out); a bounded count of turns, not a wait."""
+    for _ in range(turns):
+        if predicate():
+            return
         sup.tick()
-        time.sleep(0.05)
+        loop.now += 1.0
+    assert predicate(), f"not within {turns} turns of the main loop"
 
 
 def test_a_deleted_owner_fails_only_that_job_with_the_reason(supervised):
     from spx.daemon.run.scheduler import Start
 
-    sup, store = supervised
+    sup, store, loop = supervised
     gone = _add(store, "orphan", owner_uid=54321)  # no such account
     sup.start(Start(gone, (), store.jobs.get(gone)))
-    _tick_until(sup, lambda: store.jobs.get(gone).state is JobState.FAILED)
+    assert loop.woke.wait(15), "the attempt's preparation, off the loop, came back"
+    _turns_until(sup, loop, lambda: store.jobs.get(gone).state is JobState.FAILED)
     reason = store.jobs.get(gone).reason or ""
     assert reason.startswith("cannot prepare the attempt") and "54321" in reason, reason
     assert gone not in sup.tracked()
 
 
 def test_a_bug_in_one_jobs_step_fails_that_job_and_the_others_go_on(supervised, monkeypatch):
-    sup, store = supervised
+    sup, store, loop = supervised
     ids = {}
     for name in ("buggy", "bystander"):
         ids[name] = _add(store, name)
@@ -694,7 +713,7 @@ def test_a_bug_in_one_jobs_step_fails_that_job_and_the_others_go_on(supervised, 
 
     monkeypatch.setattr(st, "step", step_with_a_bug)
     sup.recover()
-    _tick_until(sup, lambda: any(w.job_id == ids["bystander"] for w in sup.waiting()))
+    _turns_until(sup, loop, lambda: any(w.job_id == ids["bystander"] for w in sup.waiting()))
     buggy = store.jobs.get(ids["buggy"])
     assert buggy.state is JobState.FAILED and buggy.reason == "daemon error: ZeroDivisionError: injected"
     assert store.jobs.get(ids["bystander"]).state is JobState.RESTARTING and ids["buggy"] not in sup.tracked()
@@ -703,7 +722,7 @@ def test_a_bug_in_one_jobs_step_fails_that_job_and_the_others_go_on(supervised, 
 def test_a_refused_store_write_is_kept_and_retried_on_the_next_tick(supervised, monkeypatch):
     from spx.daemon.state.db import StoreUnavailable
 
-    sup, store = supervised
+    sup, store, loop = supervised
     jid = _add(store, "patient")
     store.jobs.transition(jid, JobState.STARTING, "starting", 2.0)
     store.jobs.transition(jid, JobState.RESTARTING, "exit code 1", 3.0, backoff_remaining=60.0)
@@ -720,7 +739,7 @@ def test_a_refused_store_write_is_kept_and_retried_on_the_next_tick(supervised, 
     monkeypatch.setattr(store.attempts, "finish", full_disk)
     sup.cancel(store.jobs.get(jid), "root")
     assert store.jobs.get(jid).state is JobState.RESTARTING and sup.store_problem()
-    _tick_until(sup, lambda: store.jobs.get(jid).state is JobState.CANCELLED)
+    _turns_until(sup, loop, lambda: store.jobs.get(jid).state is JobState.CANCELLED)
     assert len(refusals) == 2 and sup.store_problem() is None and jid not in sup.tracked()
 
 
@@ -744,12 +763,12 @@ def test_the_status_line_says_when_the_state_store_refuses_writes():
 
 
 def test_a_job_stored_running_without_an_attempt_is_relaunched_after_a_restart(supervised):
-    sup, store = supervised
+    sup, store, loop = supervised
     jid = _add(store, "lost")
     store.jobs.transition(jid, JobState.STARTING, "GPUs allocated", 2.0)
     store.jobs.transition(jid, JobState.RUNNING, "fresh start", 3.0)  # its attempt row never made it
     sup.recover()
-    _tick_until(sup, lambda: any(w.job_id == jid for w in sup.waiting()))
+    _turns_until(sup, loop, lambda: any(w.job_id == jid for w in sup.waiting()))
     job = store.jobs.get(jid)
     assert job.state is JobState.RESTARTING and job.reason.startswith("lost")
 
