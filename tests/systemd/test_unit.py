@@ -28,7 +28,7 @@ DOCS = REPO / "docs" / "systemd.md"
 UNIT_CGROUP = f"/sys/fs/cgroup/system.slice/{UNIT}"
 # The daemon's bounding set, as the unit's comment explains it (capability numbers from capability.h).
 CAPS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "DAC_READ_SEARCH": 2, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7,
-        "SYS_PTRACE": 19, "SYSLOG": 34}
+        "NET_ADMIN": 12, "SYS_PTRACE": 19, "SYSLOG": 34, "BPF": 39}
 
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -113,7 +113,9 @@ def test_unit_verifies_and_its_exposure_is_the_documented_one(sandbox):
     documented = re.search(r"exposure level: \*\*(\d+\.\d)\*\*", DOCS.read_text())
     assert documented and documented.group(1) == exposure.group(1), (
         f"docs/systemd.md records {documented and documented.group(1)}, systemd-analyze says {exposure.group(1)}")
-    assert float(exposure.group(1)) < 4.0
+    # 3.9 before the device program's two capabilities (CAP_BPF, CAP_NET_ADMIN); docs/decisions.md
+    # says why confining jobs to their GPUs is worth the 0.2. Still "OK" (an unhardened root service: 9.6).
+    assert float(exposure.group(1)) <= 4.2
 
 
 # --- start, status, stop, resume ------------------------------------------------------------------
@@ -200,7 +202,8 @@ def test_start_ready_status_then_stop_checkpoints_and_start_resumes(unit):
 # --- GPU device nodes ------------------------------------------------------------------------------
 
 
-DEVICE_FILTER_CAPS = "CapabilityBoundingSet=CAP_BPF CAP_NET_ADMIN"  # the drop-in docs/systemd.md gives
+# The drop-in docs/systemd.md gives to run jobs unconfined (bounding sets of several lines merge; "~" takes away).
+UNCONFINED_DROPIN = "CapabilityBoundingSet=~CAP_BPF CAP_NET_ADMIN"
 
 
 def sleeper(sb, name: str) -> None:
@@ -221,25 +224,14 @@ def started(sb, name: str) -> dict:
     return wait_for(found, 60, f"{name}'s attempt to start", interval=0.5)
 
 
-def test_jobs_are_confined_to_their_gpus_with_the_documented_dropin_and_run_unconfined_without(unit):
-    """The shipped unit leaves CAP_BPF and CAP_NET_ADMIN out: the daemon says once, with the kernel's
-    errno, that it cannot confine jobs, and they still run. With the drop-in docs/systemd.md gives,
-    each attempt's cgroup takes its device program beside systemd's DevicePolicy= one."""
+def test_jobs_are_confined_to_their_gpus_and_run_unconfined_where_the_capabilities_are_taken_away(unit):
+    """The shipped unit keeps CAP_BPF and CAP_NET_ADMIN: each attempt's cgroup takes its device program
+    beside systemd's DevicePolicy= one. A drop-in that takes them away (docs/systemd.md) leaves jobs
+    running unconfined, and the daemon says once, with the kernel's errno, that it cannot confine them."""
     sb = unit
-    assert DEVICE_FILTER_CAPS in DOCS.read_text()
+    assert UNCONFINED_DROPIN in DOCS.read_text()
     sb.systemctl("start", UNIT)
-    pid = sb.show(UNIT, "MainPID")["MainPID"]
-    said = daemon_event(sb, "device_filter", pid)
-    assert said["enforced"] is False and said["error"].endswith("Operation not permitted (EPERM)"), said
-    sleeper(sb, "sd-unconfined")
-    assert started(sb, "sd-unconfined")["devices_confined"] is False
-    sb.run(SPX, "cancel", "sd-unconfined", user=JOB_USER)
-    wait_status(sb, "sd-unconfined", "cancelled", lambda s: s["state"] == "cancelled", timeout=60)
-    sb.systemctl("stop", UNIT)
-
-    dropin(sb, "device-filter", f"[Service]\n{DEVICE_FILTER_CAPS}\n")
     try:
-        sb.systemctl("start", UNIT)
         pid = sb.show(UNIT, "MainPID")["MainPID"]
         assert daemon_event(sb, "device_filter", pid)["enforced"] is True
         sleeper(sb, "sd-confined")
@@ -249,6 +241,19 @@ def test_jobs_are_confined_to_their_gpus_with_the_documented_dropin_and_run_unco
         assert record["enforced"] is True and record["pid"] == int(pid), record
         sb.run(SPX, "cancel", "sd-confined", user=JOB_USER)
         wait_status(sb, "sd-confined", "cancelled", lambda s: s["state"] == "cancelled", timeout=60)
+    finally:
+        sb.systemctl("stop", UNIT)
+
+    dropin(sb, "device-filter", f"[Service]\n{UNCONFINED_DROPIN}\n")
+    try:
+        sb.systemctl("start", UNIT)
+        pid = sb.show(UNIT, "MainPID")["MainPID"]
+        said = daemon_event(sb, "device_filter", pid)
+        assert said["enforced"] is False and said["error"].endswith("Operation not permitted (EPERM)"), said
+        sleeper(sb, "sd-unconfined")
+        assert started(sb, "sd-unconfined")["devices_confined"] is False
+        sb.run(SPX, "cancel", "sd-unconfined", user=JOB_USER)
+        wait_status(sb, "sd-unconfined", "cancelled", lambda s: s["state"] == "cancelled", timeout=60)
     finally:
         sb.systemctl("stop", UNIT)
         dropin(sb, "device-filter", None)
