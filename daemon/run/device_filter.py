@@ -47,8 +47,8 @@ ENFORCED = "each attempt's cgroup may open only its own GPUs' /dev/nvidiaN (a cg
 UNENFORCED = "jobs still run, but any job can open every /dev/nvidiaN (CUDA_VISIBLE_DEVICES only hides them)"
 FIX_UNMANAGED = ("run the daemon in a cgroup of its own: the shipped systemd unit (Delegate=yes), "
                  "or `cgroups: on` where its cgroup is its own")
-FIX_LOAD = ("give the daemon CAP_BPF and CAP_NET_ADMIN (`systemctl edit spx-trainer`: [Service] "
-            "CapabilityBoundingSet=CAP_BPF CAP_NET_ADMIN, then restart; before Linux 5.8: CAP_SYS_ADMIN), "
+FIX_LOAD = ("give the daemon CAP_BPF and CAP_NET_ADMIN (the shipped unit does: drop a drop-in that takes "
+            "them away, `systemctl cat spx-trainer` shows it, then restart; before Linux 5.8: CAP_SYS_ADMIN), "
             "on a kernel with CONFIG_CGROUP_BPF")
 FIX_ATTACH = ("an ancestor cgroup may hold a device program attached without BPF_F_ALLOW_MULTI "
               "(`bpftool cgroup tree` shows it); let the daemon's cgroup take programs of its own")
