@@ -10,10 +10,13 @@ import json
 import os
 import pwd
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,6 +82,56 @@ def running_attempt_pids(name: str) -> list[int]:
     return []
 
 
+class LoopWatch:
+    """The daemon's watchdog pings, read from a notify socket the test owns.
+
+    The daemon pings (sd_notify WATCHDOG=1) only after a full turn of its main loop, every
+    WATCHDOG_USEC / 2 = 0.5 s here, so the longest gap between two pings — or since the last one,
+    while the daemon is still up — is the longest its loop went without turning: what a hostile probe
+    holds below 2 s ("the loop kept turning"). A filesystem socket, not an abstract one, so a daemon
+    in another network namespace reaches it too.
+    """
+
+    WATCHDOG_USEC = "1000000"
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.gettempdir()) / f"spx-notify-{uuid.uuid4().hex[:12]}.sock"
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(str(self.path))
+        self._sock.settimeout(0.2)
+        self.pings: list[float] = []
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="loop-watch", daemon=True)
+        self._thread.start()
+
+    def env(self) -> dict[str, str]:
+        return {"NOTIFY_SOCKET": str(self.path), "WATCHDOG_USEC": self.WATCHDOG_USEC}
+
+    def _read(self) -> None:
+        while not self._closed.is_set():
+            try:
+                data = self._sock.recv(4096)
+            except (TimeoutError, OSError):
+                continue
+            if b"WATCHDOG=1" in data.split(b"\n"):
+                self.pings.append(time.monotonic())
+
+    def max_gap(self, running: bool = True) -> float:
+        """The longest the loop went without a ping since its first one (0 before two pings), counting
+        the time since the last ping while `running`."""
+        pings = list(self.pings)
+        gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
+        if running and pings:
+            gaps.append(time.monotonic() - pings[-1])
+        return max(gaps, default=0.0)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=2)
+        self._sock.close()
+        self.path.unlink(missing_ok=True)
+
+
 class Daemon:
     """A running `spx-trainer` rooted in `root`."""
 
@@ -97,6 +150,7 @@ class Daemon:
         self.lines: list[dict] = []
         self._reader: threading.Thread | None = None
         self.metrics_port: int | None = None
+        self.loop: LoopWatch | None = None  # its watchdog pings, unless the test brings its own NOTIFY_SOCKET
 
     @property
     def spool(self) -> Path:
@@ -115,8 +169,13 @@ class Daemon:
             args = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.cgroup), *args]
         args = [*self.prefix, *args]
         self.lines = []
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **self.env}, text=True)
+        env = {**os.environ, **self.env}
+        if "NOTIFY_SOCKET" not in self.env:
+            if self.loop is not None:
+                self.loop.close()
+            self.loop = LoopWatch()
+            env.update(self.loop.env())
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
         self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
         self._reader.start()
         ready = self.wait_event("daemon_ready", timeout=timeout)
@@ -185,6 +244,8 @@ class Daemon:
                 self.proc.wait()
         if self._reader:
             self._reader.join(timeout=5)
+        if self.loop is not None:
+            self.loop.close()
         return self.proc.returncode
 
     def spx(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -2,7 +2,8 @@
 job files dropped as the attacking user, root-only bait files whose every property is checked
 afterwards, and the three things each probe asserts (design §9):
 (a) nothing outside the user's reach was created, read, changed or chowned — `Bait.untouched`;
-(b) the daemon is alive and answering — `answering`;
+(b) the daemon is alive and answering, and its main loop kept turning (no two watchdog pings more
+    than LOOP_GAP_SECONDS apart) — `answering`;
 (c) the job ends in a state with a reason — `ended_with_reason`.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from harness import Daemon, wait_for
 
+LOOP_GAP_SECONDS = 2.0  # the issue's bound on "the loop kept turning" (the unit's WatchdogSec is 60 s)
 PYTHON = "/usr/bin/python3"  # a python every user can run (the venv's may sit under /root)
 
 
@@ -88,12 +90,20 @@ class Bait:
 
 
 def answering(d: Daemon) -> list[dict]:
-    """(b): alive, and `spx ls` answers promptly."""
+    """(b): alive, `spx ls` answers promptly, and the loop never went LOOP_GAP_SECONDS without a turn
+    since the daemon started (its watchdog pings, read by the harness)."""
     assert d.alive(), f"daemon died: {d.lines[-20:]}"
     t0 = time.monotonic()
     jobs = d.ls()
     assert time.monotonic() - t0 < 10, "spx ls took more than 10 s"
+    loop_kept_turning(d)
     return jobs
+
+
+def loop_kept_turning(d: Daemon) -> None:
+    assert d.loop is not None, "the probe's daemon was started with a NOTIFY_SOCKET of the test's own"
+    gap = d.loop.max_gap(running=d.alive())
+    assert gap <= LOOP_GAP_SECONDS, f"the daemon's main loop went {gap:.1f} s without a turn (watchdog pings)"
 
 
 def ended_with_reason(d: Daemon, name: str, states: set[str], timeout: float = 60) -> dict:
