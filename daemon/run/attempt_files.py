@@ -43,7 +43,7 @@ from spx.daemon.userfs.fsafe import UserPathError
 
 log = get_logger()
 
-__all__ = ["AttemptFiles", "UserPathError", "job_log_dir_fd", "latest_checkpoint", "note", "open_log_dir",
+__all__ = ["AttemptFiles", "LeaseTaken", "UserPathError", "job_log_dir_fd", "latest_checkpoint", "note", "open_log_dir",
            "paths", "prepare", "remove_attempt_logs", "read_heartbeat", "read_log_tail", "staging_log"]
 
 MARKER = ".job-id"
@@ -63,6 +63,7 @@ class AttemptFiles:
     owner_uid: int = -1    # who the log files are handed to (-1: leave as created)
     owner_gid: int = -1
     local_checkpoint_dir: Path | None = None  # local_tier: host RAM, the owner's (None: the tier is off)
+    fence: int | None = None  # the generation of the job's `.spx/lease` taken for this attempt (SPX_FENCE)
 
     @property
     def log_file(self) -> Path:
@@ -128,27 +129,41 @@ def prepare(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
     finally:
         os.close(jobs_fd)
     _prepare_checkpoint_dir(cfg, user, files.checkpoint_dir)
-    _publish_record(cfg, user, job, files.checkpoint_dir)
-    return replace(files, local_checkpoint_dir=local_tier.prepare(cfg, job, user.uid, user.gid))
+    fence = _publish_record(cfg, user, job, files.checkpoint_dir)
+    return replace(files, local_checkpoint_dir=local_tier.prepare(cfg, job, user.uid, user.gid), fence=fence)
 
 
-def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_dir: Path) -> None:
+class LeaseTaken(UserPathError):
+    """Another host holds this very job's lease: it adopted the job, which lives on there."""
+
+    def __init__(self, holder: str, why: str) -> None:
+        super().__init__(errno.EBUSY, why)
+        self.holder = holder
+
+
+def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_dir: Path) -> int | None:
     """Host loss: take the job's lease and write `.spx/job.yaml` in its checkpoint dir, as the owner
-    (intake/job_record.py). A lease another live daemon holds means that daemon runs a job in this
-    dir now (it adopted this one, or another job shares the dir): this attempt does not start.
+    (intake/job_record.py); the lease's new generation is the attempt's fencing token (SPX_FENCE).
+    A lease another live daemon holds means that daemon runs a job in this dir now: this attempt does
+    not start — LeaseTaken when it runs this job (it adopted it), else the dir is in use.
     Not for a job across hosts: every host's daemon runs it in this dir (docs/multinode.md)."""
     if not job.uid or job.spec.nodes.count > 1:
-        return
+        return None
     host, now = job_record.host_id(cfg.state_dir), time.time()
     reply = as_user.run(user, "spx_publish", {
         "dir": str(ckpt_dir), "record": job_record.render(job, host), "now": now,
-        "lease": job_record.lease_doc(host, job.uid, cfg.adopt_lease_seconds, now)})
-    if not isinstance(reply, dict) or reply.get("held"):
-        return
+        "lease": job_record.lease_doc(host, job.uid, cfg.adopt_lease_seconds, now, job_record.host_label(cfg.state_dir))})
+    if not isinstance(reply, dict):
+        raise UserPathError(errno.EIO, f"taking the lease in {ckpt_dir} gave an odd answer")
+    if reply.get("held"):
+        gen = reply.get("gen")
+        return gen if isinstance(gen, int) and not isinstance(gen, bool) else None
     holder = reply.get("holder") or {}
+    label = str(holder.get("label") or holder.get("host"))[:300]
     until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(holder.get("expires", now))))
-    same = "this job" if holder.get("job") == job.uid else f"job {holder.get('job')}"
-    raise UserPathError(errno.EBUSY, f"checkpoint dir {ckpt_dir} is in use: {same} runs on {holder.get('host')} "
+    if holder.get("job") == job.uid:
+        raise LeaseTaken(label, f"this job runs on {label} now (its lease lasts until {until})")
+    raise UserPathError(errno.EBUSY, f"checkpoint dir {ckpt_dir} is in use: job {holder.get('job')} runs on {label} "
                                      f"(its lease lasts until {until})")
 
 
