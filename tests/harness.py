@@ -101,6 +101,10 @@ class Daemon:
     def spool(self) -> Path:
         return self.root / "spool"
 
+    def checkpoint_dir(self, name: str, owner: str | None = None) -> Path:
+        """A job's default checkpoint dir: checkpoints_root/OWNER/NAME (OWNER: this test's user)."""
+        return self.root / "checkpoints" / (owner or pwd.getpwuid(os.getuid()).pw_name) / name
+
     def start(self, timeout: float = 60) -> Daemon:
         args = [str(BIN / "spx-trainer"), "--root", str(self.root), "--gpu-backend", self.gpu_backend,
                 "--metrics-address", "127.0.0.1:0", *self.extra_args]

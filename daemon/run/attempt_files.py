@@ -11,8 +11,10 @@ Where each lives and who makes it:
   directory) — made by root inside those root-only parents and handed to the owner with fchown on
   the fd: the owner cannot create anything in the parent, so nothing there is theirs to swap.
 - the checkpoint dir — in the user's tree: created and checked *as the user* (`as_user`), so root
-  never mkdirs or chowns through a path the user can rearrange. The default `checkpoints_root/NAME`
-  is the one exception: its parent is root's, so root makes that one component and gives it away.
+  never mkdirs or chowns through a path the user can rearrange. Below `checkpoints_root` (root's),
+  root makes the one component the user cannot — `checkpoints_root/OWNER` of the default
+  `checkpoints_root/OWNER/NAME`, or the one-component `checkpoints_root/NAME` of a job accepted
+  before defaults were per owner — and gives it away; one that exists must be the owner's.
 - the heartbeat and the log tail are read through `fsafe` (no link, no FIFO, capped).
 
 Every failure is a `UserPathError` whose message is the job's reason.
@@ -33,6 +35,7 @@ from spx.daemon.contract.checkpoint_layout import CheckpointRef
 from spx.daemon.contract.worker_env import Heartbeat
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
+from spx.daemon.core.spec import root_made
 from spx.daemon.intake import job_record
 from spx.daemon.run import local_tier
 from spx.daemon.state import jobviews
@@ -245,23 +248,31 @@ def _exists(dir_fd: int, name: str) -> bool:
 
 
 def _prepare_checkpoint_dir(cfg: DaemonConfig, user: as_user.Owner, ckpt_dir: Path) -> None:
-    """The checkpoint dir exists and the owner can write it — decided as the owner."""
-    if ckpt_dir.parent == cfg.checkpoints_root:
+    """The checkpoint dir exists and the owner can write it — decided as the owner. Below
+    checkpoints_root (root's), root makes the one directory the owner cannot (`OWNER`, or a
+    one-component dir of a job from before per-owner dirs) and gives it to them."""
+    below = root_made(cfg.checkpoints_root, ckpt_dir, user.name, user.uid)
+    if below is not None:
         root_fd = fsafe.open_trusted_dir(cfg.checkpoints_root)
         try:
-            _default_checkpoint_dir_at(root_fd, ckpt_dir.name, user)
+            _owned_dir_below_root(root_fd, below, user, job_dir=below == ckpt_dir)
         finally:
             os.close(root_fd)
-        (problem,) = as_user.check_access(user, [(str(ckpt_dir), "write-or-create")])
-        if problem:
-            raise UserPathError(errno.EACCES, f"checkpoint dir: {problem} (as {user.name})")
-        return
+        if below == ckpt_dir:
+            (problem,) = as_user.check_access(user, [(str(ckpt_dir), "write-or-create")])
+            if problem:
+                raise UserPathError(errno.EACCES, f"checkpoint dir: {problem} (as {user.name})")
+            return
     as_user.mkdirs(user, [str(ckpt_dir)], 0o750)
 
 
-def _default_checkpoint_dir_at(root_fd: int, name: str, user: as_user.Owner) -> None:
-    """`checkpoints_root/NAME`: made by root in its own directory and given to the owner; an existing
-    one must be a real directory of the owner's (never someone else's checkpoints)."""
+def _owned_dir_below_root(root_fd: int, path: Path, user: as_user.Owner, job_dir: bool) -> None:
+    """`checkpoints_root/X`: made by root in its own directory and given to the owner; an existing
+    one must be a real directory of the owner's — root's own jobs included: no job resumes from, or
+    sets aside files in, a directory another user made first. `checkpoints_root/OWNER` must not be
+    itself an earlier job's checkpoint dir (one named like its owner, from before per-owner dirs):
+    the jobs below it would be hidden from `spx adopt`'s scan, which stops at a `.spx/`."""
+    name = path.name
     try:
         os.mkdir(name, 0o750, dir_fd=root_fd)
         created = True
@@ -272,8 +283,14 @@ def _default_checkpoint_dir_at(root_fd: int, name: str, user: as_user.Owner) -> 
         st = os.fstat(fd)
         if created and st.st_uid == os.geteuid():
             os.fchown(fd, user.uid, user.gid)
-        elif st.st_uid != user.uid and user.uid != 0:
-            raise UserPathError(errno.EPERM, f"checkpoint dir {name} belongs to uid {st.st_uid}, not {user.name}")
+        elif st.st_uid != user.uid:
+            raise UserPathError(errno.EPERM, f"checkpoint dir {path} belongs to uid {st.st_uid}, not to {user.name}: "
+                                             "another user made it first; refused (give the job its own "
+                                             "checkpoints.dir, or have the admin move that directory)")
+        if not job_dir and _exists(fd, ".spx"):
+            raise UserPathError(errno.EEXIST, f"{path} is the checkpoint dir of an earlier job named "
+                                              f"{name!r} (it holds .spx/), not a directory for {user.name}'s jobs; "
+                                              f"move its content into {path}/{name}")
     finally:
         os.close(fd)
 
