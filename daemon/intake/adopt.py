@@ -217,5 +217,7 @@ class Adopter:
 
 
 def _held(lease: dict[str, Any]) -> str:
+    if lease.get("ended"):
+        return f"it {lease['ended']} on {lease.get('label') or lease.get('host')}; not run again"
     until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(lease.get("expires", 0))))
     return f"running on {lease.get('host')} (its lease lasts until {until} unless renewed)"

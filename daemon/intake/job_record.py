@@ -130,8 +130,9 @@ def lease_doc(host: str, job_uid: str, seconds: float, now: float, label: str | 
     return {"host": host, "label": label or host, "job": job_uid, "expires": now + seconds, "written": now}
 
 
-def state_doc(job: JobRow, host: str, now: float) -> dict[str, Any]:
-    return {"job": job.uid, "state": job.state.value, "reason": job.reason, "host": host, "time": now}
+def state_doc(job: JobRow, host: str, now: float, label: str | None = None) -> dict[str, Any]:
+    return {"job": job.uid, "state": job.state.value, "reason": job.reason, "host": host, "label": label or host,
+            "time": now}
 
 
 def _json_object(raw: bytes | None) -> dict[str, Any] | None:

@@ -164,6 +164,8 @@ def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_di
     holder = reply.get("holder") or {}
     label = str(holder.get("label") or holder.get("host"))[:300]
     until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(holder.get("expires", now))))
+    if holder.get("ended"):
+        raise LeaseTaken(label, f"this job ended on {label} ({holder['ended']}), which had taken it over")
     if holder.get("job") == job.uid:
         raise LeaseTaken(label, f"this job runs on {label} now (its lease lasts until {until})")
     raise UserPathError(errno.EBUSY, f"checkpoint dir {ckpt_dir} is in use: job {holder.get('job')} runs on {label} "

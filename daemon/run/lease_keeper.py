@@ -116,7 +116,7 @@ class LeaseKeeper:
         self._marked = {i: t for i, t in self._marked.items() if t >= since}
         for uid, jobs in _by_owner(ended).items():
             docs = [{"dir": str(j.spec.checkpoint_dir(self.cfg.checkpoints_root)), "host": self.host,
-                     "state": job_record.state_doc(j, self.host, now)} for j in jobs]
+                     "state": job_record.state_doc(j, self.host, now, self.label)} for j in jobs]
             self._submit(uid, "end-marker", "spx_mark_ended", {"jobs": docs, "now": now}, jobs,
                          functools.partial(self._ended, jobs, docs))
             self._marked.update((j.id, now) for j in jobs)  # tried once: an owner gone stays gone
@@ -127,6 +127,9 @@ class LeaseKeeper:
         for job, doc, result in zip(jobs, docs, results, strict=False):
             if result == "written":
                 log.info("job_end_recorded", job=job.name, attempt=None, state=job.state.value, dir=doc["dir"])
+            elif result == "other":
+                log.info("job_end_left_to_holder", job=job.name, attempt=None, state=job.state.value, dir=doc["dir"],
+                         detail="another host holds its lease (it took the job over): its end is that host's to record")
             elif str(result).startswith("error"):
                 log.warning("job_end_not_recorded", job=job.name, attempt=None, error=str(result))
 

@@ -36,6 +36,7 @@ from spx.daemon.userfs import cas
 SPX = SPX_DIR
 RECORD = "job.yaml"
 STATE = "state"
+ENDED = ("succeeded", "failed", "cancelled")
 RECORD_MAX_BYTES = 64 * 1024
 SMALL_MAX_BYTES = 4096
 _UID_LINE = re.compile(rb'^uid: "([0-9a-f]{32})"$', re.M)
@@ -100,13 +101,30 @@ def _lease_doc(doc: dict[str, Any] | None) -> dict[str, Any] | None:
 def take_lease(dfd: int, mine: dict[str, Any], now: float) -> dict[str, Any]:
     """Take the lease in `.spx` for `mine["host"]`: free, expired, garbage or this host's already —
     always under a new generation. {"held": True, "gen": n}, or {"held": False, "holder": lease}
-    while another host's lease is valid (it keeps it)."""
+    while another host's lease is valid (it keeps it), or while the end marker says this job ended
+    (on the host that took it over: it never runs again)."""
     with cas.Locked(dfd, LEASE_LOCK) as lk:
         other = _lease_doc(lk.read(LEASE).doc)
         if other is not None and other["host"] != mine["host"] and float(other["expires"]) > now:
             return {"held": False, "holder": other}
+        ended = _ended(dfd, str(mine.get("job")))
+        if ended is not None:
+            return {"held": False, "holder": ended}
         written = lk.write(LEASE, _fields(mine), bump=True)
         return {"held": True, "gen": written["gen"]}
+
+
+def _ended(dfd: int, job: str) -> dict[str, Any] | None:
+    """The end marker of `job` ({"job", "state", "host", "label"?, ...}), None if there is none."""
+    try:
+        raw = read_small(dfd, STATE)
+        doc = json.loads(raw) if raw else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("job") != job or doc.get("state") not in ENDED:
+        return None
+    return {"host": str(doc.get("host")), "label": str(doc.get("label") or doc.get("host")), "job": job,
+            "expires": 0.0, "ended": doc["state"]}
 
 
 def _fields(lease: dict[str, Any]) -> dict[str, Any]:
@@ -115,13 +133,14 @@ def _fields(lease: dict[str, Any]) -> dict[str, Any]:
 
 def renew_lease(dfd: int, mine: dict[str, Any]) -> dict[str, Any]:
     """Extend the lease while it still names this host and this job (same generation). {"result":
-    "held", "gen"}, "other" with the holder (another host took it: this one lost the job), or
-    "absent" (no lease: given up, or removed by the owner)."""
+    "held", "gen"}, "other" with the holder (another host took it: this one lost the job — also once
+    that host ended the job and gave the lease up), or "absent" (no lease: removed by the owner)."""
     with cas.Locked(dfd, LEASE_LOCK) as lk:
         now = lk.read(LEASE)
         lease = _lease_doc(now.doc)
         if lease is None:
-            return {"result": "absent"}
+            ended = _ended(dfd, str(mine.get("job")))
+            return {"result": "absent"} if ended is None else {"result": "other", "holder": ended}
         if lease["host"] != mine["host"] or lease.get("job") != mine["job"]:
             return {"result": "other", "holder": lease}
         lk.write(LEASE, _fields(mine), bump=False)
@@ -185,8 +204,9 @@ def mark_ended(args: dict[str, Any]) -> list[str]:
     """For each {"dir", "host", "state": {...}} in args["jobs"]: write `.spx/state` where
     `.spx/job.yaml` names that job and the lease is this host's (or there is none), then give the
     lease up. One word per job: "written", "absent" (no record of that job there), "other" (another
-    host's lease is there: it runs the job now, or did last — its end is that host's to record, even
-    once its lease expired, so a job handed over is never ended for good here) or "error: …"."""
+    host's lease or end marker is there: it runs the job now, or did last — its end is that host's to
+    record, even once its lease expired, so a job handed over is never ended for good here, nor its
+    end there overwritten) or "error: …"."""
     out: list[str] = []
     for job in args["jobs"]:
         try:
@@ -203,7 +223,9 @@ def mark_ended(args: dict[str, Any]) -> list[str]:
                 continue
             with cas.Locked(dfd, LEASE_LOCK) as lk:
                 lease = _lease_doc(lk.read(LEASE).doc)
-                if lease is not None and lease["host"] != job["host"]:
+                ended = _ended(dfd, str(job["state"]["job"]))
+                if ((lease is not None and lease["host"] != job["host"])
+                        or (ended is not None and ended["host"] != job["host"])):
                     out.append("other")
                     continue
                 replace_file(dfd, STATE, json.dumps(job["state"]).encode())

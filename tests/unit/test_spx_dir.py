@@ -92,7 +92,11 @@ def test_the_end_marker_is_written_by_the_holder_only_and_gives_the_lease_up(tmp
     assert spx_dir.mark_ended({"jobs": [{"dir": str(ckpt), "host": "b", "state": ended}], "now": time.time()}) == ["written"]
     assert json.loads((ckpt / ".spx" / "state").read_text())["state"] == "succeeded"
     assert not (ckpt / ".spx" / "lease").exists()
-    assert _claim(ckpt, "c")["gen"] == 2, "given up, the generation is still counted"
+    assert _claim(ckpt, "c")["held"] is False, "an ended job is never taken again"
+    other = "e" * 32  # the next job in this dir
+    (ckpt / ".spx" / "job.yaml").write_text(f'uid: "{other}"\n')
+    taken = spx_dir.claim({"dir": str(ckpt), "lease": {**_lease("c"), "job": other}, "now": time.time()})
+    assert taken == {"held": True, "gen": 2}, "given up, the generation is still counted"
 
 
 def test_a_job_handed_to_another_host_is_never_ended_for_good_by_the_host_that_lost_it(tmp_path):
@@ -101,6 +105,21 @@ def test_a_job_handed_to_another_host_is_never_ended_for_good_by_the_host_that_l
     lost = {"job": UID, "state": "cancelled", "reason": "handed over", "host": "a", "time": time.time()}
     assert spx_dir.mark_ended({"jobs": [{"dir": str(ckpt), "host": "a", "state": lost}], "now": time.time()}) == ["other"]
     assert not (ckpt / ".spx" / "state").exists(), "the job stays adoptable"
+
+
+def test_a_job_that_ended_on_the_host_it_was_handed_to_is_never_taken_again_by_the_one_that_lost_it(tmp_path):
+    ckpt = _ckpt(tmp_path)
+    _claim(ckpt, "b")
+    done = {"job": UID, "state": "succeeded", "reason": "exit code 0", "host": "b", "label": "node-b", "time": 1.0}
+    assert spx_dir.mark_ended({"jobs": [{"dir": str(ckpt), "host": "b", "state": done}], "now": time.time()}) == ["written"]
+    lost = {**done, "state": "cancelled", "host": "a"}
+    assert spx_dir.mark_ended({"jobs": [{"dir": str(ckpt), "host": "a", "state": lost}], "now": time.time()}) == ["other"]
+    assert json.loads((ckpt / ".spx" / "state").read_text())["state"] == "succeeded", "b's end stands"
+    (answer,) = spx_dir.renew({"jobs": [{"dir": str(ckpt), "lease": _lease("a")}], "now": time.time()})
+    assert answer["result"] == "other" and answer["holder"]["label"] == "node-b", "a's attempt is stopped"
+    again = _claim(ckpt, "a")
+    assert again["held"] is False and again["holder"]["ended"] == "succeeded", "a's relaunch does not run it again"
+    assert not (ckpt / ".spx" / "lease").exists()
 
 
 def test_publish_refuses_while_another_host_holds_the_dir(tmp_path):
