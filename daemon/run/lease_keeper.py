@@ -71,7 +71,7 @@ class LeaseKeeper:
         self._marked: dict[int, float] = {}  # job id → when it ended (kept while inside the window)
         self._next_renew = 0.0
         self._renewing: set[int] = set()  # owners with a renewal submitted and not answered yet
-        self._renewed: dict[int, float] = {}  # live job id → when its lease was last known good
+        self._renewed: dict[int, float] = {}  # live job id → when its lease was last renewed (held jobs only)
         self.at_risk: set[int] = set()  # live jobs past the safety margin without a renewal (logged once)
         self._lost: set[int] = set()
         self._stopping = threading.Event()
@@ -138,8 +138,9 @@ class LeaseKeeper:
     def renew(self, live: list[JobRow], now: float) -> None:
         """One renewal per owner (all their live jobs in one helper), in that owner's lane; an owner
         whose last renewal has not come back yet gets no second one (it would only queue behind)."""
-        self._renewed = {j.id: self._renewed.get(j.id, now) for j in live}  # a new job: its lease was just taken
-        self._lost &= set(self._renewed)
+        ids = {j.id for j in live}
+        self._renewed = {i: t for i, t in self._renewed.items() if i in ids}
+        self._lost &= ids
         for uid, jobs in _by_owner(live).items():
             if uid in self._renewing:
                 continue

@@ -46,17 +46,18 @@ class Clock:
 
 
 class Helpers:
-    """Scripted as-user helpers: alice's renewals hang until released (her own locks held), the
-    others answer with `answer`."""
+    """Scripted as-user helpers: once `alice_stalls` is set, alice's renewals hang until released (her
+    own locks held); every other answer is `answer`."""
 
     def __init__(self, answer: dict[str, Any]) -> None:
         self.answer = answer
+        self.alice_stalls = threading.Event()
         self.release_alice = threading.Event()
         self.calls: list[tuple[int, str]] = []
 
     def __call__(self, uid: int, action: str, args: dict[str, Any], _timeout: float) -> Any:
         self.calls.append((uid, action))
-        if uid == ALICE:
+        if uid == ALICE and self.alice_stalls.is_set():
             assert self.release_alice.wait(WAIT)
         return [dict(self.answer) for _ in args["jobs"]]
 
@@ -84,15 +85,19 @@ def test_one_owners_stalled_renewals_never_delay_another_owners():
     bobs = job(99, BOB)
     keeper = keeper_for([*alice_jobs, bobs], helpers, clock)
     try:
-        keeper.turn()
-        answered(keeper, lambda: BOB not in keeper._renewing)
-        assert ALICE in keeper._renewing, "alice's helper still waits on her own locks"
+        keeper.turn()  # every lease renewed once
+        answered(keeper, lambda: len(keeper._renewed) == 21 and not keeper._renewing)
+        helpers.alice_stalls.set()  # from now on alice holds her 20 lock files
         clock.now += 40.0  # the next renewal (every third of 120 s)
         keeper.turn()
         answered(keeper, lambda: keeper._renewed[bobs.id] == clock.now)
-        assert helpers.calls.count((ALICE, "spx_renew")) == 1, "no second helper queued behind the stalled one"
-        assert helpers.calls.count((BOB, "spx_renew")) == 2
-        clock.now += 41.0  # 81 s since alice's leases were last renewed: past two thirds of 120
+        assert ALICE in keeper._renewing, "alice's helper still waits on her own locks"
+        clock.now += 40.0
+        keeper.turn()
+        answered(keeper, lambda: keeper._renewed[bobs.id] == clock.now)
+        assert helpers.calls.count((ALICE, "spx_renew")) == 2, "no second helper queued behind the stalled one"
+        assert helpers.calls.count((BOB, "spx_renew")) == 3
+        clock.now += 1.0  # 81 s since alice's leases were last renewed: past two thirds of 120
         keeper.turn()
         assert keeper.at_risk == {j.id for j in alice_jobs}, "flagged loudly, bob's lease is fine"
         helpers.release_alice.set()
@@ -114,5 +119,18 @@ def test_a_lease_another_host_took_is_reported_to_the_loop_once():
         keeper.turn()
         answered(keeper, lambda: helpers.calls.count((BOB, "spx_renew")) == 2 and BOB not in keeper._renewing)
         assert lost == [(7, "node-b:/var/lib/spx")]
+    finally:
+        keeper.lanes.close(wait=WAIT)
+
+
+def test_a_job_without_a_lease_yet_is_never_flagged():
+    clock, helpers = Clock(), Helpers({"result": "absent"})  # queued: not prepared, no .spx/ record yet
+    keeper = keeper_for([job(3, BOB)], helpers, clock)
+    try:
+        keeper.turn()
+        answered(keeper, lambda: BOB not in keeper._renewing and helpers.calls)
+        clock.now += 200.0
+        keeper.turn()
+        assert keeper.at_risk == set()
     finally:
         keeper.lanes.close(wait=WAIT)
