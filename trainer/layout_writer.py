@@ -62,6 +62,7 @@ def _stop_fenced(what: str, why: Fenced, staging: Path | None) -> NoReturn:
               "its lease.", what, why, EXIT_FENCED)
     for handler in logging.getLogger().handlers + log.handlers:
         handler.flush()
+    sys.stdout.flush()
     sys.stderr.write(f"spx.trainer: fenced: {why}\n")
     sys.stderr.flush()
     os._exit(EXIT_FENCED)
