@@ -126,6 +126,8 @@ class LoopWatch:
         return max(gaps, default=0.0)
 
     def close(self) -> None:
+        if self._closed.is_set():
+            return
         self._closed.set()
         self._thread.join(timeout=2)
         self._sock.close()
@@ -156,6 +158,10 @@ class Daemon:
     def spool(self) -> Path:
         return self.root / "spool"
 
+    def checkpoint_dir(self, name: str, owner: str | None = None) -> Path:
+        """A job's default checkpoint dir: checkpoints_root/OWNER/NAME (OWNER: this test's user)."""
+        return self.root / "checkpoints" / (owner or pwd.getpwuid(os.getuid()).pw_name) / name
+
     def start(self, timeout: float = 60) -> Daemon:
         args = [str(BIN / "spx-trainer"), "--root", str(self.root), "--gpu-backend", self.gpu_backend,
                 "--metrics-address", "127.0.0.1:0", "--log-level", self.log_level, *self.extra_args]
@@ -184,11 +190,14 @@ class Daemon:
 
     def _read(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
+        loop = self.loop
         for line in proc.stdout:
             try:
                 self.lines.append(json.loads(line))
             except ValueError:
                 self.lines.append({"event": "raw", "text": line.rstrip()})
+        if loop is not None:  # the daemon is gone (stopped, or killed by the test): no more pings
+            loop.close()
 
     def events(self, name: str, **match: object) -> list[dict]:
         return [e for e in list(self.lines) if e.get("event") == name and all(e.get(k) == v for k, v in match.items())]

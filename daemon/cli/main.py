@@ -181,8 +181,16 @@ def _drop(cfg: DaemonConfig, spec: JobSpec, text: str) -> int:
 def _say_what_resumes(cfg: DaemonConfig, spec: JobSpec) -> None:
     """Whether the job starts from checkpoints already in its dir (a reused name finds the earlier
     job's): said before it is queued, so resuming is never a surprise. Read as the submitting user
-    (the job's owner); a dir they cannot read says nothing here (intake judges it)."""
-    ckpt_dir = spec.checkpoint_dir(cfg.checkpoints_root)
+    (the job's owner); a dir they cannot read says nothing here (intake judges it). The default dir
+    is per owner (`checkpoints_root/OWNER/NAME`): a dir of that name from before (`checkpoints_root/
+    NAME`, theirs) is named, so the job does not start over in the new one unnoticed."""
+    try:
+        me = as_user.owner(os.getuid())
+    except UserPathError:
+        return
+    ckpt_dir = spec.with_checkpoint_dir(cfg.checkpoints_root, me.name, me.uid).checkpoint_dir(cfg.checkpoints_root)
+    if spec.checkpoints.dir is None:
+        _say_legacy_dir(cfg, spec, me, ckpt_dir)
     try:  # as the daemon will find it, in a helper with a timeout (a hung mount costs 5 s, not forever)
         found = as_user.find_latest(as_user.owner(os.getuid()), str(ckpt_dir), spec.checkpoints.pattern, 5.0)
     except UserPathError:
@@ -205,6 +213,21 @@ def _say_what_resumes(cfg: DaemonConfig, spec: JobSpec) -> None:
               f"they are moved into {ckpt_dir}/.before-job-ID at its start")
     else:
         print(f"{ckpt_dir} holds checkpoints {upto} from {who}; this job resumes from them (--fresh to start over)")
+
+
+def _say_legacy_dir(cfg: DaemonConfig, spec: JobSpec, me: as_user.Owner, ckpt_dir: Path) -> None:
+    """`checkpoints_root/NAME`, this user's, holds checkpoints of an earlier job of this name (the
+    default dir before it was per owner): say so, and how to resume from them."""
+    legacy = cfg.checkpoints_root / spec.name
+    try:
+        if legacy.lstat().st_uid != me.uid:
+            return
+        found = as_user.find_latest(me, str(legacy), spec.checkpoints.pattern, 5.0)
+    except (OSError, UserPathError):
+        return
+    if found.get("path") is not None:
+        print(f"{legacy} holds checkpoints of an earlier {spec.name} (the default dir before it was per owner); "
+              f"this job's dir is {ckpt_dir}: to resume from them, set checkpoints.dir: {legacy}")
 
 
 def _await_intake(cfg: DaemonConfig, name: str, spool_name: str, timeout: float = 5.0) -> int:

@@ -28,12 +28,20 @@ ENV_HEARTBEAT_FILE = "SPX_HEARTBEAT_FILE"
 # A random id per attempt, inherited by every process of it: how the daemon finds an attempt's
 # processes in /proc after a restart of its own (pids are reused; job names repeat across roots).
 ENV_ATTEMPT_ID = "SPX_ATTEMPT_ID"
+# The generation of the job's `.spx/lease` this attempt was launched under (its fencing token):
+# spx.trainer publishes a checkpoint only while the lease is still at it (contract/fencing.py). Set
+# for one-host jobs; unset for a job across hosts and for a script run by hand.
+ENV_FENCE = "SPX_FENCE"
 ENV_NAMES = (ENV_JOB, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_HEARTBEAT_FILE, ENV_ATTEMPT_ID,
-             ENV_LOCAL_CHECKPOINT_DIR)
+             ENV_LOCAL_CHECKPOINT_DIR, ENV_FENCE)
 
 # A worker that checkpointed on SIGTERM exits with this code (EX_TEMPFAIL: "try again later"), and
 # says so in its heartbeat, because torchrun reports every non-zero worker exit as its own exit 1.
 EXIT_PREEMPTED = 75
+# A worker that found its job's lease taken by another host when it went to publish a checkpoint
+# (the fence, contract/fencing.py) publishes nothing and exits with this code (EX_NOPERM: it may no
+# longer write the job's checkpoints); the job lives on on the host that took it over.
+EXIT_FENCED = 77
 
 HEARTBEAT_MIN_INTERVAL_SECONDS = 1.0
 HEARTBEAT_MAX_BYTES = 64 * 1024  # a beat is a few hundred bytes; the daemon reads no more

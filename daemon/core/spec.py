@@ -61,7 +61,7 @@ AbsPath = Annotated[Path, Field(description="An absolute path without '..'.")]
 
 
 class Checkpoints(_Strict):
-    dir: AbsPath | None = Field(None, description="Where this job's checkpoints live; default CHECKPOINTS_ROOT/NAME.")
+    dir: AbsPath | None = Field(None, description="Where this job's checkpoints live; default CHECKPOINTS_ROOT/OWNER/NAME.")
     keep: int = Field(
         3, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted after a newer one completes."
     )
@@ -280,7 +280,49 @@ class JobSpec(_Strict):
         return 1 if self.launcher == "python" else max(1, self.gpu_count)
 
     def checkpoint_dir(self, checkpoints_root: Path) -> Path:
+        """The job's checkpoint dir as accepted: intake writes the default into the spec
+        (`with_checkpoint_dir`), so a spec without one is a job accepted before the default was per
+        owner, whose checkpoints are in `checkpoints_root/NAME` (kept there across the upgrade)."""
         return self.checkpoints.dir or checkpoints_root / self.name
+
+    def with_checkpoint_dir(self, checkpoints_root: Path, owner: str, owner_uid: int) -> JobSpec:
+        """This spec with `checkpoints.dir` set: its own, else `checkpoints_root/OWNER/NAME`. Per
+        owner, so a name nobody owns: a job never finds (resumes from, sets aside files in) a dir of
+        another user's job of the same name."""
+        if self.checkpoints.dir is not None:
+            return self
+        default = default_checkpoint_dir(checkpoints_root, owner, owner_uid, self.name)
+        return self.model_copy(update={"checkpoints": self.checkpoints.model_copy(update={"dir": default})})
+
+
+_OWNER_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
+
+
+def owner_component(owner: str, owner_uid: int) -> str:
+    """The owner's directory below checkpoints_root: their user name, or `uid-N` for a name that is
+    no plain path component."""
+    return owner if _OWNER_COMPONENT.match(owner) else f"uid-{owner_uid}"
+
+
+def default_checkpoint_dir(checkpoints_root: Path, owner: str, owner_uid: int, name: str) -> Path:
+    """`checkpoints_root/OWNER/NAME`: root makes `OWNER` and gives it to the owner; the rest is theirs."""
+    return checkpoints_root / owner_component(owner, owner_uid) / name
+
+
+def root_made(checkpoints_root: Path, ckpt_dir: Path, owner: str, owner_uid: int) -> Path | None:
+    """The directory the daemon makes for the owner below checkpoints_root, root's own directory
+    where the owner cannot: `checkpoints_root/OWNER` for a dir below it, or a one-component
+    `checkpoints_root/NAME` (a job accepted before per-owner dirs, or one that names such a dir).
+    None when `ckpt_dir` is not below checkpoints_root that way (the owner makes it, as the owner)."""
+    try:
+        parts = ckpt_dir.relative_to(checkpoints_root).parts
+    except ValueError:
+        return None
+    if len(parts) == 1:
+        return ckpt_dir
+    if len(parts) > 1 and parts[0] == owner_component(owner, owner_uid):
+        return checkpoints_root / parts[0]
+    return None
 
 
 # Paths `spx submit` resolves against the job file's directory when they are relative (the daemon

@@ -34,6 +34,7 @@ class Mount:
     options: tuple[str, ...]
     fstype: str
     source: str
+    super_options: tuple[str, ...] = ()  # the file system's own (NFS's vers=, local_lock=; Lustre's flock)
 
     @property
     def read_only(self) -> bool:
@@ -69,7 +70,7 @@ def parse_mountinfo(text: str) -> list[Mount]:
         major, _, minor = f[2].partition(":")
         mounts.append(
             Mount(int(f[0]), int(f[1]), (int(major), int(minor)), _unescape(f[3]), _unescape(f[4]),
-                  tuple(f[5].split(",")), r[0], _unescape(r[1]))
+                  tuple(f[5].split(",")), r[0], _unescape(r[1]), tuple(r[2].split(",")) if len(r) > 2 else ())
         )
     return mounts
 

@@ -36,7 +36,7 @@ from spx.daemon.doctor.hostprobe import (
     probe_virt,
     read_mounts,
 )
-from spx.daemon.doctor.storage_checks import check_checkpoints, check_staging
+from spx.daemon.doctor.storage_checks import check_checkpoint_locks, check_checkpoints, check_staging
 
 GIB = 1 << 30
 
@@ -348,6 +348,7 @@ CHECKS: list[tuple[str, Callable[[DoctorContext], Check | list[Check]]]] = [
     ("quarantine", lambda ctx: gpu_checks.check_quarantine(ctx.state_dir)),
     ("gpu-devices", device_checks.check_gpu_devices),
     ("checkpoints", check_checkpoints),
+    ("checkpoint-locks", check_checkpoint_locks),
     ("staging", check_staging),
     ("spool", check_spool),
     ("state", check_state),

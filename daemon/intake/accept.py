@@ -15,6 +15,7 @@ queued twice and nothing is lost.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import pwd
@@ -26,7 +27,7 @@ from spx.daemon.contract.checkpoint_layout import fsync_dir
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Lanes, Outcome
 from spx.daemon.core.log import get_logger
-from spx.daemon.core.spec import JobSpec, SpecError, parse_spec
+from spx.daemon.core.spec import JobSpec, SpecError, parse_spec, root_made
 from spx.daemon.intake.claim_queue import ClaimQueue
 from spx.daemon.intake.dependencies import dependency_problem
 from spx.daemon.intake.spool import Accepted, Claimed, Rejected, SpoolClaimer, SpoolWatcher, parse_claimed
@@ -89,6 +90,9 @@ class Intake:
         verdict = parse_claimed(claimed)
         if isinstance(verdict, Rejected):
             return verdict
+        # A job without `checkpoints.dir` gets its owner's own default (checkpoints_root/OWNER/NAME).
+        verdict = dataclasses.replace(verdict, spec=verdict.spec.with_checkpoint_dir(
+            self.cfg.checkpoints_root, claimed.owner, claimed.owner_uid))
         problem = self.access_problem(verdict.spec, verdict.owner_uid)
         return Rejected(claimed.name, problem, claimed.owner_uid) if problem else verdict
 
@@ -152,9 +156,10 @@ class Intake:
         """What the owner cannot do that the job needs, decided by the kernel for the owner — a
         process with their uid, gid and supplementary groups (`as_user`) — never guessed by root:
         enter the workdir, read the script (and DeepSpeed config) there, read the staging source,
-        write (or create) the staging target and the checkpoint dir. An existing checkpoint dir must be theirs (else a reused job name would
-        resume from another user's checkpoints); the default one, under checkpoints_root, the
-        daemon creates for them."""
+        write (or create) the staging target and the checkpoint dir. An existing checkpoint dir must
+        be theirs, root's jobs included (else a reused job name would resume from another user's
+        checkpoints); below checkpoints_root, the daemon makes `OWNER` (or a one-component dir)
+        for them, and an existing one must be theirs too."""
         try:
             user = as_user.owner(uid)
         except UserPathError as e:
@@ -164,12 +169,15 @@ class Intake:
             ("checkpoints.dir", str(ckpt_dir), "owned"),
             ("workdir", str(spec.workdir or user.home), "enter-dir"),
         ]
+        below_root = root_made(self.cfg.checkpoints_root, ckpt_dir, user.name, user.uid)
+        if below_root is not None and below_root != ckpt_dir:
+            checks.append(("checkpoints.dir", str(below_root), "owned"))
         workdir = spec.workdir or Path(user.home)
         if spec.script:  # relative to the workdir, as the launch runs it
             checks.append(("script", str(workdir / spec.script), "read-file"))
         if spec.deepspeed_config:
             checks.append(("deepspeed_config", str(workdir / spec.deepspeed_config), "read-file"))
-        if ckpt_dir.parent != self.cfg.checkpoints_root:
+        if below_root is None:
             checks.append(("checkpoints.dir", str(ckpt_dir), "write-or-create"))
         if spec.data.stage is not None:
             checks.append(("data.stage.from", str(spec.data.stage.source), "read-tree"))
@@ -204,8 +212,8 @@ class Intake:
             try:
                 _name, uid_text, _ns, _ext = copy.name.rsplit(".", 3)
                 uid = int(uid_text)
-                spec = parse_spec(copy.read_text())
                 owner = pwd.getpwuid(uid).pw_name
+                spec = parse_spec(copy.read_text()).with_checkpoint_dir(self.cfg.checkpoints_root, owner, uid)
             except (ValueError, KeyError, OSError, SpecError) as e:
                 log.error("unrecorded_copy_unreadable", file=str(copy), error=str(e))
                 continue

@@ -222,4 +222,6 @@ class Adopter:
 
 
 def _held(lease: dict[str, Any]) -> str:
+    if lease.get("ended"):
+        return f"it {str(lease['ended'])[:32]} on {str(lease.get('label') or lease.get('host'))[:200]}; not run again"
     return f"running on {lease.get('host')} (its lease lasts until {job_record.lease_until(lease)} unless renewed)"

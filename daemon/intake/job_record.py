@@ -7,8 +7,9 @@ userfs/spx_dir.py):
 - `job.yaml` — this module's `render`: the job's uid (its identity on every host), name, owner name,
   submission time, the host that wrote it and the accepted spec. Written at each preparation of an
   attempt (so it also records where the job runs now).
-- `lease` — `lease_doc`: which daemon (`host_id`) runs the job, until when; renewed while the job is
-  live there (run/lease_keeper.py). A daemon adopts a job only while nobody else holds it.
+- `lease` — `lease_doc`: which daemon (`host_id`) runs the job, until when, and its generation (the
+  fencing token its attempts are launched with); renewed while the job is live there
+  (run/lease_keeper.py). A daemon adopts a job only while nobody else holds it.
 - `state` — `state_doc`: the terminal state, written when the job ends: `spx adopt` never re-runs a
   finished, failed or cancelled job.
 
@@ -127,14 +128,23 @@ def parse(raw: bytes) -> Record:
     return Record(uid, spec.name, owner, submitted, host, spec)
 
 
-def lease_doc(host: str, job_uid: str, seconds: float, now: float) -> dict[str, Any]:
-    return {"host": host, "job": job_uid, "expires": now + seconds, "written": now}
+def host_label(state_dir: Path) -> str:
+    """The lease holder as people read it (`spx status`, the reason of a job handed over): this
+    machine's name and the daemon's state dir."""
+    return f"{socket.gethostname()}:{state_dir.absolute()}"
 
 
-def state_doc(job: JobRow, host: str, now: float) -> dict[str, Any]:
+def lease_doc(host: str, job_uid: str, seconds: float, now: float, label: str | None = None) -> dict[str, Any]:
+    """A lease for `host` (host_id) on job `job_uid`, valid `seconds` from `now`. The generation (the
+    fencing token) is the compare-and-swap's to set (userfs/spx_dir.py)."""
+    return {"host": host, "label": label or host, "job": job_uid, "expires": now + seconds, "written": now}
+
+
+def state_doc(job: JobRow, host: str, now: float, label: str | None = None) -> dict[str, Any]:
     # Cut: adopt_scan reads at most SMALL_MAX_BYTES of the marker, and one cut short is no marker.
     reason = job.reason[:MAX_REASON_CHARS] if job.reason else job.reason
-    return {"job": job.uid, "state": job.state.value, "reason": reason, "host": host, "time": now}
+    return {"job": job.uid, "state": job.state.value, "reason": reason, "host": host, "label": label or host,
+            "time": now}
 
 
 def ended_state(raw: bytes | None, job_uid: str) -> str | None:

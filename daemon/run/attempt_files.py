@@ -15,8 +15,10 @@ Where each lives and who makes it:
   handed to the owner with fchown on the fd: the owner cannot create anything in the parent, so
   nothing there is theirs to swap.
 - the checkpoint dir — in the user's tree: created and checked *as the user* (`as_user`), so root
-  never mkdirs or chowns through a path the user can rearrange. The default `checkpoints_root/NAME`
-  is the one exception: its parent is root's, so root makes that one component and gives it away.
+  never mkdirs or chowns through a path the user can rearrange. Below `checkpoints_root` (root's),
+  root makes the one component the user cannot — `checkpoints_root/OWNER` of the default
+  `checkpoints_root/OWNER/NAME`, or the one-component `checkpoints_root/NAME` of a job accepted
+  before defaults were per owner — and gives it away; one that exists must be the owner's.
 - the heartbeat and the log tail are read through `fsafe` (no link, no FIFO, capped).
 
 Every failure is a `UserPathError` whose message is the job's reason.
@@ -37,6 +39,7 @@ from spx.daemon.contract.worker_env import Heartbeat
 from spx.daemon.core import bounded
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
+from spx.daemon.core.spec import root_made
 from spx.daemon.core.users import LogAccess, log_access
 from spx.daemon.intake import job_record
 from spx.daemon.run import local_tier
@@ -48,7 +51,7 @@ from spx.daemon.userfs.fsafe import UserPathError
 
 log = get_logger()
 
-__all__ = ["AttemptFiles", "UserPathError", "job_log_dir_fd", "latest_checkpoint", "note", "open_log_dir",
+__all__ = ["AttemptFiles", "LeaseTaken", "UserPathError", "job_log_dir_fd", "latest_checkpoint", "note", "open_log_dir",
            "paths", "prepare", "remove_attempt_logs", "read_heartbeat", "read_log_tail", "staging_log"]
 
 MARKER = ".job-id"
@@ -66,6 +69,7 @@ class AttemptFiles:
     checkpoint_dir: Path   # job.spec.checkpoint_dir(cfg.checkpoints_root); created as the owner if missing
     readers: LogAccess = LogAccess()  # who the log files are handed to, and who else reads them
     local_checkpoint_dir: Path | None = None  # local_tier: host RAM, the owner's (None: the tier is off)
+    fence: int | None = None  # the generation of the job's `.spx/lease` taken for this attempt (SPX_FENCE)
 
     @property
     def log_file(self) -> Path:
@@ -124,27 +128,44 @@ def prepare(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
     finally:
         os.close(jobs_fd)
     _prepare_checkpoint_dir(cfg, user, files.checkpoint_dir)
-    _publish_record(cfg, user, job, files.checkpoint_dir)
-    return replace(files, local_checkpoint_dir=local_tier.prepare(cfg, job, user.uid, user.gid))
+    fence = _publish_record(cfg, user, job, files.checkpoint_dir)
+    return replace(files, local_checkpoint_dir=local_tier.prepare(cfg, job, user.uid, user.gid), fence=fence)
 
 
-def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_dir: Path) -> None:
+class LeaseTaken(UserPathError):
+    """Another host holds this very job's lease: it adopted the job, which lives on there."""
+
+    def __init__(self, holder: str, why: str) -> None:
+        super().__init__(errno.EBUSY, why)
+        self.holder = holder
+
+
+def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_dir: Path) -> int | None:
     """Host loss: take the job's lease and write `.spx/job.yaml` in its checkpoint dir, as the owner
-    (intake/job_record.py). A lease another live daemon holds means that daemon runs a job in this
-    dir now (it adopted this one, or another job shares the dir): this attempt does not start.
+    (intake/job_record.py); the lease's new generation is the attempt's fencing token (SPX_FENCE).
+    A lease another live daemon holds means that daemon runs a job in this dir now: this attempt does
+    not start — LeaseTaken when it runs this job (it adopted it), else the dir is in use.
     Not for a job across hosts: every host's daemon runs it in this dir (docs/multinode.md)."""
     if not job.uid or job.spec.nodes.count > 1:
-        return
+        return None
     host, now = job_record.host_id(cfg.state_dir), time.time()
     reply = as_user.run(user, "spx_publish", {
         "dir": str(ckpt_dir), "record": job_record.render(job, host), "now": now,
-        "lease": job_record.lease_doc(host, job.uid, cfg.adopt_lease_seconds, now)})
-    if not isinstance(reply, dict) or reply.get("held"):
-        return
+        "lease": job_record.lease_doc(host, job.uid, cfg.adopt_lease_seconds, now, job_record.host_label(cfg.state_dir))})
+    if not isinstance(reply, dict):
+        raise UserPathError(errno.EIO, f"taking the lease in {ckpt_dir} gave an odd answer")
+    if reply.get("held"):
+        gen = reply.get("gen")
+        return gen if isinstance(gen, int) and not isinstance(gen, bool) else None
     holder = reply.get("holder") or {}
-    same = "this job" if holder.get("job") == job.uid else f"job {holder.get('job')}"
-    raise UserPathError(errno.EBUSY, f"checkpoint dir {ckpt_dir} is in use: {same} runs on {holder.get('host')} "
-                                     f"(its lease lasts until {job_record.lease_until(holder)})")
+    label = str(holder.get("label") or holder.get("host"))[:300]
+    until = job_record.lease_until(holder)
+    if holder.get("ended"):
+        raise LeaseTaken(label, f"this job ended on {label} ({holder['ended']}), which had taken it over")
+    if holder.get("job") == job.uid:
+        raise LeaseTaken(label, f"this job runs on {label} now (its lease lasts until {until})")
+    raise UserPathError(errno.EBUSY, f"checkpoint dir {ckpt_dir} is in use: job {holder.get('job')} runs on {label} "
+                                     f"(its lease lasts until {until})")
 
 
 def staging_log(cfg: DaemonConfig, job: JobRow) -> Path:
@@ -224,23 +245,31 @@ def _exists(dir_fd: int, name: str) -> bool:
 
 
 def _prepare_checkpoint_dir(cfg: DaemonConfig, user: as_user.Owner, ckpt_dir: Path) -> None:
-    """The checkpoint dir exists and the owner can write it — decided as the owner."""
-    if ckpt_dir.parent == cfg.checkpoints_root:
+    """The checkpoint dir exists and the owner can write it — decided as the owner. Below
+    checkpoints_root (root's), root makes the one directory the owner cannot (`OWNER`, or a
+    one-component dir of a job from before per-owner dirs) and gives it to them."""
+    below = root_made(cfg.checkpoints_root, ckpt_dir, user.name, user.uid)
+    if below is not None:
         root_fd = fsafe.open_trusted_dir(cfg.checkpoints_root)
         try:
-            _default_checkpoint_dir_at(root_fd, ckpt_dir.name, user)
+            _owned_dir_below_root(root_fd, below, user, job_dir=below == ckpt_dir)
         finally:
             os.close(root_fd)
-        (problem,) = as_user.check_access(user, [(str(ckpt_dir), "write-or-create")])
-        if problem:
-            raise UserPathError(errno.EACCES, f"checkpoint dir: {problem} (as {user.name})")
-        return
+        if below == ckpt_dir:
+            (problem,) = as_user.check_access(user, [(str(ckpt_dir), "write-or-create")])
+            if problem:
+                raise UserPathError(errno.EACCES, f"checkpoint dir: {problem} (as {user.name})")
+            return
     as_user.mkdirs(user, [str(ckpt_dir)], 0o750)
 
 
-def _default_checkpoint_dir_at(root_fd: int, name: str, user: as_user.Owner) -> None:
-    """`checkpoints_root/NAME`: made by root in its own directory and given to the owner; an existing
-    one must be a real directory of the owner's (never someone else's checkpoints)."""
+def _owned_dir_below_root(root_fd: int, path: Path, user: as_user.Owner, job_dir: bool) -> None:
+    """`checkpoints_root/X`: made by root in its own directory and given to the owner; an existing
+    one must be a real directory of the owner's — root's own jobs included: no job resumes from, or
+    sets aside files in, a directory another user made first. `checkpoints_root/OWNER` must not be
+    itself an earlier job's checkpoint dir (one named like its owner, from before per-owner dirs):
+    the jobs below it would be hidden from `spx adopt`'s scan, which stops at a `.spx/`."""
+    name = path.name
     try:
         os.mkdir(name, 0o750, dir_fd=root_fd)
         created = True
@@ -251,8 +280,14 @@ def _default_checkpoint_dir_at(root_fd: int, name: str, user: as_user.Owner) -> 
         st = os.fstat(fd)
         if created and st.st_uid == os.geteuid():
             os.fchown(fd, user.uid, user.gid)
-        elif st.st_uid != user.uid and user.uid != 0:
-            raise UserPathError(errno.EPERM, f"checkpoint dir {name} belongs to uid {st.st_uid}, not {user.name}")
+        elif st.st_uid != user.uid:
+            raise UserPathError(errno.EPERM, f"checkpoint dir {path} belongs to uid {st.st_uid}, not to {user.name}: "
+                                             "another user made it first; refused (give the job its own "
+                                             "checkpoints.dir, or have the admin move that directory)")
+        if not job_dir and _exists(fd, ".spx"):
+            raise UserPathError(errno.EEXIST, f"{path} is the checkpoint dir of an earlier job named "
+                                              f"{name!r} (it holds .spx/), not a directory for {user.name}'s jobs; "
+                                              f"move its content into {path}/{name}")
     finally:
         os.close(fd)
 

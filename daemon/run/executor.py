@@ -339,7 +339,11 @@ class Executor:
         last = s.generation
 
         def work() -> Callable[[], step_types.Observation]:
-            files = attempt_files.prepare(cfg, job, a.number)
+            try:
+                files = attempt_files.prepare(cfg, job, a.number)
+            except attempt_files.LeaseTaken as e:  # adopted by another host: it runs the job now
+                holder = e.holder
+                return lambda: step_types.LeaseLost(holder)
             joined = None
             if s.limits.gang:
                 # Across hosts: the round this attempt joins, once no host runs in an older one.
@@ -393,6 +397,7 @@ class Executor:
             checkpoint_dir=files.checkpoint_dir, resume_from=Path(a.resume_from) if a.resume_from else None,
             heartbeat_file=files.heartbeat_file, rank_log_dir=files.rank_log_dir, home=user.pw_dir, user=user.pw_name,
             local_checkpoint_dir=files.local_checkpoint_dir, generation=s.generation if s.limits.gang else None,
+            fence=files.fence,
         )
         plan = launcher.plan_launch(job.spec, ctx)
         resumed = (f"resuming from {a.resume_from} (step {a.resume_step})" if a.resume_from

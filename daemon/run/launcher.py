@@ -51,6 +51,7 @@ class LaunchContext:
     user: str
     local_checkpoint_dir: Path | None = None
     generation: int | None = None  # a job across hosts: the round this attempt joins (run/gang.py)
+    fence: int | None = None  # the job's lease generation taken for this attempt: SPX_FENCE (contract/fencing.py)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
         worker_env.ENV_RESUME_FROM: str(ctx.resume_from or ""),
         worker_env.ENV_HEARTBEAT_FILE: str(ctx.heartbeat_file),
         **({worker_env.ENV_LOCAL_CHECKPOINT_DIR: str(ctx.local_checkpoint_dir)} if ctx.local_checkpoint_dir else {}),
+        **({worker_env.ENV_FENCE: str(ctx.fence)} if ctx.fence is not None else {}),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(ctx.port),
     }

@@ -20,6 +20,8 @@ Phases of the tracked job (the stored `JobState` in brackets):
     READY [queued|starting|restarting] --Go--> STAGING | PREPARING [starting]
     STAGING --copier done--> PREPARING;  PREPARING --checkpoint found--> RUNNING [running]
     RUNNING --hang--> DUMPING --stacks dumped--> STOPPING;  RUNNING --cancel/daemon stop/GPU fault--> STOPPING
+    RUNNING --another host took its lease (LeaseLost)--> STOPPING, then cancelled;  any phase without
+        processes --LeaseLost--> DONE (cancelled): the job lives on on that host
     STOPPING --grace over--> SIGKILL (still STOPPING);  RUNNING|DUMPING|STOPPING --launcher exited--> EXITED
     EXITED --all processes gone--> DIAGNOSING --diagnosis (or its deadline)--> record the end:
         BACKOFF (a restart) | DONE (succeeded / failed / cancelled, or the daemon stops)
@@ -75,6 +77,7 @@ from spx.daemon.run.step_types import (
     HeartbeatSeen,
     JobStep,
     LauncherExited,
+    LeaseLost,
     Limits,
     Log,
     MarkStarting,
@@ -125,7 +128,8 @@ BACKOFF_SAVE_SECONDS = 15.0
 # adopted attempt whose monitor is gone without a record of how it ended.
 # "peer-restart": across hosts, stopped because another host began a newer generation (that host
 # counted the failure, if it was one).
-DAEMON_CAUSES = ("daemon-stop", "daemon-restart", "lost", "peer-restart")
+# "lease-lost": another host took the job's lease and runs it now; it ends here, cancelled.
+DAEMON_CAUSES = ("daemon-stop", "daemon-restart", "lost", "peer-restart", "lease-lost")
 # Across hosts, telling the others that an attempt ended comes back by then, or the end is recorded
 # on this host's own decision alone (the others see it stop, and follow at their next beat or join).
 AGREE_DEADLINE_SECONDS = 30.0
@@ -173,7 +177,7 @@ def adopted(base: JobStep, number: int, started_wall: float, resumed_from_step: 
     if ended is not None:
         state, actions = _launcher_exited(state, ended, now)
         return state, [Log("adopted_after_restart", "info", (("exited", True), ("lost", ended.lost))), *actions]
-    if stop_cause in ("cancel", "hang", "daemon-stop", "gpu-fault", "peer-restart"):
+    if stop_cause in ("cancel", "hang", "daemon-stop", "gpu-fault", "peer-restart", "lease-lost"):
         return _term(state, now), [Log("adopted_after_restart", "info", (("exited", False), ("stopping", stop_cause)))]
     return _to(state, Phase.RUNNING, now, stop_cause=None), [Log("adopted_after_restart", "info", (("exited", False),))]
 
@@ -476,6 +480,10 @@ def _record_end(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
 
 def _decide_end(s: JobStep, now: float) -> tuple[JobStep, Decision]:
     ran = now - (s.started if s.started is not None else now)
+    if s.stop_cause == "lease-lost":
+        # Another host runs the job now: it ends here, never relaunched (LeaseLost).
+        return s, Decision(JobState.CANCELLED, _handed_over(s.handed_to), "lease-lost", backoff_level=s.backoff_level,
+                           no_progress_streak=s.no_progress_streak)
     finished_reason = None
     if s.beat_status == "finished" and s.stop_cause in ("lost", "hang"):
         # Its heartbeat says training finished (final checkpoint complete), but its exit is unknown
@@ -609,6 +617,35 @@ def _gpu_fault(s: JobStep, obs: GpuFault, now: float) -> tuple[JobStep, list[Act
         SignalTerm()]
 
 
+def _handed_over(holder: str | None) -> str:
+    return (f"handed over to host {holder or '(another host)'}: its lease was taken while this host could not "
+            "renew it")
+
+
+def _lease_lost(s: JobStep, obs: LeaseLost, now: float) -> tuple[JobStep, list[Action]]:
+    # Cancelled, not failed: nothing went wrong with the job, which goes on on the other host (the
+    # end marker is that host's to write: this host's never ends it there, spx_dir.mark_ended).
+    reason, s = _handed_over(obs.holder), replace(s, handed_to=obs.holder)
+    note = Log("lease_lost", "error", (("holder", obs.holder),))
+    if s.phase in (Phase.BACKOFF, Phase.READY, Phase.PREPARING, Phase.STAGING):
+        # backoff|ready|preparing|staging → done (cancelled): nothing of it runs here.
+        finish = FinishAttempt(number=0, state=JobState.CANCELLED, reason=reason, reason_class="lease-lost",
+                               backoff_level=s.backoff_level, no_progress_streak=s.no_progress_streak, release_gpus=True)
+        extra: list[Action] = [StopStaging()] if s.phase is Phase.STAGING else []
+        return _to(replace(s, job_state=JobState.CANCELLED), Phase.DONE, now), [note, *extra, finish]
+    if s.phase in (Phase.RUNNING, Phase.DUMPING):
+        # running|dumping → stopping: SIGTERM and the grace; what it saves meanwhile is fenced (its
+        # lease generation is not the lease's any more: spx.trainer publishes nothing, exits 77).
+        return _term(s, now, stop_cause="lease-lost"), [
+            note, RecordStop(s.number, "lease-lost"),
+            Note(f"{reason}; SIGTERM, {s.limits.grace_seconds:.0f} s grace (no checkpoint of it is published here)"),
+            SignalTerm()]
+    if s.phase in (Phase.STOPPING, Phase.EXITED, Phase.DIAGNOSING) and s.stop_cause not in ("cancel", "lease-lost"):
+        # stopping|exited|diagnosing: already on the way down; it ends as handed over, not relaunched.
+        return replace(s, stop_cause="lease-lost"), [note, RecordStop(s.number, "lease-lost")]
+    return s, []
+
+
 def _daemon_stopping(s: JobStep, now: float) -> tuple[JobStep, list[Action]]:
     s = replace(s, daemon_stopping=True)
     if s.phase is Phase.BACKOFF:
@@ -711,5 +748,6 @@ _HANDLERS: dict[tuple[Phase, type], Callable[..., tuple[JobStep, list[Action]]]]
     (Phase.DIAGNOSING, Diagnosed): _diagnosed,
     (Phase.RUNNING, GangSeen): _gang_seen,
     (Phase.AGREEING, GenerationAgreed): _agreed,
+    **{(p, LeaseLost): _lease_lost for p in Phase if p is not Phase.DONE},
 }
 

@@ -109,6 +109,7 @@ class JobStep:
     peer: GangTurn | None = None         # the newer generation another host began, which ends this attempt
     agreed: bool = False                 # AGREEING is over for this attempt (answered, or given up on)
     missing_host: str | None = None      # the last beat found a host gone past nodes.host_timeout_seconds
+    handed_to: str | None = None         # another host took the job's lease (LeaseLost): the job lives on there
 
     @property
     def ready(self) -> bool:
@@ -246,6 +247,14 @@ class GenerationAgreed:
 
 
 @dataclass(frozen=True)
+class LeaseLost:
+    """Another host took the job's lease (`.spx/lease`): it adopted the job while this host could
+    not renew (a partition, a hung volume, a stopped daemon), and runs it now. `holder`: that host."""
+
+    holder: str
+
+
+@dataclass(frozen=True)
 class DaemonStopping:
     """The daemon shuts down: attempts get SIGTERM and their grace; nothing new starts."""
 
@@ -260,8 +269,8 @@ class ActionFailed:
 
 
 Observation = (Tick | Go | StagingEnded | CheckpointFound | Spawned | HeartbeatSeen | ActivitySeen | LauncherExited | AllGone
-               | StacksDumped | Diagnosed | CancelRequested | GpuFault | GangSeen | GenerationAgreed | DaemonStopping
-               | ActionFailed)
+               | StacksDumped | Diagnosed | CancelRequested | GpuFault | GangSeen | GenerationAgreed | LeaseLost
+               | DaemonStopping | ActionFailed)
 
 
 # --- actions: what the executor must do ------------------------------------------------------------

@@ -240,6 +240,11 @@ class Supervisor:
             if gpu in s.gpus and s.phase in (step_types.Phase.RUNNING, step_types.Phase.DUMPING):
                 self.feed(job_id, step_types.GpuFault(gpu, detail))
 
+    def lease_lost(self, job_id: int, holder: str) -> None:
+        """Another host took the job's lease (the lease keeper saw it): its attempt here is stopped and
+        the job ends here as handed over to `holder` (step: LeaseLost)."""
+        self.feed(job_id, step_types.LeaseLost(holder))
+
     def held_gpus(self) -> set[int]:
         return {g for s in list(self.steps.values()) for g in s.gpus}
 

@@ -86,7 +86,9 @@ class Daemon:
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake, self.lanes)
         self.adopter = Adopter(cfg, self.store, self.intake, lambda: self.wake.put("adopt"))  # host loss
-        self.leases = LeaseKeeper(cfg, self.store)
+        # The lease keeper's thread only reports a lease another host took; the loop stops the attempt.
+        self.lost_leases: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
+        self.leases = LeaseKeeper(cfg, self.store, on_lost=self._on_lease_lost)
         self.gate = GpuGate(backend, self.store)
         self.queue = QueueControl(cfg, self.store)  # hold/release/priority/drain, and the queue's rules
         self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend)
@@ -146,6 +148,19 @@ class Daemon:
         if self.gate.on_xid(event):
             self.wake.put("xid")
 
+    def _on_lease_lost(self, job_id: int, holder: str) -> None:
+        """The lease keeper's thread: another host took a job's lease. Only enqueues."""
+        self.lost_leases.put((job_id, holder))
+        self.wake.put("lease")
+
+    def _leases_lost(self) -> None:
+        while True:
+            try:
+                job_id, holder = self.lost_leases.get_nowait()
+            except queue.Empty:
+                return
+            self.supervisor.lease_lost(job_id, holder)
+
     # --- what readers see -----------------------------------------------------------------------
 
     def views(self):
@@ -177,6 +192,7 @@ class Daemon:
             self._stage("commands", self._run_commands)
             self._stage("adopt", self.adopter.drain)
             self._stage("gpu_faults", self._gpu_faults)
+            self._stage("leases", self._leases_lost)
             self._stage("supervise", self.supervisor.tick)
             if not self.stopping:
                 self._stage("schedule", self.placement.turn)

@@ -3,7 +3,8 @@ daemons agree on restarts (docs/multinode.md, "Restarts across hosts").
 
     CHECKPOINT_DIR/.spx-gang/generation    {"gen", "host", "label", "time", "reason", "counted",
                                             "not_before", "final"}: the round every host runs in
-    CHECKPOINT_DIR/.spx-gang/lock          flock'd around every read-decide-write of `generation`
+    CHECKPOINT_DIR/.spx-gang/lock          flock'd around every read-decide-write of `generation` (the
+                                           compare-and-swap of userfs/cas.py, as for `.spx/lease`)
     CHECKPOINT_DIR/.spx-gang/hosts/KEY     {"host", "label", "gen", "state", "time", "step"}: each
                                            host's daemon says where its share is
 
@@ -17,10 +18,12 @@ generation, and waits while another host still runs in an older one: its agent w
 (or use) the old round's store.
 
 Runs only in `user_actions`, as the job's owner (the dir is in the owner's tree: what may be
-written there is the kernel's decision for them); stdlib and core.bounded only. Every file is
-replaced whole (spx_dir.replace_file), so a reader on another host sees the old content or the new
-one. What is read back is the user's to write: read through core.bounded, checked for shape here
-and again by the daemon.
+written there is the kernel's decision for them); stdlib only. `.spx-gang/` and its `hosts/` must be
+the owner's and writable by nobody else (cas.NotPrivate otherwise): in a checkpoint dir others may
+write, a `.spx-gang/` another user made — with a forged final generation that would end the job on
+every host — is refused with the reason, never read. Every file is replaced whole
+(cas.replace_file), so a reader on another host sees the old content or the new one. What is read
+back is the user's to write, so it is checked for shape here and again by the daemon.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import re
 from typing import Any
 
 from spx.daemon.core import bounded
-from spx.daemon.userfs import spx_dir
+from spx.daemon.userfs import cas, spx_dir
 
 GANG = ".spx-gang"
 GENERATION = "generation"
@@ -56,9 +59,7 @@ def _open(ckpt_dir: str) -> tuple[int, int]:
 
 
 def _load(raw: bytes | None) -> dict[str, Any] | None:
-    """A generation or a host's line; None if absent or garbage (core.bounded: every number in it is
-    finite and below 2**53, so the time arithmetic here and in the daemon never overflows)."""
-    try:
+    try:  # core.bounded: every number in it finite and below 2**53, so no time arithmetic overflows
         doc = bounded.parse_json(raw, "gang file", max_bytes=spx_dir.SMALL_MAX_BYTES) if raw else None
     except bounded.Garbage:
         return None
@@ -67,16 +68,18 @@ def _load(raw: bytes | None) -> dict[str, Any] | None:
 
 def current(gang: int) -> dict[str, Any]:
     """The generation now; a dir without one (or with garbage there) is generation 0."""
-    doc = _load(spx_dir.read_small(gang, GENERATION))
+    return _shaped(_load(spx_dir.read_small(gang, GENERATION)))
+
+
+def _shaped(doc: dict[str, Any] | None) -> dict[str, Any]:
     if doc is None or not isinstance(doc.get("gen"), int) or isinstance(doc.get("gen"), bool) or doc["gen"] < 0:
         return {"gen": 0, "final": None, "reason": None}
     return doc
 
 
-def _bump(gang: int, gen: int, fields: dict[str, Any]) -> dict[str, Any]:
-    doc = {**fields, "gen": gen + 1}
-    spx_dir.replace_file(gang, GENERATION, json.dumps(doc).encode())
-    return doc
+def _locked_current(lk: cas.Locked) -> dict[str, Any]:
+    """The generation now, read inside the compare-and-swap."""
+    return _shaped(lk.read(GENERATION).doc)
 
 
 def _say(hosts: int, args: dict[str, Any], gen: int, state: str) -> None:
@@ -85,7 +88,7 @@ def _say(hosts: int, args: dict[str, Any], gen: int, state: str) -> None:
         raise ValueError(f"host key {args['key']!r}")
     doc = {"host": args["host"], "label": args["label"], "gen": gen, "state": state, "time": float(args["now"]),
            "step": args.get("step")}
-    spx_dir.replace_file(hosts, str(args["key"]), json.dumps(doc).encode())
+    cas.replace_file(hosts, str(args["key"]), json.dumps(doc).encode())
 
 
 def _hosts(hosts: int) -> list[dict[str, Any]]:
@@ -109,11 +112,11 @@ def advance(args: dict[str, Any]) -> dict[str, Any]:
     gang, hosts = _open(args["dir"])
     try:
         won = False
-        with spx_dir.DirLock(gang, LOCK):
-            now = current(gang)
+        with cas.Locked(gang, LOCK) as lk:
+            now = _locked_current(lk)
             if args.get("bump") is not None and now["gen"] == args["from_gen"] and not now.get("final"):
-                now = _bump(gang, now["gen"], {**args["bump"], "host": args["host"], "label": args["label"],
-                                               "time": float(args["now"])})
+                now = lk.write(GENERATION, {**args["bump"], "host": args["host"], "label": args["label"],
+                                            "time": float(args["now"])}, bump=True, floor=now["gen"])
                 won = True
         _say(hosts, args, int(args["from_gen"]), "ended")
         return {"won": won, "current": now}
@@ -137,13 +140,15 @@ def join(args: dict[str, Any]) -> dict[str, Any]:
         last, now_wall, stale = args.get("last"), float(args["now"]), float(args["stale_seconds"])
         fields = {"host": args["host"], "label": args["label"], "time": now_wall, "counted": False,
                   "not_before": None, "final": None}
-        with spx_dir.DirLock(gang, LOCK):
-            now = current(gang)
+        with cas.Locked(gang, LOCK) as lk:
+            now = _locked_current(lk)
             lines = _hosts(hosts)
             if last is None and (now.get("final") or _left_behind(now, lines, now_wall, stale)):
-                now = _bump(gang, now["gen"], {**fields, "reason": "a new job in a checkpoint dir whose last job ended"})
+                now = lk.write(GENERATION, {**fields, "reason": "a new job in a checkpoint dir whose last job ended"},
+                               bump=True, floor=now["gen"])
             elif not now.get("final") and last is not None and now["gen"] <= last:
-                now = _bump(gang, max(now["gen"], last), {**fields, "reason": "a host rejoined"})
+                now = lk.write(GENERATION, {**fields, "reason": "a host rejoined"}, bump=True,
+                               floor=max(now["gen"], int(last)))
         if now.get("final"):
             return {"gen": now["gen"], "current": now}
         for line in lines:

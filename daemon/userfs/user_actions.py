@@ -23,6 +23,8 @@ from spx.daemon.contract import checkpoint_tiers
 from spx.daemon.userfs import gang_dir, spx_dir
 from spx.daemon.userfs.identity import become
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
 
 def _mkdirs(args: dict[str, Any]) -> list[str]:
     """mkdir -p each path; a problem per path that is not a directory this user can write into."""
@@ -83,13 +85,15 @@ def _check(path: str, what: str) -> str | None:
             return f"{path} is not a regular file"
         return None if os.access(path, os.R_OK) else f"{path} is not readable"
     if what == "owned":
+        # Root's own jobs included: no job resumes from, or renames inside, a directory another
+        # user controls (a reused name, a squatted default dir).
         try:
             uid = os.stat(path).st_uid
         except FileNotFoundError:
             return None
         except OSError as e:
             return f"{path}: {e.strerror}"
-        return None if uid == os.getuid() or os.getuid() == 0 else f"{path} exists and belongs to uid {uid}"
+        return None if uid == os.getuid() else f"{path} exists and belongs to uid {uid}"
     raise ValueError(f"unknown check {what!r}")
 
 
@@ -97,9 +101,22 @@ def _access(args: dict[str, Any]) -> list[str | None]:
     return [_check(c["path"], c["what"]) for c in args["checks"]]
 
 
+def _own_checkpoint_dir(path: str) -> None:
+    """PermissionError unless the checkpoint dir (if there) belongs to this user: a job never resumes
+    from, or sets aside files in, a directory another user controls (root's jobs included)."""
+    try:
+        uid = os.stat(path).st_uid
+    except FileNotFoundError:
+        return
+    if uid != os.geteuid():
+        raise PermissionError(f"checkpoint dir {path} belongs to uid {uid}, not to the job's owner "
+                              f"(uid {os.geteuid()}): refused")
+
+
 def _find_latest(args: dict[str, Any]) -> dict[str, Any]:
     """checkpoint_discovery's answer (capped): the checkpoint to resume from, its layout, the
     candidates skipped and why, the older complete ones; `exclude` maps paths not to choose to why."""
+    _own_checkpoint_dir(str(args["dir"]))
     exclude = {str(k): str(v) for k, v in dict(args.get("exclude") or {}).items()}
     local = args.get("local_dir")
     found, _tier = checkpoint_tiers.discover_tiers(Path(args["dir"]), Path(local) if local else None,
@@ -111,20 +128,40 @@ def _set_aside(args: dict[str, Any]) -> list[str]:
     """`checkpoints.resume: never`: move what `dir` held before the job was submitted (mtime before
     `before`, hidden entries left alone) into `dir/<into>/`, so neither the daemon's discovery nor
     the trainer's own scan resumes from it. Moved, not deleted: it is the user's data. Returns the
-    names moved (none on a second call: the job's own checkpoints are newer)."""
-    base = Path(args["dir"])
+    names moved (none on a second call: the job's own checkpoints are newer). By directory fds:
+    `into` must be a real directory of this user's (a link planted there is refused, never
+    followed), and so must the checkpoint dir."""
+    _own_checkpoint_dir(str(args["dir"]))
     try:
-        entries = [e for e in os.scandir(base) if not e.name.startswith(".")]
+        base = os.open(args["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the owner's own path
     except FileNotFoundError:
         return []
-    old = [e.name for e in entries if e.stat(follow_symlinks=False).st_mtime < float(args["before"])]
-    if not old:
-        return []
-    into = base / str(args["into"])
-    into.mkdir(mode=0o700, exist_ok=True)
-    for name in old:
-        os.rename(base / name, into / name)
-    return old
+    try:
+        if os.fstat(base).st_uid != os.geteuid():
+            raise PermissionError(f"checkpoint dir {args['dir']} is not the job owner's: refused")
+        with os.scandir(base) as it:
+            entries = [e for e in it if not e.name.startswith(".")]
+        old = [e.name for e in entries if e.stat(follow_symlinks=False).st_mtime < float(args["before"])]
+        if not old:
+            return []
+        into = str(args["into"])
+        if "/" in into or into in (".", ".."):
+            raise ValueError(f"set-aside dir {into!r}")
+        try:
+            os.mkdir(into, 0o700, dir_fd=base)
+        except FileExistsError:
+            pass
+        into_fd = os.open(into, _DIR_FLAGS, dir_fd=base)  # O_NOFOLLOW: a link at `into` is ELOOP
+        try:
+            if os.fstat(into_fd).st_uid != os.geteuid():
+                raise PermissionError(f"{args['dir']}/{into} is not the job owner's: refused")
+            for name in old:
+                os.rename(name, name, src_dir_fd=base, dst_dir_fd=into_fd)
+        finally:
+            os.close(into_fd)
+        return old
+    finally:
+        os.close(base)
 
 
 ACTIONS = {"mkdirs": _mkdirs, "access": _access, "find_latest": _find_latest, "set_aside": _set_aside,

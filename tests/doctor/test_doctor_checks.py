@@ -18,6 +18,7 @@ from spx.daemon.doctor.hostprobe import mount_for, parse_mountinfo
 from spx.daemon.doctor.report import (
     Check,
     DoctorContext,
+    check_checkpoint_locks,
     check_checkpoints,
     check_host,
     check_spool,
@@ -179,6 +180,40 @@ def test_checkpoints_low_free_space(tmp_path: Path) -> None:
     c = check_checkpoints(ctx_for(tmp_path / "b", info, checkpoints_root=ck, checkpoint_fail_free_bytes=1,
                                   checkpoint_min_free_bytes=1 << 60))
     assert c.status == "warn"
+
+
+def test_checkpoint_locks_hold_between_two_processes_on_a_local_volume(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    c = check_checkpoint_locks(ctx_for(tmp_path, ROOT_LINE + line(40, "259:1", str(ck), "xfs", "/dev/nvme1n1"),
+                                       checkpoints_root=ck))
+    assert c.status == "ok" and "flock holds between two processes" in c.detail, c
+    assert sorted(os.listdir(ck)) == [], "the probe's lock file is gone"
+
+
+@pytest.mark.parametrize(
+    ("fstype", "super_options", "status", "words"),
+    [
+        ("nfs", "rw,vers=3,nolock", "fail", "nolock"),
+        ("nfs4", "rw,vers=4.2,local_lock=flock", "fail", "local_lock"),
+        ("nfs", "rw,vers=3,local_lock=none", "warn", "lockd"),
+        ("nfs4", "rw,vers=4.2,local_lock=none", "ok", "holds"),
+        ("lustre", "rw,localflock", "fail", "-o flock"),
+        ("lustre", "rw,flock", "ok", "holds"),
+    ],
+)
+def test_checkpoint_locks_judge_the_mount_options_that_make_flock_local(tmp_path: Path, fstype, super_options,
+                                                                         status, words) -> None:
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    info = ROOT_LINE + f"40 1 0:52 / {ck} rw,relatime shared:40 - {fstype} srv:/vol {super_options}\n"
+    c = check_checkpoint_locks(ctx_for(tmp_path, info, checkpoints_root=ck))
+    assert (c.status, words in c.detail) == (status, True), c
+
+
+def test_checkpoint_locks_of_a_missing_root_are_unknown(tmp_path: Path) -> None:
+    c = check_checkpoint_locks(ctx_for(tmp_path, ROOT_LINE, checkpoints_root=tmp_path / "none"))
+    assert c.status == "unknown" and "does not exist" in c.detail
 
 
 def test_mountinfo_longest_prefix_and_escapes() -> None:

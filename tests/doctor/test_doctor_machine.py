@@ -122,6 +122,7 @@ def test_spx_doctor_with_the_fake_backend(sandbox_root: Path) -> None:
     assert any(x.startswith("✓ bf16") for x in lines) and any(x.startswith("✓ driver") for x in lines)
     assert any(x.startswith("✓ spool") for x in lines) and any(x.startswith("✓ state") for x in lines)
     assert any(x.startswith("✓ worker-env") and "fake GPUs" in x for x in lines)
+    assert any(x.startswith("✓ checkpoint-locks") and "flock holds between two processes" in x for x in lines)
     checkpoints = next(x for x in lines if x[2:].startswith("checkpoints"))
     if os.path.ismount(sandbox_root / "checkpoints"):
         # 64 MiB: a separate, persistent, writable mount, but far below the free-space floor.

@@ -59,7 +59,7 @@ def test_each_layout_resumes_from_its_latest_complete_checkpoint_and_a_crash_loo
     daemon.drop("poison.yaml", job("byo-poison", "seed", ["--poison"], tmp_path / "poison.jsonl"))
     daemon.drop("fresh.yaml", job("byo-fresh", "nanogpt", [], tmp_path / "fresh.jsonl").replace(
         "max_restarts: 5", "max_restarts: 0"))
-    ckpts = daemon.root / "checkpoints"
+    ckpts = daemon.checkpoint_dir("x").parent
 
     for name, (_layout, _extra, expected, recognised, skipped) in CASES.items():
         daemon.wait_state(f"byo-{name}", {"succeeded", "failed"}, 240)

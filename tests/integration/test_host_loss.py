@@ -29,12 +29,12 @@ NAME = "reclaimed"
 HASH = re.compile(r"final_state_sha256=([0-9a-f]{64})")
 
 
-def job_text(name: str, ckpt: Path) -> str:
-    argv = ", ".join(f'"{a}"' for a in ("--batch_size", "4", "--model-size", "tiny", "--seed", "11", "--steps", "40",
-                                        "--checkpoint-every", "10", "--sleep-per-step", "0.15"))
+def job_text(name: str, ckpt: Path, steps: int = 40, sleep: float = 0.15, grace: int = 30) -> str:
+    argv = ", ".join(f'"{a}"' for a in ("--batch_size", "4", "--model-size", "tiny", "--seed", "11", "--steps", str(steps),
+                                        "--checkpoint-every", "10", "--sleep-per-step", str(sleep)))
     return (f"name: {name}\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\npython: {PY}\n"
             f"args: [{argv}]\ngpus: 0\nprocs: 2\nrestart: {{max_restarts: 3, backoff_seconds: [1, 10]}}\n"
-            f"stop: {{grace_seconds: 30}}\ncheckpoints: {{dir: {ckpt}}}\n")
+            f"stop: {{grace_seconds: {grace}}}\ncheckpoints: {{dir: {ckpt}}}\n")
 
 
 def final_hash(d: Daemon, name: str, attempt: int) -> str:
@@ -189,3 +189,64 @@ def test_adopt_checkpoint_roots_takes_a_lost_hosts_job_over_once_its_lease_expir
         for d in (b, a):
             if d is not None and d.alive():
                 d.stop()
+
+
+def tokens_by_step(ckpt: Path) -> dict[int, str]:
+    """The writer's token (spx.trainer's per-attempt id, in the manifest) of every complete checkpoint."""
+    return {ref.step or 0: json.loads((ref.path / checkpoint_layout.MANIFEST).read_text())["extra"]["token"]
+            for ref in checkpoint_layout.complete_checkpoints(ckpt)}
+
+
+@pytest.mark.slow
+def test_a_fenced_host_publishes_no_checkpoint_after_another_host_took_its_lease(tmp_path):
+    """Host A is cut off (its daemon stopped: it cannot renew) while its job's workers train on. Host
+    B adopts the job once A's lease expired and runs it from the latest complete checkpoint. A's
+    workers, still saving every 10 steps, publish nothing from then on (the fence: they exit 77);
+    when A's daemon comes back it finds its lease taken, and the job ends there cancelled, handed
+    over to B, without touching B's end marker. B's job succeeds."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    ckpt = volume / "fenced"
+    config = {"adopt_lease_seconds": LEASE_SECONDS}
+    text = job_text("fenced", ckpt, steps=200, sleep=0.1, grace=5)
+    a = Daemon(tmp_path / "A", config=config).start()
+    b = Daemon(tmp_path / "B", config=config).start()
+    stopped = False
+    try:
+        a.drop("j.yaml", text)
+        wait_for(lambda: ((a.job("fenced") or {}).get("last_checkpoint_step") or 0) >= 10, 240, "a checkpoint on A")
+        a_token = tokens_by_step(ckpt)[10]
+        os.kill(a.proc.pid, signal.SIGSTOP)  # a partition: A's daemon renews nothing, its workers train on
+        stopped = True
+        lease = json.loads((ckpt / ".spx" / "lease").read_text())
+        time.sleep(max(0.0, lease["expires"] - time.time()) + 0.5)
+        assert results_for(adopt(b, volume), "fenced") == ["queued"]
+        taken_at_step = checkpoint_layout.latest_complete(ckpt).step
+        new_lease = json.loads((ckpt / ".spx" / "lease").read_text())
+        assert new_lease["gen"] > lease["gen"] and new_lease["host"] != lease["host"]
+
+        # A's workers reach their next save, find the lease taken, publish nothing and exit 77.
+        log_a = a.root / "log" / "fenced" / "attempt-1.log"
+        wait_for(lambda: "fenced:" in log_a.read_text(errors="replace"), 60, "A's worker to find itself fenced")
+        assert "launched with lease generation" in log_a.read_text(errors="replace")
+        b.wait_state("fenced", {"succeeded", "failed"}, 400)
+        assert b.status("fenced")["state"] == "succeeded"
+        late = {step for step, token in tokens_by_step(ckpt).items() if token == a_token and step > taken_at_step}
+        assert not late, f"A published steps {late} after B took the lease at step {taken_at_step}"
+        wait_for(lambda: (ckpt / ".spx" / "state").exists(), 30, "B's end marker")
+
+        os.kill(a.proc.pid, signal.SIGCONT)  # A comes back
+        stopped = False
+        ended = a.wait_state("fenced", {"cancelled", "failed", "succeeded"}, 120)
+        assert ended["state"] == "cancelled" and "handed over to host" in ended["reason"], ended
+        assert a.wait_event("job_lease_lost", job="fenced", timeout=30)["holder"].endswith(str(tmp_path / "B" / "state"))
+        a.wait_event("job_end_left_to_holder", job="fenced", timeout=30)  # A's end marker: B's to write
+        assert json.loads((ckpt / ".spx" / "state").read_text())["state"] == "succeeded"
+        assert results_for(adopt(a, volume), "fenced") in (["known"], ["ended"])
+    finally:
+        if stopped:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        for d in (b, a):
+            if d.alive():
+                d.stop()
+        kill_job("fenced")

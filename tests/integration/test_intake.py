@@ -231,7 +231,7 @@ def test_a_reused_name_says_it_resumes_and_fresh_sets_the_earlier_checkpoints_as
     job = tmp_path / "reuse.yaml"
     job.write_text(f"name: reuse\nlauncher: python\nworkdir: {tmp_path}\nscript: resumer.py\n"
                    "checkpoints: {pattern: 'ckpt-*.pt'}\n")
-    ckpt = daemon.root / "checkpoints" / "reuse"
+    ckpt = daemon.checkpoint_dir("reuse")
 
     def run(*flags: str) -> str:
         out = daemon.spx("submit", *flags, str(job)).stdout

@@ -67,7 +67,7 @@ def test_worker_runs_as_owner_with_clean_env_and_sees_only_own_jobs(alice, world
         assert "SPX_DAEMON_SECRET_TEST" not in env and "AWS_SECRET_ACCESS_KEY" not in env
         assert env["HOME"] == alice.pw_dir and env["USER"] == USER
         assert env["SPX_JOB"] == "alice-job" and env["PATH"].endswith("/usr/bin:/sbin:/bin")
-        ckpt = d.root / "checkpoints" / "alice-job"
+        ckpt = d.checkpoint_dir("alice-job", USER)
         assert ckpt.stat().st_uid == alice.pw_uid, "the job's checkpoint dir belongs to its owner"
 
         d.drop("roots.yaml", f"name: roots-job\nlauncher: python\nscript: {SCRIPTS / 'sleep_for.py'}\nargs: ['60']\n")
@@ -87,9 +87,22 @@ def test_worker_runs_as_owner_with_clean_env_and_sees_only_own_jobs(alice, world
 def test_reused_name_cannot_pick_up_another_users_checkpoints(alice, world_root):
     d = Daemon(world_root / "root").start()
     try:
-        (d.root / "checkpoints" / "shared-name").mkdir(parents=True)  # root's job left these
-        drop_as(d, alice, "a.yaml", "name: shared-name\nlauncher: python\nscript: /x.py\n")
-        err = d.spool / "rejected" / "a.yaml.error"
+        roots = d.root / "checkpoints" / "shared-name"  # root's job of that name left these
+        roots.mkdir(parents=True)
+        (roots / "ckpt.pt").write_bytes(b"root's")
+        script = Path(alice.pw_dir) / "whoami_env.py"
+        shutil.copy(SCRIPTS / "whoami_env.py", script)
+        out = Path(alice.pw_dir) / "shared.json"
+        drop_as(d, alice, "a.yaml", f"name: shared-name\nlauncher: python\nscript: {script}\n"
+                                    f"python: /usr/bin/python3\nargs: ['{out}']\n")
+        d.wait_state("shared-name", {"succeeded", "failed"}, 60)
+        env = json.loads(out.read_text())["env"]
+        assert env["SPX_CHECKPOINT_DIR"] == str(d.checkpoint_dir("shared-name", USER)), "her own dir, per owner"
+        assert env["SPX_RESUME_FROM"] == "" and sorted(os.listdir(roots)) == ["ckpt.pt"]
+        # Naming root's dir itself is refused: it exists and is not hers.
+        drop_as(d, alice, "b.yaml", f"name: named\nlauncher: python\nscript: {script}\n"
+                                    f"checkpoints: {{dir: {roots}}}\n")
+        err = d.spool / "rejected" / "b.yaml.error"
         wait_for(err.exists, 10, "rejection")
         assert "belongs to uid 0" in err.read_text()
         assert err.stat().st_uid == alice.pw_uid, "the submitter can read why"

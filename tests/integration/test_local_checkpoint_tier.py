@@ -48,7 +48,7 @@ def test_checkpoints_in_both_tiers_resume_local_then_persistent_and_the_local_di
         d.drop("tier.yaml", f"name: tier\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\npython: {PY}\n"
                             f"args: [{argv}]\ngpus: 2\nprocs: 2\n"
                             "restart: {max_restarts: 3, backoff_seconds: [2, 5]}\nstop: {grace_seconds: 30}\n")
-        persistent = d.root / "checkpoints" / "tier"
+        persistent = d.checkpoint_dir("tier")
         wait_for(lambda: list(local_root.glob("tier.*")), 120, "the job's local dir")
         (local,) = local_root.glob("tier.*")
         base, mine = os.stat(local_root), os.stat(local)

@@ -158,7 +158,7 @@ def test_daemon_stop_lets_the_job_checkpoint_and_the_next_start_resumes_it(tmp_p
         wait_for(lambda: ((d.job("survivor") or {}).get("step") or 0) >= 7, 240, "training progress")
         assert d.stop() == 0
         assert job_pids("survivor") == [], "a worker outlived the daemon's stop"
-        ckpts = sorted(p.name for p in (d.root / "checkpoints" / "survivor").glob("step-*"))
+        ckpts = sorted(p.name for p in d.checkpoint_dir("survivor").glob("step-*"))
         assert ckpts and ckpts[-1] < "step-000000050", f"a SIGTERM checkpoint of the current step, got {ckpts}"
         stopped_at = int(ckpts[-1].split("-")[1])
         d.start()
@@ -179,7 +179,7 @@ def test_cancel_gives_the_workers_their_grace_to_checkpoint(daemon):
     daemon.spx("cancel", "cancel-me")
     daemon.wait_state("cancel-me", "cancelled", 60)
     assert job_pids("cancel-me") == []
-    ckpts = sorted((daemon.root / "checkpoints" / "cancel-me").glob("step-*"))
+    ckpts = sorted(daemon.checkpoint_dir("cancel-me").glob("step-*"))
     assert ckpts and (ckpts[-1] / "COMPLETE.json").exists(), "cancel is a SIGTERM: the workers checkpoint first"
 
 

@@ -36,7 +36,7 @@ def test_deepspeed_zero3_job_killed_once_resumes_from_its_checkpoint_with_the_un
                           f"python: {sys.executable}\ndeepspeed_config: {EXAMPLES / 'ds_config.json'}\n"
                           f"args: [{argv}]\ngpus: 2\nprocs: 2\n"
                           "restart: {max_restarts: 2, backoff_seconds: [1, 5], hang_timeout_seconds: 600}\n")
-        ckpt = d.root / "checkpoints" / "ds-job"
+        ckpt = d.checkpoint_dir("ds-job")
         wait_for(lambda: layout.latest_complete(ckpt), 600, "the first DeepSpeed checkpoint", interval=0.2)
         victims = [p for p in job_pids("ds-job")
                    if b"train_deepspeed.py" in Path(f"/proc/{p}/cmdline").read_bytes()

@@ -227,10 +227,14 @@ def test_a_lease_expiring_in_1e300_is_garbage_and_never_formatted():
 
 def test_the_helpers_lease_reader_takes_garbage_for_nobodys():
     """As the owner, a lease that is no lease is an expired one (userfs/spx_dir.py): 1e300 included."""
-    from spx.daemon.userfs import spx_dir
-    assert spx_dir._lease_doc(json.dumps({"host": "h", "expires": 1e300}).encode()) is None
-    assert spx_dir._lease_doc(b"[" * 4000) is None
-    assert spx_dir._lease_doc(json.dumps({"host": "h", "expires": 5.0}).encode())["expires"] == 5.0
+    from spx.daemon.userfs import cas, spx_dir
+
+    def lease(raw: bytes) -> dict | None:  # as the compare-and-swap reads it, then judges it
+        return spx_dir._lease_doc(cas._record(raw).doc)
+
+    assert lease(json.dumps({"host": "h", "expires": 1e300}).encode()) is None
+    assert lease(b"[" * 4000) is None
+    assert lease(json.dumps({"host": "h", "expires": 5.0}).encode())["expires"] == 5.0
 
 
 def test_an_end_marker_of_4000_brackets_is_garbage():

@@ -30,6 +30,7 @@ from spx.daemon.run.step_types import (
     GpuFault,
     HeartbeatSeen,
     LauncherExited,
+    LeaseLost,
     Log,
     MarkStarting,
     Note,
@@ -946,3 +947,39 @@ def test_activity_keeps_a_job_without_heartbeat_alive_and_a_heartbeat_takes_over
     assert s.phase is Phase.RUNNING, "with heartbeat progress the step clock rules (30 s from 100), not activity"
     s, actions = st.step(s, Tick(), 131.0)
     assert s.phase is Phase.DUMPING
+
+
+# --- the lease lost (another host adopted the job while this one could not renew) -----------------
+
+HOST_B = "node-b:/var/lib/spx"
+HANDED = f"handed over to host {HOST_B}: its lease was taken while this host could not renew it"
+
+
+def test_a_lost_lease_stops_the_attempt_and_the_job_ends_here_cancelled_uncounted_undiagnosed():
+    s, actions = st.step(running(), LeaseLost(HOST_B), 20.0)
+    assert (s.phase, s.stop_cause, s.handed_to, s.term_at) == (Phase.STOPPING, "lease-lost", HOST_B, 20.0)
+    assert kinds(actions) == [RecordStop, SignalTerm] and only(actions, RecordStop) == RecordStop(1, "lease-lost")
+    assert logs(actions) == ["lease_lost"]
+    s, actions = st.step(s, LauncherExited(77, None), 22.0)  # spx.trainer: fenced, published nothing
+    s, actions = st.step(s, AllGone(), 22.1)
+    assert Diagnose not in kinds(actions), "not the job's failure: nothing to diagnose"
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason, finish.reason_class, finish.release_gpus) == (
+        JobState.CANCELLED, HANDED, "lease-lost", True)
+    assert s.phase is Phase.DONE and s.restarts == 0
+
+
+def test_a_lost_lease_between_attempts_ends_the_job_at_once_and_a_stop_under_way_ends_as_handed_over():
+    waiting = ready(JobState.RESTARTING, number=2, backoff_remaining=30.0)
+    s, actions = st.step(waiting, LeaseLost(HOST_B), 1.0)
+    finish = only(actions, FinishAttempt)
+    assert (s.phase, finish.number, finish.state, finish.reason_class) == (Phase.DONE, 0, JobState.CANCELLED, "lease-lost")
+    hung, _ = st.step(running(), LeaseLost(HOST_B), 20.0)
+    crashed, _ = st.step(running(), LauncherExited(1, None), 20.0)
+    s, actions = st.step(crashed, LeaseLost(HOST_B), 20.5)
+    assert s.stop_cause == "lease-lost" and kinds(actions) == [RecordStop]
+    _s, actions = st.step(s, AllGone(), 21.0)
+    assert only(actions, FinishAttempt).state is JobState.CANCELLED, "never relaunched here: the job runs elsewhere"
+    cancelled, _ = st.step(running(), CancelRequested("alice"), 20.0)
+    assert st.step(cancelled, LeaseLost(HOST_B), 21.0)[1] == [], "a user's cancel stands"
+    assert st.step(hung, LeaseLost(HOST_B), 21.0)[1] == [], "told once"

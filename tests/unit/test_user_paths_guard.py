@@ -30,12 +30,16 @@ ALLOWED: dict[str, str] = {
     "userfs/fsafe.py": "the safe module itself: dir-fd walks, O_NOFOLLOW|O_NONBLOCK, O_EXCL, fchown/fchmod",
     "userfs/user_actions.py": "runs as the job's owner (identity.become before any path): the kernel checks the user",
     "userfs/spx_dir.py": "runs only inside user_actions, as the job's owner: the .spx/ record, lease and end marker",
+    "userfs/cas.py": "runs only inside user_actions, as the job's owner: the compare-and-swap of .spx/lease and "
+                     ".spx-gang/generation, by the dir fd, O_NOFOLLOW|O_NONBLOCK, the owner's regular files only",
     "staging/copier.py": "runs as the job's owner (--become before any path is touched)",
     "staging/copy_engine.py": "runs inside the copier, as the job's owner",
     "contract/checkpoint_formats.py": "completeness rules, run as the job's owner (userfs.user_actions), "
                                       "O_NOFOLLOW|O_NONBLOCK, regular files only",
     "contract/checkpoint_layout.py": "readers only (its writer side is spx.trainer.layout_writer, in workers, as "
                                      "the user); the daemon runs them only in user_actions, as the owner",
+    "contract/fencing.py": "the fence check, in workers as the job's user (the daemon only shares its names and "
+                           "lock rule): by dir fd, O_NOFOLLOW|O_NONBLOCK, read-only, the user's own files only",
     "contract/worker_env.py": "trainer side: the worker writes its heartbeat as the user; the daemon reads via userfs",
     # root's own places, and every user place reached only by dir fd from a verified root-owned dir
     "run/attempt_files.py": "fsafe for every user path; its own renames/mkdir/unlink are by fd in root-owned dirs",
