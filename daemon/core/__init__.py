@@ -3,7 +3,8 @@
     config (the daemon's config file and flags) · log (structlog JSON lines) · users (is this uid an
     admin; its name) · spec (the job file's model) ← spec_yaml (the safe YAML reader it parses with),
     nodes (a job across hosts: its `nodes:` block) · lanes (off-loop work for users, fair by owner,
-    deadlines from the start)
+    deadlines from the start) · causes (why an attempt stopped, how its end is classed: the words the
+    store, the machine, root cause and `spx` share)
 
 The leaf of the package graph (docs/architecture.md): it imports nothing from `spx.daemon`.
 """

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
+from spx.daemon.core.causes import ReasonClass
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
 from spx.daemon.run import (
@@ -634,7 +635,7 @@ class Executor:
         if a.state.terminal:
             local_tier.remove(self.cfg, job)  # host RAM; the persistent copy outlives the job
         self.timeline.phase(row, "end_recorded")
-        if a.state is JobState.RESTARTING and a.reason_class not in ("daemon-restart", None):
+        if a.state is JobState.RESTARTING and a.reason_class not in (ReasonClass.DAEMON_RESTART, None):
             self.last_restart = (job.name, now, a.reason_class or "")
         if h is not None and h.number == a.number:
             h.row_id, h.proc, h.pids = None, None, []  # the attempt is over; its relay is polled until it exits

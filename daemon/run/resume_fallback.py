@@ -26,8 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from spx.daemon.core.causes import ReasonClass
+
 # Attempt ends that say nothing about the checkpoint the attempt resumed from.
-NOT_THE_CHECKPOINTS = frozenset({"cancelled", "daemon-restart", "preempted", "gpu-fault", "lost", "launch", "peer-restart"})
+NOT_THE_CHECKPOINTS = frozenset({ReasonClass.CANCELLED, ReasonClass.DAEMON_RESTART, ReasonClass.PREEMPTED,
+                                 ReasonClass.GPU_FAULT, ReasonClass.LOST, ReasonClass.LAUNCH,
+                                 ReasonClass.PEER_RESTART})
 LOOP_LENGTH = 2
 
 

@@ -50,8 +50,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from spx.daemon.contract.worker_env import EXIT_PREEMPTED
+from spx.daemon.core.causes import NOT_THE_JOBS, signal_name
 from spx.daemon.run.policy import AttemptOutcome, Decision, decide
-from spx.daemon.run.proctree import signal_name
 from spx.daemon.run.step_types import (
     STORE_ACTIONS,
     Action,
@@ -125,7 +125,7 @@ BACKOFF_SAVE_SECONDS = 15.0
 # adopted attempt whose monitor is gone without a record of how it ended.
 # "peer-restart": across hosts, stopped because another host began a newer generation (that host
 # counted the failure, if it was one).
-DAEMON_CAUSES = ("daemon-stop", "daemon-restart", "lost", "peer-restart")
+DAEMON_CAUSES = tuple(NOT_THE_JOBS)
 # Across hosts, telling the others that an attempt ended comes back by then, or the end is recorded
 # on this host's own decision alone (the others see it stop, and follow at their next beat or join).
 AGREE_DEADLINE_SECONDS = 30.0
