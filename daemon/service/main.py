@@ -30,13 +30,15 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from spx.daemon.core.config import ConfigError, DaemonConfig, load_config
+from spx.daemon.core.lanes import Lanes
 from spx.daemon.core.log import configure, get_logger
 from spx.daemon.core.users import is_admin, user_name
 from spx.daemon.gpu.backend import GpuBackend, XidEvent, open_backend
 from spx.daemon.gpu.health import HealthGate, fatal_xid, xid_reason
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt import Adopter
-from spx.daemon.run import cgroups, proctree, scheduler, step_types
+from spx.daemon.lifecycle.record import Phase
+from spx.daemon.run import cgroups, proctree, scheduler
 from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service import handover
@@ -59,7 +61,7 @@ GATE_PASS_SECONDS = 2.0  # a GPU that passed the health gate is not asked again 
 RELOAD_WAIT_SECONDS = 85.0
 # Phases a re-exec may leave a job in: nothing of it is in flight on the loop's pool or in a stop, so
 # the new image's recover() takes it on exactly (an attempt running, a backoff, a wait for GPUs).
-REEXEC_SAFE = {step_types.Phase.RUNNING, step_types.Phase.BACKOFF, step_types.Phase.READY, step_types.Phase.DONE}
+REEXEC_SAFE = {Phase.RUNNING, Phase.BACKOFF, Phase.READY, Phase.DONE}
 
 
 def _version() -> str:
@@ -83,8 +85,10 @@ class Daemon:
         self._prepare_dirs()
         self.store = Store(cfg.store_path)
         self.backups = Backups(cfg.store_path, cfg.backup_dir, cfg.backup_every_seconds, cfg.backup_keep)
+        # Work done on users' behalf off the loop, fair by owner (core.lanes); answers come back in `tick`.
+        self.lanes = Lanes(cfg.user_work.slots_total, cfg.user_work.slots_per_owner, lambda: self.wake.put("slow"))
         self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"),
-                                     gpu_computing=backend.computing)
+                                     gpu_computing=backend.computing, lanes=self.lanes)
         self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake)
@@ -420,6 +424,7 @@ class Daemon:
     def _close(self) -> None:
         """Everything this process holds, except its jobs: they are stopped (shutdown) or kept (reload)."""
         self.supervisor.close()
+        self.lanes.close()
         self.intake.stop()
         self.control.stop()
         self.adopter.stop()
@@ -439,7 +444,7 @@ class Daemon:
         the process execs itself; the new image's start adopts the running attempts (its own
         children still: same pid) and sends READY=1. Returns an exit status only if the exec failed
         after the close (systemd then restarts the daemon; the jobs are kept)."""
-        between = tuple(sorted(f"{s.name}: {s.phase.value}" for s in self.supervisor.steps.values()
+        between = tuple(sorted(f"{s.job.name}: {s.phase.value}" for s in self.supervisor.records.values()
                                if s.phase not in REEXEC_SAFE))
         if between:
             if between != self._reload_deferred_for:
