@@ -1,10 +1,13 @@
 """What the machine does when an action failed (ActionFailed), and when the daemon itself failed
 while handling a job (`fault`). The one place store refusals are decided: a write the store cannot
 take now waits in the job's `pending` queue (re-emitted on the next tick, later writes behind it,
-no relaunch before it is in); one it refuses for good gives the job up, loudly. PURE."""
+no relaunch before it is in); one it refuses for good gives the job up, loudly. `in_order` is how
+every executor performs a batch of actions, so the store sees the writes in the machine's order.
+PURE."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from spx.daemon.core.causes import ReasonClass
@@ -38,7 +41,7 @@ from spx.daemon.lifecycle.moves import (
     to,
     with_ledger,
 )
-from spx.daemon.lifecycle.observations import ActionFailed
+from spx.daemon.lifecycle.observations import ActionFailed, Observation
 from spx.daemon.lifecycle.record import Phase, TrackedJob
 from spx.daemon.state.states import JobState
 
@@ -110,3 +113,19 @@ def fault(s: TrackedJob, error: str, now: float) -> Result:
                                  backoff_level=s.ledger.backoff_level, no_progress_streak=s.ledger.no_progress_streak,
                                  release_gpus=True))
     return to(replace(with_ledger(s, job_state=JobState.FAILED), pending=()), Phase.DONE, now), actions
+
+
+def in_order(actions: list[Action], perform: Callable[[Action], list[Observation]]) -> list[Observation]:
+    """`actions` performed one after the other; after a store write answered as refused (a retryable
+    ActionFailed), none of the batch's later writes is made — each is answered as refused too, and
+    waits in `pending` behind the first."""
+    out: list[Observation] = []
+    refused = False
+    for a in actions:
+        if refused and isinstance(a, STORE_ACTIONS):
+            out.append(ActionFailed(a, "waiting for an earlier write", retry=True))
+            continue
+        results = perform(a)
+        refused = refused or any(isinstance(r, ActionFailed) and r.retry for r in results)
+        out.extend(results)
+    return out

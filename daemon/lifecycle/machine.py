@@ -94,45 +94,30 @@ def _nothing(s: TrackedJob, obs: object, now: float) -> Result:
     return s, []
 
 
-_ALIVE = (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING, Phase.EXITED)
-HANDLERS: dict[tuple[Phase, type], Handler] = {
-    # every phase
-    **{(p, CancelRequested): stopping.cancel for p in Phase},
-    **{(p, DaemonStopping): stopping.daemon_stopping for p in Phase},
-    **{(p, ActionFailed): failures.action_failed for p in Phase},
-    # a Tick handler per phase
-    (Phase.BACKOFF, Tick): starting.tick_backoff,
-    (Phase.READY, Tick): _nothing,
-    (Phase.STAGING, Tick): _nothing,
-    (Phase.PREPARING, Tick): starting.tick_preparing,
-    (Phase.RUNNING, Tick): running.tick_running,
-    (Phase.DUMPING, Tick): stopping.tick_dumping,
-    (Phase.STOPPING, Tick): stopping.tick_stopping,
-    (Phase.EXITED, Tick): stopping.tick_exited,
-    (Phase.DIAGNOSING, Tick): ending.tick_diagnosing,
-    (Phase.AGREEING, Tick): ending.tick_agreeing,
-    (Phase.DONE, Tick): _nothing,
-    # starting
-    (Phase.READY, Go): starting.go,
-    (Phase.STAGING, StagingEnded): starting.staging_ended,
-    (Phase.PREPARING, CheckpointFound): starting.checkpoint_found,
-    (Phase.PREPARING, Spawned): starting.spawned,
-    # running
-    **{(p, HeartbeatSeen): running.heartbeat for p in _ALIVE},
-    (Phase.RUNNING, ActivitySeen): running.activity,
-    (Phase.RUNNING, GangSeen): gang_seen,
-    # stopping
-    **{(p, GpuFault): stopping.gpu_fault for p in (Phase.RUNNING, Phase.DUMPING)},
-    (Phase.DUMPING, StacksDumped): stopping.stacks_dumped,
-    **{(p, LauncherExited): stopping.launcher_exited for p in (Phase.RUNNING, Phase.DUMPING, Phase.STOPPING)},
-    (Phase.EXITED, AllGone): stopping.all_gone,
-    # ending
-    (Phase.DIAGNOSING, Diagnosed): ending.diagnosed,
-    (Phase.AGREEING, GenerationAgreed): ending.agreed,
-    # slow work waiting for (and getting) a slot of its owner's lane
-    **{(p, WorkQueued): work_queued for p in (Phase.PREPARING, Phase.DUMPING, Phase.DIAGNOSING, Phase.AGREEING)},
-    **{(p, WorkStarted): work_started for p in (Phase.PREPARING, Phase.DUMPING, Phase.DIAGNOSING, Phase.AGREEING)},
+_EVERY_PHASE: dict[type, Handler] = {CancelRequested: stopping.cancel, DaemonStopping: stopping.daemon_stopping,
+                                      ActionFailed: failures.action_failed}
+# The phases waiting on slow work (moves.AWAITED): it may wait for a slot of its owner's lane first.
+_SLOW_WORK: dict[type, Handler] = {WorkQueued: work_queued, WorkStarted: work_started}
+# What each phase answers (besides _EVERY_PHASE): its Tick handler first, then the rest.
+_BY_PHASE: dict[Phase, dict[type, Handler]] = {
+    Phase.BACKOFF: {Tick: starting.tick_backoff},
+    Phase.READY: {Tick: _nothing, Go: starting.go},
+    Phase.STAGING: {Tick: _nothing, StagingEnded: starting.staging_ended},
+    Phase.PREPARING: {Tick: starting.tick_preparing, CheckpointFound: starting.checkpoint_found,
+                      Spawned: starting.spawned, **_SLOW_WORK},
+    Phase.RUNNING: {Tick: running.tick_running, HeartbeatSeen: running.heartbeat, ActivitySeen: running.activity,
+                    GangSeen: gang_seen, GpuFault: stopping.gpu_fault, LauncherExited: stopping.launcher_exited},
+    Phase.DUMPING: {Tick: stopping.tick_dumping, StacksDumped: stopping.stacks_dumped, HeartbeatSeen: running.heartbeat,
+                    GpuFault: stopping.gpu_fault, LauncherExited: stopping.launcher_exited, **_SLOW_WORK},
+    Phase.STOPPING: {Tick: stopping.tick_stopping, HeartbeatSeen: running.heartbeat,
+                     LauncherExited: stopping.launcher_exited},
+    Phase.EXITED: {Tick: stopping.tick_exited, AllGone: stopping.all_gone, HeartbeatSeen: running.heartbeat},
+    Phase.DIAGNOSING: {Tick: ending.tick_diagnosing, Diagnosed: ending.diagnosed, **_SLOW_WORK},
+    Phase.AGREEING: {Tick: ending.tick_agreeing, GenerationAgreed: ending.agreed, **_SLOW_WORK},
+    Phase.DONE: {Tick: _nothing},
 }
+HANDLERS: dict[tuple[Phase, type], Handler] = {
+    (phase, obs): handler for phase, answers in _BY_PHASE.items() for obs, handler in {**_EVERY_PHASE, **answers}.items()}
 
 
 def advance(s: TrackedJob, obs: Observation, now: float) -> Result:

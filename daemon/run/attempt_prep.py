@@ -8,6 +8,8 @@ imports overlap the search. The answer, on the loop: CheckpointFound, or ActionF
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from spx.daemon.contract.checkpoint_layout import CheckpointRef
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Outcome
@@ -30,18 +32,17 @@ GANG_JOIN_WAIT_SECONDS = 25.0
 _LANE_DEADLINE_SECONDS = CHECKPOINT_DEADLINE_SECONDS + 5.0
 
 
+@dataclass
 class AttemptPrep:
-    def __init__(self, cfg: DaemonConfig, runtime: AttemptRuntime, pool: StandbyPool, work: UserWork,
-                 recorder: timeline.Recorder):
-        self.cfg = cfg
-        self.runtime = runtime
-        self.pool = pool
-        self.work = work
-        self.timeline = recorder
+    cfg: DaemonConfig
+    runtime: AttemptRuntime
+    pool: StandbyPool
+    work: UserWork
+    recorder: timeline.Recorder
 
     def find_checkpoint(self, job: JobRow, s: TrackedJob, a: FindCheckpoint) -> list[Observation]:
         cfg = self.cfg
-        self.timeline.before_spawn(job.id, "gpus_free")
+        self.recorder.before_spawn(job.id, "gpus_free")
         if a.standby:  # the launcher imports while the checkpoint is looked for
             self.pool.start(job, s.ledger.gpus, a.number)
         avoid = a.avoid
@@ -69,7 +70,7 @@ class AttemptPrep:
             files, ref, found, generation, ended = outcome.value
             if ended is not None:
                 return ended
-            self.timeline.before_spawn(job.id, "checkpoint_found")
+            self.recorder.before_spawn(job.id, "checkpoint_found")
             self.runtime.prepared(job, a.number, files, found)
             checkpoint_report.say(job.name, a.number, files, ref, found)
             return CheckpointFound(str(ref.path) if ref else None, ref.step if ref else None, a.number,

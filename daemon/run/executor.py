@@ -10,8 +10,8 @@ A small dispatcher over effects, each holding one kind of what a value of the ma
 - store_writes: the machine's store writes; staging_runs: the copier; adoption: at daemon start.
 It decides nothing: what to do, when, and what a failure means is the machine's. It runs on the
 main loop's thread; `perform` never raises (an error is ActionFailed, retryable when the store
-could not take a write now — later writes of the same batch are then not made, each answered as
-refused, so the store sees them in the machine's order).
+could not take a write now; lifecycle.failures.in_order: later writes of the same batch are then
+not made, so the store sees them in the machine's order).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Lanes
 from spx.daemon.lifecycle import actions as act
+from spx.daemon.lifecycle.failures import in_order
 from spx.daemon.lifecycle.observations import ActionFailed, LauncherExited, Observation, Tick
 from spx.daemon.lifecycle.record import Phase, TrackedJob
 from spx.daemon.run import adoption, cgroups, local_tier, postmortem, timeline
@@ -95,18 +96,8 @@ class Executor:
         return [*obs, *self.runtime.observe(job, s), *self.work.observe(job.id), Tick()]
 
     def perform(self, job: JobRow, s: TrackedJob, actions: list[act.Action]) -> list[Observation]:
-        """Do `actions` in order; never raises. After a write the store refused, the batch's later
-        writes are not made: each comes back refused too, to be re-emitted behind it."""
-        out: list[Observation] = []
-        refused = False
-        for a in actions:
-            if refused and isinstance(a, act.STORE_ACTIONS):
-                out.append(ActionFailed(a, "waiting for an earlier write", retry=True))
-                continue
-            results = self._one(job, s, a)
-            refused = refused or any(isinstance(r, ActionFailed) and r.retry for r in results)
-            out.extend(results)
-        return out
+        """Do `actions` in order (failures.in_order: no write after one the store refused); never raises."""
+        return in_order(actions, lambda a: self._one(job, s, a))
 
     def _one(self, job: JobRow, s: TrackedJob, a: act.Action) -> list[Observation]:
         try:

@@ -22,6 +22,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from spx.daemon.core.config import DaemonConfig
@@ -45,21 +46,18 @@ LAUNCH_STATUS_SECONDS = 60.0
 _LANE_MARGIN_SECONDS = 5.0
 
 
+@dataclass
 class Launches:
-    def __init__(self, cfg: DaemonConfig, store: Store, runtime: AttemptRuntime, pool: StandbyPool, work: UserWork,
-                 recorder: timeline.Recorder, cgroup_tree: cgroups.CgroupTree | None,
-                 wall: Callable[[], float] = time.time, clock: Callable[[], float] = time.monotonic,
-                 wake: Callable[[], None] = lambda: None):
-        self.cfg = cfg
-        self.store = store
-        self.runtime = runtime
-        self.pool = pool
-        self.work = work
-        self.timeline = recorder
-        self.cgroups = cgroup_tree
-        self.wall = wall
-        self.clock = clock
-        self.wake = wake
+    cfg: DaemonConfig
+    store: Store
+    runtime: AttemptRuntime
+    pool: StandbyPool
+    work: UserWork
+    recorder: timeline.Recorder
+    cgroup_tree: cgroups.CgroupTree | None
+    wall: Callable[[], float] = time.time
+    clock: Callable[[], float] = time.monotonic
+    wake: Callable[[], None] = lambda: None
 
     def spawn(self, job: JobRow, s: TrackedJob, a: Spawn) -> list[Observation]:
         h = self.runtime.handles[job.id]
@@ -130,7 +128,7 @@ class Launches:
         status read off the loop."""
         job, h = landed.job, landed.h
         assert h.files is not None
-        h.cgroup = make_attempt_cgroup(self.cgroups, job, landed.a.number, h.attempt_id or "")
+        h.cgroup = make_attempt_cgroup(self.cgroup_tree, job, landed.a.number, h.attempt_id or "")
         try:
             fd = attempt_files.open_log_dir(h.files)
             try:
@@ -181,7 +179,7 @@ class _Landing:
         h.launching, h.standby_age = False, standby_age
         h.pgid, h.spawned_wall = proc.pid, self.wall
         exit_wake.watch(proc.pid, launches.wake)
-        launches.timeline.spawned(self.job.id, h.row_id, self.wall)
+        launches.recorder.spawned(self.job.id, h.row_id, self.wall)
         log.info("attempt_started", job=self.job.name, attempt=self.a.number, pid=proc.pid,
                  gpus=list(self.s.ledger.gpus), port=h.port, cgroup=str(h.cgroup) if h.cgroup else None,
                  resumed_from=self.a.resume_from, resumed_from_step=self.a.resume_step, standby=standby_age)

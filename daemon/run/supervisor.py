@@ -42,9 +42,8 @@ log = get_logger()
 
 class Effects(Protocol):
     """What the supervisor asks of its executor (run/executor.py is the real one). `perform` does the
-    actions in order and never raises; after a store write it answered as refused (a retryable
-    ActionFailed) it makes none of the batch's later writes, answering each as refused too, so the
-    store sees writes in the machine's order."""
+    actions as lifecycle.failures.in_order says (in order, no write after a refused one) and never
+    raises."""
 
     store_error: str | None
 

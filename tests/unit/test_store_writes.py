@@ -8,14 +8,7 @@ import pytest
 
 from spx.daemon.core.causes import ReasonClass, StopCause
 from spx.daemon.core.spec import parse_spec
-from spx.daemon.lifecycle.actions import (
-    FinishAttempt,
-    MarkStarting,
-    RecordExit,
-    RecordRunning,
-    RecordStop,
-    SaveBackoff,
-)
+from spx.daemon.lifecycle import actions as act
 from spx.daemon.run.store_writes import StoreWrites
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import Store
@@ -33,11 +26,11 @@ def writes(tmp_path):
 
 def test_a_launch_is_recorded_starting_then_running_on_its_row(writes):
     w, store, job, rows = writes
-    w.mark_starting(job, MarkStarting((0, 1), "GPUs allocated"))
+    w.mark_starting(job, act.MarkStarting((0, 1), "GPUs allocated"))
     assert (store.job(job.id).state, store.job(job.id).gpus) == (JobState.STARTING, [0, 1])
     rows[(job.id, 1)] = store.start_attempt(job.id, number=1, attempt_id="a1", now=40.0, resumed_from=None,
                                             resumed_from_step=None, port=1234)
-    w.record_running(job, RecordRunning(1, 4242, "boot", 99, "starting fresh", 41.0))
+    w.record_running(job, act.RecordRunning(1, 4242, "boot", 99, "starting fresh", 41.0))
     row = store.open_attempt(job.id)
     assert (row.pgid, row.boot_id, row.start_ticks) == (4242, "boot", 99)
     assert (store.job(job.id).state, store.job(job.id).reason) == (JobState.RUNNING, "starting fresh")
@@ -49,10 +42,10 @@ def test_a_stop_an_exit_and_the_end_go_to_the_attempts_row_and_the_end_moves_the
     rows[(job.id, 1)] = row = store.start_attempt(job.id, number=1, attempt_id="a1", now=40.0, resumed_from=None,
                                                   resumed_from_step=None, port=1)
     store.attempt_running(job.id, row, pgid=1, boot_id=None, start_ticks=None, reason="r", now=41.0)
-    w.record_stop(job, RecordStop(1, StopCause.HANG))
-    w.record_exit(job, RecordExit(1, None, 9, StopCause.HANG))
+    w.record_stop(job, act.RecordStop(1, StopCause.HANG))
+    w.record_exit(job, act.RecordExit(1, None, 9, StopCause.HANG))
     assert (store.open_attempt(job.id).stop_cause, store.open_attempt(job.id).signal) == ("hang", 9)
-    ended = w.finish(job, FinishAttempt(1, JobState.RESTARTING, "hang: no step progress for 61 s", ReasonClass.HANG,
+    ended = w.finish(job, act.FinishAttempt(1, JobState.RESTARTING, "hang: no step progress for 61 s", ReasonClass.HANG,
                                         signal=9, max_step=8, backoff_remaining=10.0, backoff_level=1))
     assert ended == row and store.open_attempt(job.id) is None
     attempt = store.attempts(job.id)[0]
@@ -65,10 +58,10 @@ def test_a_stop_an_exit_and_the_end_go_to_the_attempts_row_and_the_end_moves_the
 def test_writes_for_an_attempt_without_a_row_touch_no_row_and_a_daemon_restart_is_no_restart_to_show(writes):
     w, store, job, rows = writes
     store.transition(job.id, JobState.STARTING, "s", 2.0)
-    w.record_stop(job, RecordStop(3, StopCause.CANCEL))
-    w.record_exit(job, RecordExit(3, 0, None, None))
-    assert w.finish(job, FinishAttempt(3, JobState.RESTARTING, "daemon stopped", ReasonClass.DAEMON_RESTART)) is None
+    w.record_stop(job, act.RecordStop(3, StopCause.CANCEL))
+    w.record_exit(job, act.RecordExit(3, 0, None, None))
+    assert w.finish(job, act.FinishAttempt(3, JobState.RESTARTING, "daemon stopped", ReasonClass.DAEMON_RESTART)) is None
     assert store.attempts(job.id) == [] and store.job(job.id).state is JobState.RESTARTING
     assert w.last_restart is None
-    w.save_backoff(job, SaveBackoff(12.5))
+    w.save_backoff(job, act.SaveBackoff(12.5))
     assert store.job(job.id).backoff_remaining == 12.5

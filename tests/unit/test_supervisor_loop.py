@@ -10,10 +10,12 @@ from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
+from test_lanes import Clock
 
 from spx.daemon.core.config import load_config
 from spx.daemon.core.spec import parse_spec
 from spx.daemon.lifecycle import actions as act
+from spx.daemon.lifecycle.failures import in_order
 from spx.daemon.lifecycle.observations import (
     ActionFailed,
     AllGone,
@@ -34,14 +36,6 @@ from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow, Store
 
 WALL0 = 1_700_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class ScriptedExecutor:
@@ -73,19 +67,12 @@ class ScriptedExecutor:
         return [*self.seen.pop(job.id, []), Tick()]
 
     def perform(self, job, s, actions):
-        """As the executor's contract says: in order, and no write after one the store refused."""
-        out: list[Observation] = []
-        refused = False
-        for a in actions:
-            if refused and isinstance(a, act.STORE_ACTIONS):
-                out.append(ActionFailed(a, "waiting for an earlier write", retry=True))
-                continue
-            self.performed.append((job.id, a))
-            answer = self.answer.get(type(a))
-            results = answer(job, s, a) if answer is not None else []
-            refused = refused or any(isinstance(r, ActionFailed) and r.retry for r in results)
-            out.extend(results)
-        return out
+        return in_order(actions, lambda a: self._one(job, s, a))
+
+    def _one(self, job, s, a):
+        self.performed.append((job.id, a))
+        answer = self.answer.get(type(a))
+        return answer(job, s, a) if answer is not None else []
 
     def adopt(self, job, row):
         return None
@@ -117,6 +104,7 @@ def world(tmp_path):
     cfg = load_config(None, tmp_path / "root")
     store = Store(tmp_path / "spx.sqlite")
     clock, executor = Clock(), ScriptedExecutor()
+    clock.now = 1000.0
     sup = Supervisor(cfg, store, clock=clock, executor=executor, wall=lambda: WALL0 + clock.now)
     yield sup, store, clock, executor
     store.close()

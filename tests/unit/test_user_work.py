@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from test_lanes import Clock
 
 from spx.daemon.core.lanes import Lanes
 from spx.daemon.core.spec import parse_spec
@@ -18,14 +19,6 @@ from spx.daemon.state.states import JobState
 from spx.daemon.state.store import JobRow
 
 WAIT = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def job(job_id: int, owner: int) -> JobRow:
