@@ -19,6 +19,7 @@ import json
 import os
 import pwd
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -111,11 +112,12 @@ class Launches:
                 return landed.spawned(ready.monitor.proc, round(self.clock() - ready.started, 3))
             log.warning("standby_failed", job=landed.job.name, attempt=landed.a.number, error=_why(outcome),
                         detail="the standby is discarded; the attempt launches cold")
-            self.pool.end(ready)
-            h.proc = h.relay = h.cgroup = None
+            ready.discard()
+            h.proc = h.relay = None
             if landed.abandoned():
+                self.pool.end(ready)  # its cgroup too (the sweep retries one not empty yet)
                 return None
-            try:
+            try:  # in the same cgroup: it is the same attempt
                 self._cold(landed, plan)
             except Exception as e:  # noqa: BLE001 — as the dispatcher's: the machine decides
                 return landed.failed(f"{type(e).__name__}: {e}")
@@ -128,7 +130,8 @@ class Launches:
         status read off the loop."""
         job, h = landed.job, landed.h
         assert h.files is not None
-        h.cgroup = make_attempt_cgroup(self.cgroup_tree, job, landed.a.number, h.attempt_id or "")
+        if h.cgroup is None:
+            h.cgroup = make_attempt_cgroup(self.cgroup_tree, job, landed.a.number, h.attempt_id or "")
         try:
             fd = attempt_files.open_log_dir(h.files)
             try:
@@ -149,7 +152,7 @@ class Launches:
         def done(outcome: Outcome) -> Observation | None:
             if outcome.ok:
                 return landed.spawned(started.proc, None)
-            _kill(started.proc.pid)  # one that timed out is still there; one that failed is gone
+            _kill(started.proc)  # one that timed out is still there; one that failed is gone
             if h.cgroup is not None:
                 cgroups.remove(h.cgroup)  # the sweep retries one not empty yet
                 h.cgroup = None
@@ -171,10 +174,10 @@ class _Landing:
         """Its job was forgotten meanwhile (cancelled, failed, the daemon stopping)."""
         return self.launches.runtime.handles.get(self.job.id) is not self.h
 
-    def spawned(self, proc, standby_age: float | None) -> Observation | None:
+    def spawned(self, proc: subprocess.Popen, standby_age: float | None) -> Observation | None:
         h, launches = self.h, self.launches
         if self.abandoned():
-            _kill(proc.pid)  # nobody supervises it any more: it must not run
+            _kill(proc)  # nobody supervises it any more: it must not run
             return None
         h.launching, h.standby_age = False, standby_age
         h.pgid, h.spawned_wall = proc.pid, self.wall
@@ -194,8 +197,12 @@ def _why(outcome: Outcome) -> str:
     return f"{type(outcome.error).__name__}: {outcome.error}"
 
 
-def _kill(pid: int) -> None:
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the session `proc` leads — unless it was reaped and nothing of its group is left (the
+    number may be another's now)."""
+    if proc.poll() is not None and not proctree.group_alive(proc.pid):
+        return
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from spx.daemon.run import launcher
+from spx.daemon.run import launcher, proctree
 
 AGENT = Path(__file__).with_name("standby_agent.py")
 # Each launcher module, and what its standby imports ahead. DeepSpeed's launcher gets torch only:
@@ -102,6 +102,8 @@ class Standby:
             if fd >= 0:
                 os.close(fd)
         started.status_r = started.plan_w = started.go_r = -1
+        if started.proc.poll() is not None and not proctree.group_alive(started.proc.pid):
+            return  # ended and reaped (a failed go), nothing of its group left: the number may be another's now
         try:
             os.killpg(started.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
