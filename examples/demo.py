@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -192,7 +193,7 @@ def main() -> int:
         digest = [line for line in log2.read_text().splitlines() if "final_state_sha256=" in line] if log2.exists() else []
         print()
         say(f"logs: {ROOT / 'log' / JOB}/attempt-N.log (spx --root {ROOT} logs {JOB} --attempt 2); "
-            f"checkpoints: {ROOT / 'checkpoints' / JOB}")
+            f"checkpoints: {ROOT / 'checkpoints' / pwd.getpwuid(os.getuid()).pw_name / JOB}")
         if digest:
             say(f"final model state hash (rank 0): {digest[-1].split('final_state_sha256=')[-1][:16]}…")
         return 0 if doc["state"] == "succeeded" and doc["attempts"] >= 2 else 1

@@ -24,6 +24,7 @@ from spx.daemon.cli import queue_cmds, submit_cmdline
 from spx.daemon.cli.launch_cmdline import CommandLineError
 from spx.daemon.cli.socket_hint import not_running_message
 from spx.daemon.contract import checkpoint_discovery
+from spx.daemon.core.causes import NOT_FAILURES
 from spx.daemon.core.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.core.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, submitted_text
 from spx.daemon.service import control
@@ -100,9 +101,6 @@ def print_table(jobs: list[dict]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
 
 
-# Attempt ends that are not failures of the job (its history still lists them).
-_NOT_FAILURES = ("cancelled", "daemon-restart", "peer-restart")
-
 
 def print_status(doc: dict) -> None:
     print(f"{doc['name']}: {doc['state']}" + (f" ({doc['reason']})" if doc["reason"] else ""))
@@ -116,7 +114,7 @@ def print_status(doc: dict) -> None:
     if doc.get("staging"):
         print(f"  staging: {doc['staging']}")
     history = doc.get("history", [])
-    failed = [a for a in history if a.get("reason_class") and a["reason_class"] not in _NOT_FAILURES]
+    failed = [a for a in history if a.get("reason_class") and a["reason_class"] not in NOT_FAILURES]
     if failed:
         # The operator's one line: the latest failure's class and cause.
         last = failed[-1]

@@ -5,6 +5,8 @@
     reader it parses with), nodes (a job across hosts: its `nodes:` block) · lanes (off-loop work
     for users, fair by owner, deadlines from the start) · bounded (the one reader for numbers and
     structures in files a user writes: JSON with size, depth and number caps, typed fields, Garbage)
+    · causes (why an attempt stopped, how its end is classed: the words the store, the machine, root
+    cause and `spx` share)
 
 The leaf of the package graph (docs/architecture.md): it imports nothing from `spx.daemon`. `bounded`
 is stdlib-only, so `contract` (shared with spx.trainer) may import it.

@@ -41,14 +41,21 @@ class GpuLimits(BaseModel):
 
 
 class UserWork(BaseModel):
-    """Config `user_work:` — the lanes (core/lanes.py) that run the daemon's work for users off the
-    main loop: checks as the owner at intake, checkpoint discovery, stack dumps, launches, leases."""
+    """Config `user_work:` — the lanes (core.lanes) for work the daemon does on a user's behalf off the
+    main loop: intake's checks as the owner, checkpoint discovery and attempt files as the user, stack
+    dumps, root cause, a standby's handoff, the shared dir of a job across hosts. A user's stalls
+    cost only their own slots."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    slots_per_owner: int = Field(4, ge=1, le=64, description=(
-        "How many of one owner's tasks run at once; more of theirs wait their turn, never anyone else's."))
-    slots_total: int = Field(32, ge=1, le=1024, description="How many tasks run at once, for all owners together.")
+    slots_per_owner: int = Field(4, ge=1, le=256, description=(
+        "At most this many tasks of one owner run at once; more wait for that owner's next free slot (a job waiting "
+        "so logs waiting_for_owner_slot, and no deadline of it runs meanwhile)."))
+    slots_total: int = Field(32, ge=1, le=4096, description=(
+        "At most this many tasks run at once in all; free slots go round robin over the owners with work waiting."))
+    standby_handoff_seconds: float = Field(30.0, gt=0, le=3600, description=(
+        "How long a pre-started launcher (launch_standby) may take to accept its attempt's plan (its imports must be "
+        "done); past it the standby is discarded and the attempt launches cold."))
 
 
 class DaemonConfig(BaseModel):
@@ -105,12 +112,13 @@ class DaemonConfig(BaseModel):
         "the current one trains (about one Python process with torch imported per job, no CUDA), a first attempt's "
         "while its checkpoint is looked for. It becomes the attempt's launcher when the attempt starts, so a "
         "relaunch skips the launcher's start-up. false: every attempt starts cold."))
+    user_work: UserWork = Field(default_factory=UserWork, description=(
+        "Lanes for work done on users' behalf off the main loop: {slots_per_owner: 4, slots_total: 32, "
+        "standby_handoff_seconds: 30}."))
     limits: GpuLimits = Field(default_factory=GpuLimits, description=(
         "GPUs one user's jobs may hold at once: {gpus_per_user: 4, users: {alice: 8}, groups: {ml: 6}}. A user's own "
         "entry wins, else the largest of their groups', else gpus_per_user (null: no limit). A job over its owner's "
         "limit waits (the reason says so), never fails; other users' jobs pass it."))
-    user_work: UserWork = Field(default_factory=UserWork, description=(
-        "Work done for users off the main loop, fair by owner: {slots_per_owner: 4, slots_total: 32}."))
 
     @classmethod
     def rooted(cls, root: Path, **overrides: object) -> DaemonConfig:

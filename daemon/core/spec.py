@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from spx.daemon.core.causes import FAILURE_CLASSES, ReasonClass
 from spx.daemon.core.nodes import Nodes, multi_node_problem
 from spx.daemon.core.spec_yaml import SpecError, line_of, read_yaml
 
@@ -85,10 +86,9 @@ class Checkpoints(_Strict):
         return v
 
 
-# The failure classes a job's own attempt can end with (policy.failure_class), which
-# `restart.on_failure` sets a rule for. Not here: lost, launch, cancelled and daemon restarts, which
+# The failure classes a job's own attempt can end with (core.causes.FAILURE_CLASSES), which
+# `restart.on_failure` sets a rule for. Not there: lost, launch, cancelled and daemon restarts, which
 # are never the job's fault and always resume.
-FAILURE_CLASSES = ("user-code", "communication", "oom", "cuda", "gpu-fault", "hang", "preempted", "signal", "crash")
 CLASS_RULES = ("always", "never", "counted")
 
 
@@ -116,10 +116,10 @@ ClassRule = Annotated[
 # and a GPU fault are not the job's doing (a GPU fault is relaunched on healthy GPUs): always
 # restarted, not counted. An OOM may be a fragmentation one-off, three tries.
 DEFAULT_ON_FAILURE: dict[str, ClassRule] = {
-    "user-code": ClassLimit(max=1, within_first_seconds=120.0),
-    "oom": ClassLimit(max=3),
-    "preempted": "always",
-    "gpu-fault": "always",
+    ReasonClass.USER_CODE.value: ClassLimit(max=1, within_first_seconds=120.0),
+    ReasonClass.OOM.value: ClassLimit(max=3),
+    ReasonClass.PREEMPTED.value: "always",
+    ReasonClass.GPU_FAULT.value: "always",
 }
 
 

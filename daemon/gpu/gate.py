@@ -71,6 +71,14 @@ class GpuGate:
         except StoreUnavailable as e:
             log.error("gpu_quarantine_not_stored", gpu=g, error=str(e))
 
+    def release_text(self, gpu: str, by: str) -> dict:
+        """`spx gpu release N` as asked (N as typed): the GPU may be allocated again."""
+        try:
+            g = int(gpu)
+        except ValueError:
+            return {"ok": False, "error": f"not a GPU index: {gpu!r}", "code": 2}
+        return self.release(g, by)
+
     def release(self, g: int, by: str) -> dict:
         """`spx gpu release N` (the request table checks that `by` may): the GPU may be allocated again."""
         try:

@@ -2,19 +2,24 @@
 
     placement (a scheduling turn made real) → scheduler (which job starts now, on which GPUs)
     ← queue_rules (holds, drain, dependencies, limits) ← queue_control (hold, release, priority, drain)
-    → supervisor (the loop: per job, step → executor)
+    → supervisor (the loop: per job, its state machine (the lifecycle package) → executor), job_turns
+    (one job's turn, its faults contained), tracking (a job's record from the store), snapshot (what
+    other threads read)
+    → executor (the dispatcher of the machine's actions over its effects): attempt_runtime (an
+    attempt's handles, what is seen of it each turn), launching (the row, then the launch through a
+    standby or cold), standby_pool (launchers started ahead) ← standby (one of them; standby_agent
+    waits for its plan), attempt_prep (files and checkpoint as the user), postmortem (stack dumps,
+    root cause), gang_link (across hosts: beats and agreement) ← gang (the generation every host's
+    share runs in), store_writes, staging_runs (the copier), adoption (attempts a previous daemon
+    left), user_work (all of it that can wait on a user, in that user's lane: core.lanes)
     → launcher (argv, env, user) → attempt_monitor (records the exit) → enter_attempt (root exec shim:
     cgroup, user, exec) → workers; exit_wake (the loop wakes when a launcher exits);
-    standby (the launcher started ahead: standby_agent waits for the plan), rendezvous (torchrun's
-    meeting point, across hosts), gang (across hosts: the generation every host's share runs in);
-    step (the pure state machine of one job; its values in step_types), executor (performs its
-    actions, slow work off the loop), policy (after an exit: restart, back off, give up),
-    resume_fallback (the crash-loop fallback checkpoint), attempt_files (the attempt's files,
-    safely), checkpoint_report (what discovery decided), local_tier (the host-local checkpoint
-    dir), timeline (where a restart spent its time), lease_keeper (the job's `.spx/` lease),
-    proctree/cgroups (the processes), device_filter (the attempt cgroup's device program: only its
-    GPUs' /dev/nvidiaN open), log_relay (the capped attempt log), rootcause/oom (why it ended);
-    invalid_specs (at start: a job whose accepted spec this version refuses ends failed).
+    rendezvous (torchrun's meeting point, across hosts); attempt_files (the attempt's files, safely),
+    checkpoint_report (what discovery decided), local_tier (the host-local checkpoint dir), timeline
+    (where a restart spent its time), lease_keeper (the job's `.spx/` lease), proctree/cgroups (the
+    processes), device_filter (the attempt cgroup's device program: only its GPUs' /dev/nvidiaN
+    open), log_relay (the capped attempt log), rootcause/oom (why it ended); invalid_specs (at
+    start: a job whose accepted spec this version refuses ends failed).
 
 Third stage of the flow spool → intake → state → run → workers; the only writer of job states after
 intake. Never imports torch.

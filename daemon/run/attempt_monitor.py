@@ -17,7 +17,10 @@ its parent, reads the status from its own Popen exactly as before.
 With PLAN_FD and GO_FD it starts a *standby* (launcher.Standby, standby_agent.py): the shim execs the
 standby agent with a pipe from here as its stdin, the agent imports the launcher's modules and waits.
 The attempt's final plan (argv, environment) arrives later, whole, on PLAN_FD and is passed on to the
-agent; GO_FD then tells the daemon whether it got there (EOF: yes; a JSON error: the agent was gone).
+agent as one line; the agent takes it once its imports are done, and closes its stdin. GO_FD then
+tells the daemon whether the agent took it (EOF: yes; a JSON error: the agent was gone first). This
+process is the one that waits for the agent (however large the plan, however long its imports take);
+the daemon waits on GO_FD with a deadline, and discards a standby that does not take its plan in time.
 Until a whole plan has reached the agent the attempt has not launched: a plan that never came (the
 daemon discarded the standby, or died) ends the agent and is recorded as `launched: false`, exit 127,
 so nobody takes the standby's end for the job's.
@@ -38,11 +41,15 @@ the attempt ended (Unix seconds), which a daemon that was down then records as i
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import os
 import resource
+import select
 import signal
 import sys
+import termios
 import time
 
 RECORD_MODE = 0o600
@@ -92,18 +99,32 @@ def _read_all(fd: int) -> bytes:
     return data
 
 
+def _taken(to_agent: int) -> bool:
+    """Wait until the agent has closed its end of the pipe; True if it read all of it first (it took
+    its plan), False if it was gone with the plan still unread."""
+    poller = select.poll()
+    poller.register(to_agent, 0)  # POLLERR: no reader is left
+    while not poller.poll():
+        pass
+    unread = array.array("i", [0])
+    fcntl.ioctl(to_agent, termios.FIONREAD, unread)
+    return unread[0] == 0
+
+
 def _pass_plan(plan_fd: int, go_fd: int, to_agent: int) -> bool:
-    """Pass the whole plan from PLAN_FD to the standby agent (on `to_agent`, its stdin); tell GO_FD
-    how it went. True once the agent has it: from then on the attempt is launched."""
+    """Pass the whole plan from PLAN_FD to the standby agent (on `to_agent`, its stdin, as one line);
+    tell GO_FD how it went once the agent took it. True then: from then on the attempt is launched."""
     plan = _read_all(plan_fd)
     os.close(plan_fd)
     delivered = False
     try:
         if not isinstance(json.loads(plan or b"null"), dict):
             raise ValueError("no plan")
-        view = memoryview(plan)
-        while view:  # the agent reads to EOF before it does anything with it
+        view = memoryview(plan + b"\n")
+        while view:
             view = view[os.write(to_agent, view):]
+        if not _taken(to_agent):
+            raise BrokenPipeError("the agent ended before it read its plan")
         delivered = True
     except ValueError:  # discarded, or the daemon died mid-write: the agent ends unlaunched
         pass

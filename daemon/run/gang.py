@@ -3,7 +3,7 @@ which generation an attempt joins, telling the other hosts an attempt ended, and
 says this host's share runs and brings back where the others are.
 
 Each call runs as the job's owner in the shared checkpoint dir (as_user: one process, ~50 ms, so
-off the main loop, on the executor's pool). What comes back was read from files the user can
+off the main loop, in the owner's lane: run/gang_link.py, run/attempt_prep.py). What comes back was read from files the user can
 write: every field is checked here, a delay is clamped by the caller (step: at most the job's
 backoff cap), and a doc that is not one reads as "nothing new" — a user can only disturb their own
 job with it.
@@ -20,15 +20,14 @@ from typing import Any
 
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.intake import job_record
-from spx.daemon.run.step_types import GangTurn
+from spx.daemon.lifecycle.record import GangTurn
 from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
 from spx.daemon.userfs import as_user
 
-# A host's line older than this is a daemon that is gone (it rewrites it every BEAT_SECONDS while
-# its share runs): a joining host no longer waits for it.
+# A host's line older than this is a daemon that is gone (it rewrites it every
+# lifecycle.across_hosts.BEAT_SECONDS while its share runs): a joining host no longer waits for it.
 HOST_STALE_SECONDS = 15.0
-BEAT_SECONDS = 1.0
 JOIN_POLL_SECONDS = 0.5
 CALL_TIMEOUT_SECONDS = 20.0
 _FINALS = {"failed": JobState.FAILED, "cancelled": JobState.CANCELLED}

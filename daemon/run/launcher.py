@@ -10,12 +10,15 @@ instruction on; their environment is built from scratch — the daemon's own var
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import pwd
+import select
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -319,12 +322,60 @@ def plan_json(plan: LaunchPlan) -> bytes:
     return json.dumps({"argv": plan.argv, "env": plan.env}).encode()
 
 
-def raise_launch_failure(started: Started, status_fd: int) -> None:
-    """Read `status_fd` (closed here) to its end: nothing means the step it reports happened; a
-    JSON failure is raised as the OSError a failed exec gives, once the monitor and the relay have
-    ended (the relay has the shim's last words in the log)."""
-    with os.fdopen(status_fd, "rb") as r:
-        status = r.read()
+def _wait_for(fd: int, events: int, deadline: float, what: str) -> None:
+    """Until `fd` is ready for `events`; TimeoutError (ETIMEDOUT) past the monotonic `deadline`."""
+    poller = select.poll()
+    poller.register(fd, events)
+    while not poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(errno.ETIMEDOUT, f"no {what} in time (the process on the other end waits)")
+
+
+def read_to_eof(fd: int, deadline: float | None, what: str = "launch status") -> bytes:
+    """Everything `fd` gives until EOF. With a `deadline` (monotonic) the fd is read non-blocking and
+    TimeoutError is raised past it: the other end is a process that may wait on a user (a shim in a
+    hung working directory, an agent still importing)."""
+    data = b""
+    if deadline is None:
+        while chunk := os.read(fd, 65536):
+            data += chunk
+        return data
+    os.set_blocking(fd, False)
+    while True:
+        _wait_for(fd, select.POLLIN, deadline, what)
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return data
+        data += chunk
+
+
+def write_all(fd: int, data: bytes, deadline: float | None, what: str = "plan") -> None:
+    """Write all of `data` to `fd`; with a `deadline`, non-blocking, TimeoutError past it (a pipe
+    whose reader does not read: the plan may be larger than a pipe holds)."""
+    if deadline is not None:
+        os.set_blocking(fd, False)
+    view = memoryview(data)
+    while view:
+        if deadline is not None:
+            _wait_for(fd, select.POLLOUT, deadline, what)
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            continue
+
+
+def raise_launch_failure(started: Started, status_fd: int, deadline: float | None = None) -> None:
+    """Read `status_fd` (closed here) to its end (by the monotonic `deadline`, if given: TimeoutError
+    past it): nothing means the step it reports happened; a JSON failure is raised as the OSError a
+    failed exec gives, once the monitor and the relay have ended (the relay has the shim's last
+    words in the log)."""
+    try:
+        status = read_to_eof(status_fd, deadline)
+    finally:
+        os.close(status_fd)
     if not status:
         return
     started.proc.wait()

@@ -188,10 +188,3 @@ def reap_orphans(keep: set[int]) -> None:
                 os.waitpid(int(entry.name), os.WNOHANG)
             except ChildProcessError:
                 pass
-
-
-def signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"

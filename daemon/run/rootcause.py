@@ -12,8 +12,8 @@ another rank raised something else, that other rank is the cause (the peer it lo
 The result is one line (`spx status` shows it), e.g.
     rank 1 (pid 123) exited with code 1: ValueError: bad batch (user-code); rank 0: RuntimeError:
     Connection closed by peer [127.0.0.1]:20658 (consequence)
-The root error carries its class in parentheses (one of ERROR_CLASSES); `cause_class` reads it
-back. Only what the log shows is classified: GPU faults (XID, ECC, fallen off the bus) when a line
+The root error carries its class in parentheses (one of core.causes.ERROR_CLASSES); `cause_class`
+there reads it back. Only what the log shows is classified: GPU faults (XID, ECC, fallen off the bus) when a line
 says so, OOM from torch's or CUDA's message, CUDA errors, NCCL/gloo/connection errors, and any
 other exception as user code.
 
@@ -31,6 +31,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from spx.daemon.core.causes import ReasonClass, class_tag
 from spx.daemon.userfs import fsafe
 
 TAIL_BYTES = 512 * 1024
@@ -47,9 +48,6 @@ _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 _SUMMARY_ROOT = re.compile(r"^\s*Root Cause\b")
 _SOURCE_LOCATION = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|cu|h|hpp|c):\d+\]\s*")  # gloo/NCCL's "[/…/pair.cc:553] "
 
-# The classes an error line can show, most specific first: a GPU fault explains the CUDA error
-# that follows it, and an out-of-memory is reported as a CUDA error too.
-ERROR_CLASSES = ("gpu-fault", "oom", "cuda", "communication", "user-code", "signal")
 # Read on every log line, not just exceptions: only unambiguous wording ("ECC errors: 0" is not a fault).
 _GPU_FAULT = re.compile(
     r"\bXid\b\D{0,40}\d|uncorrectable ECC|fallen off the bus|GPU is lost|GPU lost|row remap(?:ping)? fail",
@@ -61,23 +59,15 @@ _COMMUNICATION = re.compile(
     r"NCCL|gloo|DistBackendError|DistNetworkError|DistStoreError|Connection (?:closed|reset|refused)|"
     r"Broken pipe|ECONNRESET|Socket Timeout|Timed out waiting \d+ ?ms for (?:recv|send)|collective operation|"
     r"ProcessGroup|c10d|Watchdog caught", re.IGNORECASE)  # a user's own TimeoutError stays user-code
-_CLASS_TAG = re.compile(r" \((" + "|".join(ERROR_CLASSES) + r")\)(?:;|$)")
 
 
-def error_class(text: str) -> str:
+def error_class(text: str) -> ReasonClass:
     """The class of one error line (an exception, or a GPU fault message)."""
-    for cls, pattern in (("gpu-fault", _GPU_FAULT), ("oom", _OOM), ("cuda", _CUDA), ("communication", _COMMUNICATION)):
+    for cls, pattern in ((ReasonClass.GPU_FAULT, _GPU_FAULT), (ReasonClass.OOM, _OOM), (ReasonClass.CUDA, _CUDA),
+                         (ReasonClass.COMMUNICATION, _COMMUNICATION)):
         if pattern.search(text):
             return cls
-    return "user-code"
-
-
-def cause_class(root_cause: str | None) -> str | None:
-    """The class `root_cause_of` tagged the root error with, or None (no cause, or not tagged)."""
-    if not root_cause:
-        return None
-    m = _CLASS_TAG.search(root_cause)
-    return m.group(1) if m else None
+    return ReasonClass.USER_CODE
 
 
 def _signal_text(code: int) -> str:
@@ -154,8 +144,8 @@ def _choose_root(scan: _Scan) -> int | None:
     """The rank that failed first: torchrun's root-cause rank, unless its error is a communication
     error and another rank raised something else (the failure it lost the connection to)."""
     named = scan.root if scan.root is not None else scan.first
-    primary = [r for r, e in scan.errors.items() if error_class(e) != "communication"]
-    if named is not None and (named not in scan.errors or error_class(scan.errors[named]) != "communication"):
+    primary = [r for r, e in scan.errors.items() if error_class(e) != ReasonClass.COMMUNICATION]
+    if named is not None and (named not in scan.errors or error_class(scan.errors[named]) != ReasonClass.COMMUNICATION):
         return named
     if primary:
         return primary[0]
@@ -180,9 +170,9 @@ def root_cause_of(tail: bytes) -> str | None:
         return None
     error = scan.errors.get(root)
     cls = error_class(error) if error else None
-    if scan.gpu_fault is not None and cls != "gpu-fault":
+    if scan.gpu_fault is not None and cls != ReasonClass.GPU_FAULT:
         # A GPU fault in the log explains whatever CUDA or communication error followed it.
-        error, cls = scan.gpu_fault, "gpu-fault"
+        error, cls = scan.gpu_fault, ReasonClass.GPU_FAULT
     code, pid = scan.entries.get(root, (None, None)) if root is not None else (None, None)
     who = f"rank {root}" if root is not None else ""
     if pid is not None:
@@ -191,11 +181,11 @@ def root_cause_of(tail: bytes) -> str | None:
         who += f" {_signal_text(code) if code < 0 else f'exited with code {code}'}"
     if error is None:
         # The root rank left no error: killed by a signal (its summary says which), or only the summary.
-        cls = "signal" if code is not None and code < 0 else None
+        cls = ReasonClass.SIGNAL if code is not None and code < 0 else None
         head = who
     else:
         head = f"{who}: {_clean(error, MAX_ERROR_CHARS)}" if who else _clean(error, MAX_ERROR_CHARS)
-    parts = [f"{head} ({cls})" if cls else head]
+    parts = [f"{head}{class_tag(cls)}" if cls else head]
     others = [(r, e) for r, e in scan.errors.items() if r != root]
     for r, e in others[:MAX_CONSEQUENCES]:
         parts.append(f"{'rank ' + str(r) if r is not None else 'launcher'}: {_clean(e, MAX_CONSEQUENCE_CHARS)} (consequence)")

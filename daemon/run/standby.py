@@ -7,9 +7,16 @@ next attempt's launcher — as the job's user, in the attempt's cgroup and sessi
 monitor, logging to the attempt's log, exactly as a launch would — but with the standby agent
 (standby_agent.py) in place of the launcher, which imports the launcher's module and waits for the
 plan. `go(plan)` hands it the attempt's final argv and environment (its GPUs, port, resume
-checkpoint), and from then on it *is* the attempt's launcher: the same monitor, pids, log and exit
+checkpoint) and returns once the agent has *taken* it (read it whole and closed its stdin: its
+imports are done); from then on it *is* the attempt's launcher: the same monitor, pids, log and exit
 record as a cold launch. For a first attempt it is started as the checkpoint search begins, so the
 import overlaps that search.
+
+The agent is the job's user's process running the user's interpreter and modules, so `go` may wait
+on the user (an import that never returns, a working directory on a hung mount): the daemon calls it
+off the main loop with a deadline, and a standby that does not take its plan in time is discarded —
+`discard` kills its whole session and waits for nothing (the daemon's reaper collects it) — and the
+attempt launches cold.
 
 Only launchers that are a `python -m MODULE` of their own get one (torchrun, DeepSpeed's
 launcher): their process runs no job code before the plan. A standby fits a plan only if it was
@@ -22,13 +29,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from spx.daemon.core.users import LogAccess
-from spx.daemon.run import device_filter, launcher
+from spx.daemon.run import device_filter, launcher, proctree
 
 AGENT = Path(__file__).with_name("standby_agent.py")
 # Each launcher module, and what its standby imports ahead. DeepSpeed's launcher gets torch only:
@@ -64,42 +70,45 @@ class Standby:
         return (self.monitor.proc.poll() is None and plan.argv[0] == self.python and plan.cwd == self.cwd
                 and module_of(plan) == self.module)
 
-    def go(self, plan: launcher.LaunchPlan) -> launcher.Spawned:
+    def go(self, plan: launcher.LaunchPlan, deadline: float | None = None) -> launcher.Spawned:
         """The plan, to the agent: from here on the attempt runs. Raises OSError as `launcher.spawn`
-        does (the shim could not start the agent, or the agent was gone before its plan)."""
+        does (the shim could not start the agent, or the agent was gone before its plan), and
+        TimeoutError past the monotonic `deadline` (the agent did not take its plan by then)."""
         started = self.monitor
         status_r, go_r, plan_w = started.status_r, started.go_r, started.plan_w
         started.status_r = started.go_r = started.plan_w = -1  # each is closed below, whatever happens
         try:
-            launcher.raise_launch_failure(started, status_r)
+            launcher.raise_launch_failure(started, status_r, deadline)
         except BaseException:
             os.close(plan_w)
             os.close(go_r)
             raise
-        with os.fdopen(plan_w, "wb") as w:
-            try:
-                w.write(launcher.plan_json(plan))
-            except BrokenPipeError:  # the monitor is gone: the go status says nothing, its exit does
-                pass
-        launcher.raise_launch_failure(started, go_r)
+        try:
+            launcher.write_all(plan_w, launcher.plan_json(plan), deadline)
+        except BrokenPipeError:  # the monitor is gone: the go status says nothing, its exit does
+            pass
+        except BaseException:
+            os.close(go_r)
+            raise
+        finally:
+            os.close(plan_w)
+        launcher.raise_launch_failure(started, go_r, deadline)
         return launcher.Spawned(proc=started.proc, relay=started.relay)
 
     def discard(self) -> None:
-        """End it unlaunched: its whole session, its pipes; the monitor and relay are waited for
-        (a killed monitor records nothing, and the agent never ran job code)."""
+        """End it unlaunched: its whole session killed, its pipes closed; nothing is waited for (a
+        killed monitor records nothing, the agent never ran job code, and the daemon's reaper
+        collects the monitor and the relay)."""
         started = self.monitor
         for fd in (started.status_r, started.plan_w, started.go_r):
             if fd >= 0:
                 os.close(fd)
         started.status_r = started.plan_w = started.go_r = -1
+        if started.proc.poll() is not None and not proctree.group_alive(started.proc.pid):
+            return  # ended and reaped (a failed go), nothing of its group left: the number may be another's now
         try:
             os.killpg(started.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass
-        started.proc.wait()
-        try:
-            started.relay.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # a stuck disk: the daemon's reaper collects it later
             pass
 
 

@@ -8,8 +8,9 @@ Why: half of a relaunch is the launcher's own start — an interpreter, `import 
 modules — before a single worker exists. The daemon starts this for the next attempt while the
 current one trains (and, for a first attempt, while it still looks for the checkpoint): it imports
 PREIMPORT and waits on stdin. The attempt's plan — argv `[python, -m, MODULE, …]` and its
-environment — arrives there whole once the daemon knows it (GPUs, port, resume checkpoint); the
-agent takes that environment as its own and runs MODULE as `python -m` would, in this process.
+environment, one line — arrives there once the daemon knows it (GPUs, port, resume checkpoint); the
+agent reads it whole, closes its stdin (which tells its monitor it took the plan), takes that
+environment as its own and runs MODULE as `python -m` would, in this process.
 Until then it sees no GPU (`CUDA_VISIBLE_DEVICES` is empty): nothing imported ahead can create a
 CUDA context, or settle on a device, before the plan says which; each worker still starts fresh
 with its devices, as torchrun starts it.
@@ -31,11 +32,13 @@ import sys
 
 
 def _read_plan() -> dict | None:
+    """The plan's line (None: EOF before a whole one — the standby was discarded)."""
     data = b""
-    while chunk := os.read(0, 65536):
+    while not data.endswith(b"\n"):
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return None
         data += chunk
-    if not data:
-        return None
     plan = json.loads(data)
     return plan if isinstance(plan, dict) else None
 

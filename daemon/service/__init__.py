@@ -1,12 +1,11 @@
 """The daemon process itself: the main loop, the control socket, systemd.
 
     main (`spx-trainer`: flags, one-shot modes, start-up) → daemon (the loop and its wiring)
-    · snapshot (what the loop publishes for the other threads each turn)
     · control (the Unix socket `spx` talks to) → requests (every request: who may, where answered)
     → answers (the reads) · gpu_rows (the GPUs as `spx top` shows them)
     · sd_notify + status_line (what systemd shows) · reload (`systemctl reload`: re-exec in place)
     · handover (reload and stop between one daemon process and the next)
 
 It wires the flow spool → intake → state → run → workers together on one thread, and serves the
-readers (control socket, exporter) from the store and the loop's published snapshot.
+readers (control socket, exporter) from the store and the supervisor's published snapshot.
 """

@@ -1,9 +1,10 @@
 """The control socket's reads (`spx ls`, `history`, `status`, `gpus`, `queue`, `adopt`), answered on
 the client's own thread.
 
-Each reads the store through that thread's own connection and what the loop last published
-(snapshot.py), never the loop's live objects; the request table (requests.py) has already checked
-who may ask. What a caller sees is filtered to their own jobs unless they are an admin.
+Each reads the store through that thread's own connection and the snapshot the supervisor
+published at the end of its last turn (run/snapshot.py), never the loop's live objects; the request
+table (requests.py) has already checked who may ask. What a caller sees is filtered to their own
+jobs unless they are an admin.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from spx.daemon.core.users import is_admin
 from spx.daemon.gpu.backend import GpuBackend
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.run.queue_control import QueueControl
+from spx.daemon.run.snapshot import Snapshot
 from spx.daemon.service.gpu_rows import gpu_rows
 from spx.daemon.service.requests import find_job
-from spx.daemon.service.snapshot import LoopSnapshot
 from spx.daemon.state import jobviews
 from spx.daemon.state.store import Store
 
 
 class Answers:
     def __init__(self, cfg: DaemonConfig, store: Store, backend: GpuBackend, adopter: Adopter, queue: QueueControl,
-                 snapshot: Callable[[], LoopSnapshot]):
+                 snapshot: Callable[[], Snapshot]):
         self.cfg = cfg
         self.store = store
         self.backend = backend
@@ -36,7 +37,7 @@ class Answers:
         return getattr(self, op.replace("-", "_"))(name, uid)
 
     def ls(self, _name: str | None, uid: int, scope: jobviews.Scope = "recent") -> dict:
-        views = jobviews.all_views(self.store, self.cfg.run_dir, self.snapshot().pids_by_name, scope=scope)
+        views = jobviews.all_views(self.store, self.cfg.run_dir, self.snapshot().live_pids, scope=scope)
         admin = is_admin(uid, self.cfg.admin_group)
         return {"ok": True, "result": [v.to_json() for v in views if admin or v.owner_uid == uid]}
 
@@ -48,8 +49,10 @@ class Answers:
         if isinstance(job, dict):
             return job
         snap = self.snapshot()
-        view = jobviews.job_view(self.store, job, self.cfg.run_dir, snap.pids_by_name(), with_history=True,
-                                 gang_hosts=snap.hosts_of(job.id))
+        tracked = snap.job(job.id)
+        hosts = [dict(line) for line in tracked.gang_hosts] if tracked and tracked.gang_hosts is not None else None
+        view = jobviews.job_view(self.store, job, self.cfg.run_dir, snap.live_pids(), with_history=True,
+                                 gang_hosts=hosts)
         return {"ok": True, "result": view.to_json(with_history=True)}
 
     def gpus(self, _name: str | None, uid: int) -> dict:

@@ -186,9 +186,9 @@ class ControlServer:
                 raise TypeError("name")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return {"ok": False, "error": "malformed request: expected {\"op\": ..., \"name\": ...}", "code": 2}
-        problem = requests.refusal(op, name, uid, self._admin_group)
-        if problem is not None:
-            return problem
+        refused = requests.refusal(op, name, uid, self._admin_group)
+        if refused is not None:
+            return refused
         if requests.REQUESTS[op].on_loop:  # a change: made by the main loop
             return self._to_loop(Command(op, name or "", uid, arg))
         try:

@@ -4,7 +4,8 @@ One main loop on one thread owns the state store: each turn it claims spool file
 users asked for, supervises attempts, places jobs on GPUs, and publishes a snapshot for the readers.
 Other threads (inotify, the control socket's clients, the metrics server, the XID watcher, the lanes
 that do users' work off the loop) only read the store, the snapshot, or hand work to the loop through
-queues. Every stage of a turn is contained: a store that refuses writes is shown in STATUS and
+queues; the supervisor publishes a frozen snapshot of its jobs at the end of each of its turns
+(run/snapshot.py) for the readers. Every stage of a turn is contained: a store that refuses writes is shown in STATUS and
 retried; any other error is logged once and the loop goes on. The watchdog ping is sent only after a
 full turn, so it proves the loop turns.
 """
@@ -20,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Lanes
@@ -41,12 +43,15 @@ from spx.daemon.service.answers import Answers
 from spx.daemon.service.control import Command, ControlServer
 from spx.daemon.service.requests import REQUESTS, Target, error, find_job
 from spx.daemon.service.sd_notify import Notifier
-from spx.daemon.service.snapshot import LoopSnapshot
 from spx.daemon.service.status_line import format_status
 from spx.daemon.state import jobviews
 from spx.daemon.state.backup import Backups
 from spx.daemon.state.db import StoreUnavailable
 from spx.daemon.state.store import Store
+from spx.daemon.state.views import JobView
+
+if TYPE_CHECKING:
+    from spx.daemon.exporter.server import MetricsServer
 
 log = get_logger()
 TICK_SECONDS = 0.25
@@ -81,21 +86,26 @@ class Daemon:
                                             None if cgroup_tree else cgroups_reason,
                                             functools.partial(handover.mark_device_filter, cfg.run_dir))
         self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"),
-                                     gpu_computing=backend.computing, device_filters=self.device_filters)
+                                     gpu_computing=backend.computing, lanes=self.lanes,
+                                     device_filters=self.device_filters)
         self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake, self.lanes)
         self.adopter = Adopter(cfg, self.store, self.intake, lambda: self.wake.put("adopt"))  # host loss
         # The lease keeper's thread only reports a lease another host took; the loop stops the attempt.
         self.lost_leases: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
-        self.leases = LeaseKeeper(cfg, self.store, on_lost=self._on_lease_lost)
+
+        def lease_lost(job_id: int, holder: str) -> None:  # on the keeper's thread: only enqueues
+            self.lost_leases.put((job_id, holder))
+            self.wake.put("lease")
+
+        self.leases = LeaseKeeper(cfg, self.store, on_lost=lease_lost)
         self.gate = GpuGate(backend, self.store)
         self.queue = QueueControl(cfg, self.store)  # hold/release/priority/drain, and the queue's rules
         self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend)
-        self.published = LoopSnapshot()
-        answers = Answers(cfg, self.store, backend, self.adopter, self.queue, lambda: self.published)
+        answers = Answers(cfg, self.store, backend, self.adopter, self.queue, self.supervisor.snapshot)
         self.control = ControlServer(cfg.socket_path, answers, self.commands, self.wake, admin_group=cfg.admin_group)
-        self.metrics = None
+        self.metrics: MetricsServer | None = None
         # The changes users ask for (service/requests.py says who may), made here on the loop.
         self._changes: dict[str, Callable[..., dict]] = {
             "cancel": lambda job, by, _arg: {"ok": True, "result": self.supervisor.cancel(job, by)},
@@ -104,7 +114,7 @@ class Daemon:
             "priority": self.queue.priority,
             "drain": lambda _target, by, _arg: self.queue.drain(by),
             "undrain": lambda _target, by, _arg: self.queue.undrain(by),
-            "gpu-release": self._release_gpu,
+            "gpu-release": lambda gpu, by, _arg: self.gate.release_text(gpu, by),
         }
 
     def _prepare_dirs(self) -> None:
@@ -119,7 +129,7 @@ class Daemon:
     # --- start ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from spx.daemon.exporter.server import build_registry, serve
+        from spx.daemon.exporter.server import build_registry, serve  # the exporter only once it serves
 
         proctree.become_subreaper()
         for job in fail_invalid_specs(self.store, time.time()):
@@ -127,7 +137,6 @@ class Daemon:
         handover.clear_stopping(self.cfg.run_dir)
         self.supervisor.recover()
         self.supervisor.sweep_cgroups()
-        self._publish()
         self.intake.start()
         self.leases.start()
         self.adopter.start()
@@ -148,11 +157,6 @@ class Daemon:
         if self.gate.on_xid(event):
             self.wake.put("xid")
 
-    def _on_lease_lost(self, job_id: int, holder: str) -> None:
-        """The lease keeper's thread: another host took a job's lease. Only enqueues."""
-        self.lost_leases.put((job_id, holder))
-        self.wake.put("lease")
-
     def _leases_lost(self) -> None:
         while True:
             try:
@@ -163,12 +167,9 @@ class Daemon:
 
     # --- what readers see -----------------------------------------------------------------------
 
-    def views(self):
-        """The exporter's jobs (its own thread): the store, and the pids the loop last published."""
-        return jobviews.all_views(self.store, self.cfg.run_dir, self.published.pids_by_name)
-
-    def _publish(self) -> None:
-        self.published = LoopSnapshot.of(self.supervisor.live_pids(), dict(self.supervisor.executor.gang_hosts))
+    def views(self) -> list[JobView]:
+        """The exporter's jobs (its own thread): the store, and the pids the supervisor last published."""
+        return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot().live_pids)
 
     def status_text(self) -> str:
         live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
@@ -203,7 +204,6 @@ class Daemon:
             if now >= next_status:
                 self._stage("status", self._send_status)
                 next_status = now + STATUS_EVERY_SECONDS
-            self._stage("publish", self._publish)
             if self.reload_requested and not self.stopping:
                 exit_code = self._reload()  # returns only if it did not re-execute
                 if exit_code is not None:
@@ -310,13 +310,6 @@ class Daemon:
         except StoreUnavailable as e:
             return error(f"cannot record the {cmd.op} now: {e}")
 
-    def _release_gpu(self, target: str, by: str, _arg: str | None) -> dict:
-        try:
-            g = int(target)
-        except ValueError:
-            return error(f"not a GPU index: {target!r}", 2)
-        return self.gate.release(g, by)
-
     # --- stop -----------------------------------------------------------------------------------
 
     def request_stop(self, signum: int, _frame: object) -> None:
@@ -352,7 +345,7 @@ class Daemon:
         running on, when the new code does not pass `--check`. Otherwise RELOADING=1, everything but
         the jobs is closed and the process execs itself. Returns an exit status only if the exec
         failed after the close (systemd then restarts the daemon; the jobs are kept)."""
-        between = reload.jobs_between_phases(self.supervisor.steps)
+        between = reload.jobs_between_phases(self.supervisor.records)
         if between:
             if between != self._reload_deferred_for:
                 log.info("reload_deferred", jobs=list(between))

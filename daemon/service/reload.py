@@ -12,17 +12,17 @@ import os
 import subprocess
 import sys
 
-from spx.daemon.run import step_types
+from spx.daemon.lifecycle.record import Phase, TrackedJob
 
 # Phases a re-exec may leave a job in: nothing of it is in flight on the loop's pool or in a stop, so
 # the new image's recover() takes it on exactly (an attempt running, a backoff, a wait for GPUs).
-REEXEC_SAFE = {step_types.Phase.RUNNING, step_types.Phase.BACKOFF, step_types.Phase.READY, step_types.Phase.DONE}
+REEXEC_SAFE = {Phase.RUNNING, Phase.BACKOFF, Phase.READY, Phase.DONE}
 
 
-def jobs_between_phases(steps: dict) -> tuple[str, ...]:
+def jobs_between_phases(records: dict[int, TrackedJob]) -> tuple[str, ...]:
     """The jobs a re-exec must wait for ("name: phase"): their attempt is preparing, stopping or
     being diagnosed, or their data staging — work of this image that the next could not take over."""
-    return tuple(sorted(f"{s.name}: {s.phase.value}" for s in steps.values() if s.phase not in REEXEC_SAFE))
+    return tuple(sorted(f"{s.job.name}: {s.phase.value}" for s in records.values() if s.phase not in REEXEC_SAFE))
 
 
 def reexec_argv() -> list[str]:

@@ -98,7 +98,9 @@ def test_until_its_plan_a_standby_sees_no_gpu():
 def test_a_discarded_standby_leaves_no_process_and_no_record(probe):
     ready = start(plan(probe, "s2"), probe)
     agent_pid(ready)
-    ready.discard()
+    ready.discard()  # kills the whole session and waits for nothing (the daemon's reaper collects it)
+    ready.monitor.proc.wait(timeout=30)
+    ready.monitor.relay.wait(timeout=30)  # EOF: every process that held the attempt's output is gone
     assert ready.monitor.proc.poll() is not None
     assert proctree.attempt_pids("s2") == []
     assert launcher.recorded_exit(probe, "attempt-2.log", "s2") is None

@@ -65,8 +65,13 @@ def heartbeat_step(sb, name: str) -> int | None:
     return None
 
 
+def checkpoint_dir(name: str) -> str:
+    """The job user's job's default checkpoint dir: checkpoints_root/OWNER/NAME."""
+    return f"/checkpoints/{JOB_USER}/{name}"
+
+
 def latest_checkpoint(sb, name: str) -> int | None:
-    ref = checkpoint_layout.latest_complete(sb.path(f"/checkpoints/{name}"))
+    ref = checkpoint_layout.latest_complete(sb.path(checkpoint_dir(name)))
     return ref.step if ref else None
 
 
@@ -186,7 +191,7 @@ def test_start_ready_status_then_stop_checkpoints_and_start_resumes(unit):
     assert not cgroups.populated(sb.path(UNIT_CGROUP)), "the unit's cgroup tree is empty"
     ckpt = latest_checkpoint(sb, "sd-stop")
     assert ckpt is not None and ckpt >= (step_at_stop or 0) >= 1, (ckpt, step_at_stop)
-    written = sb.path(f"/checkpoints/sd-stop/{checkpoint_layout.step_dirname(ckpt)}/COMPLETE.json").stat().st_mtime
+    written = sb.path(f"{checkpoint_dir('sd-stop')}/{checkpoint_layout.step_dirname(ckpt)}/COMPLETE.json").stat().st_mtime
     assert written - stop_wall < GRACE, "the SIGTERM checkpoint was written within the grace time"
 
     sb.systemctl("start", UNIT)

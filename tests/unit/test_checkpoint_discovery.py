@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from spx.daemon.contract import checkpoint_discovery as cd
 from spx.daemon.contract import checkpoint_layout as cl
-from spx.daemon.run import resume_fallback as rf
+from spx.daemon.lifecycle import resume_fallback as rf
 from spx.trainer import layout_writer as lw
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -296,7 +296,8 @@ def attempt(number, resumed_from, reason_class="user-code", max_step=None, fallb
 
 
 def test_fallback_after_two_failures_on_the_same_checkpoint():
-    avoid = rf.checkpoint_to_avoid([attempt(1, None), attempt(2, "/c/20"), attempt(3, "/c/20")])
+    avoid = rf.checkpoint_to_avoid([rf.past_attempt(a) for a in (attempt(1, None), attempt(2, "/c/20"),
+                                                                  attempt(3, "/c/20"))])
     assert avoid == rf.Avoid("/c/20", "crash loop: attempts 2 and 3 resumed from it and failed")
 
 
@@ -310,7 +311,7 @@ def test_fallback_after_two_failures_on_the_same_checkpoint():
     [attempt(1, "/c/30", fallback_from="/c/40"), attempt(2, "/c/30"), attempt(3, "/c/30")],  # once per job
 ])
 def test_no_fallback(history):
-    assert rf.checkpoint_to_avoid(history) is None
+    assert rf.checkpoint_to_avoid([rf.past_attempt(a) for a in history]) is None
 
 
 def test_fell_back_reads_discoverys_answer(tmp_path):

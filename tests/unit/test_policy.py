@@ -3,7 +3,7 @@
 import signal
 
 from spx.daemon.core.spec import Restart
-from spx.daemon.run.policy import AttemptOutcome, backoff_delay, decide, failure_class
+from spx.daemon.lifecycle.policy import AttemptOutcome, backoff_delay, decide, failure_class
 from spx.daemon.state.states import JobState
 
 POLICY = Restart(max_restarts=5, backoff_seconds=(10, 300))

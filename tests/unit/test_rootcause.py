@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from spx.daemon.run.rootcause import cause_class, error_class, find_root_cause, root_cause_of
+from spx.daemon.core.causes import cause_class
+from spx.daemon.run.rootcause import error_class, find_root_cause, root_cause_of
 
 # torchrun 2.13's summary after `kill -9` of rank 1: it SIGTERMs rank 0 (listed under Failures)
 # and names rank 1 as the root cause.

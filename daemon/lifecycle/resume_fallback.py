@@ -1,9 +1,11 @@
 """The crash-loop fallback: when resuming from the newest checkpoint keeps failing, resume once from
 the previous complete one.
 
-PURE: the attempt history in, the checkpoint to pass over (and why) out; the executor reads the
-history from the store, hands the answer to discovery (as the user, off the loop) as `exclude`,
-and records on the new attempt whether the fallback was taken (`fallback_from`).
+PURE: the attempt history in, the checkpoint to pass over (and why) out. The job's state machine
+keeps the little history the rule reads (`remember`: the last attempts, and the one that fell back),
+seeded from the store's attempt rows when a job is tracked (`past_attempt`); its FindCheckpoint
+action carries the answer to discovery (as the user, off the loop) as `exclude`, and the new attempt
+records whether the fallback was taken (`fallback_from`, stored with its discovery).
 
 The rule, precisely. Attempt N+1 passes over checkpoint X when
   - the last two attempts (N-1, N) both resumed from X — so no newer complete checkpoint appeared
@@ -26,13 +28,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from spx.daemon.core.causes import ReasonClass
+
 # Attempt ends that say nothing about the checkpoint the attempt resumed from.
-NOT_THE_CHECKPOINTS = frozenset({"cancelled", "daemon-restart", "preempted", "gpu-fault", "lost", "launch", "peer-restart"})
+NOT_THE_CHECKPOINTS = frozenset({ReasonClass.CANCELLED, ReasonClass.DAEMON_RESTART, ReasonClass.PREEMPTED,
+                                 ReasonClass.GPU_FAULT, ReasonClass.LOST, ReasonClass.LAUNCH,
+                                 ReasonClass.PEER_RESTART})
 LOOP_LENGTH = 2
 
 
-class PastAttempt(Protocol):
-    """What the rule reads of a stored attempt (store.AttemptRow has it)."""
+@dataclass(frozen=True)
+class PastAttempt:
+    """What the rule reads of an ended attempt."""
+
+    number: int
+    ended: bool
+    reason_class: str | None
+    resumed_from: str | None
+    resumed_from_step: int | None
+    max_step: int | None
+    fell_back: bool = False  # its discovery passed over a checkpoint (the fallback was taken)
+
+
+class StoredAttempt(Protocol):
+    """What `past_attempt` reads of a stored attempt (store.AttemptRow has it)."""
 
     @property
     def number(self) -> int: ...
@@ -58,7 +77,22 @@ class Avoid:
     why: str
 
 
-def discovery_of(attempt: PastAttempt) -> dict[str, Any]:
+def past_attempt(row: StoredAttempt) -> PastAttempt:
+    """A stored attempt, as the rule reads it."""
+    return PastAttempt(row.number, row.end is not None, row.reason_class, row.resumed_from, row.resumed_from_step,
+                       row.max_step, bool(discovery_of(row).get("fallback_from")))
+
+
+def remember(history: tuple[PastAttempt, ...], attempt: PastAttempt) -> tuple[PastAttempt, ...]:
+    """`history` with `attempt` added, kept to what the rule reads: the last LOOP_LENGTH attempts and
+    the first that fell back (once per job)."""
+    every = sorted((*history, attempt), key=lambda a: a.number)
+    first_fallback = next((a for a in every if a.fell_back), None)
+    last = every[-LOOP_LENGTH:]
+    return tuple(([first_fallback] if first_fallback is not None and first_fallback not in last else []) + last)
+
+
+def discovery_of(attempt: StoredAttempt) -> dict[str, Any]:
     """The discovery answer stored with an attempt ({} when none or unreadable)."""
     try:
         doc = json.loads(attempt.checkpoint_discovery or "{}")
@@ -68,7 +102,7 @@ def discovery_of(attempt: PastAttempt) -> dict[str, Any]:
 
 
 def _failed_on(attempt: PastAttempt, path: str) -> bool:
-    if attempt.end is None or attempt.resumed_from != path:
+    if not attempt.ended or attempt.resumed_from != path:
         return False
     if attempt.reason_class is None or attempt.reason_class in NOT_THE_CHECKPOINTS:
         return False
@@ -79,7 +113,7 @@ def _failed_on(attempt: PastAttempt, path: str) -> bool:
 
 def checkpoint_to_avoid(history: Sequence[PastAttempt]) -> Avoid | None:
     """The checkpoint the next attempt must not resume from (see the module docstring), or None."""
-    if len(history) < LOOP_LENGTH or any(discovery_of(a).get("fallback_from") for a in history):
+    if len(history) < LOOP_LENGTH or any(a.fell_back for a in history):
         return None
     last = sorted(history, key=lambda a: a.number)[-LOOP_LENGTH:]
     path = last[-1].resumed_from

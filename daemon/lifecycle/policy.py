@@ -1,7 +1,7 @@
 """What to do after an attempt ends: succeed, restart after a backoff, or give up — and why.
 
-Pure: the supervisor gathers an `AttemptOutcome` from the processes and the heartbeat, and this
-module decides. Each failed attempt gets a failure class (`failure_class`), and the spec's
+Pure: the job's state machine gathers an `AttemptOutcome` from what it observed of the attempt
+(its exit, heartbeat, stop cause, diagnosis), and this module decides. Each failed attempt gets a failure class (`failure_class`), and the spec's
 `restart.on_failure` sets a rule per class (always / never / counted / {max, within_first_seconds}),
 on top of max_restarts, the exit codes and the crash-loop guard. The restart policy is therefore
 tested by scripting outcomes, without processes (the torch elastic agent's design; unlike it, restarts back off and stop on a crash loop).
@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from spx.daemon.core.causes import ReasonClass, StopCause, cause_class, signal_name
 from spx.daemon.core.spec import ClassLimit, ClassRule, Restart
-from spx.daemon.run.proctree import signal_name
-from spx.daemon.run.rootcause import cause_class
 from spx.daemon.state.states import JobState
 
 CRASH_LOOP_ATTEMPTS = 3
@@ -24,11 +23,8 @@ CRASH_LOOP_ATTEMPTS = 3
 class AttemptOutcome:
     """How an attempt ended, as observed.
 
-    `stop_cause` is set when the daemon itself stopped the attempt, or does not know how it ended:
-    "cancel", "daemon-stop" (the daemon is shutting down), "daemon-restart" (a daemon stopped it and
-    died before storing why), "lost" (adopted after a daemon restart, its monitor gone without a
-    record of its end), "hang" or "gpu-fault" (a fatal XID on one of its GPUs; `gpu_fault` says
-    which), "peer-restart" (across hosts: another host began a newer generation). `progressed` is true if the attempt moved the step past where it
+    `stop_cause` is set when the daemon itself stopped the attempt, or does not know how it ended
+    (core.causes.StopCause; for a gpu-fault, `gpu_fault` says which). `progressed` is true if the attempt moved the step past where it
     resumed (or wrote a new checkpoint, or, for scripts without a heartbeat, stayed up for a healthy
     stretch).
     """
@@ -38,7 +34,7 @@ class AttemptOutcome:
     root_cause: str | None = None  # rootcause.root_cause_of's line for a failed attempt, if found
     preempted: bool = False
     oom: bool = False
-    stop_cause: str | None = None
+    stop_cause: StopCause | None = None
     hang_seconds: float | None = None
     gpu_fault: str | None = None  # stop_cause "gpu-fault": what the daemon saw, e.g. "XID 79 on GPU 3 (...)"
     progressed: bool = False
@@ -52,7 +48,7 @@ class Decision:
 
     state: JobState
     reason: str
-    reason_class: str | None
+    reason_class: ReasonClass | None
     delay_seconds: float = 0.0
     backoff_level: int = 0
     no_progress_streak: int = 0
@@ -64,39 +60,39 @@ def backoff_delay(level: int, first: float, cap: float) -> float:
 
 
 # Restarts of these classes are resumptions, not failures of the job's code: no crash-loop guard.
-_EXTERNAL = ("preempted", "gpu-fault")
+_EXTERNAL = (ReasonClass.PREEMPTED, ReasonClass.GPU_FAULT)
 
 
-def failure_class(outcome: AttemptOutcome) -> str:
+def failure_class(outcome: AttemptOutcome) -> ReasonClass:
     """The failure class of an attempt that did not succeed (the `reason` label of
     spx_job_restarts_total): what the daemon saw (hang, preemption, the kernel's OOM kill, a
     signal) first, else the class `rootcause` found for the root rank's error in the log, else
     "crash". A GPU fault, OOM or CUDA error in the log wins over the signal that followed it."""
-    if outcome.stop_cause == "hang":
-        return "hang"
-    if outcome.stop_cause == "gpu-fault":
-        return "gpu-fault"
+    if outcome.stop_cause == StopCause.HANG:
+        return ReasonClass.HANG
+    if outcome.stop_cause == StopCause.GPU_FAULT:
+        return ReasonClass.GPU_FAULT
     if outcome.preempted:
-        return "preempted"
+        return ReasonClass.PREEMPTED
     if outcome.oom:
-        return "oom"
+        return ReasonClass.OOM
     tagged = cause_class(outcome.root_cause)
-    if tagged in ("gpu-fault", "oom", "cuda"):
+    if tagged in (ReasonClass.GPU_FAULT, ReasonClass.OOM, ReasonClass.CUDA):
         return tagged
     if outcome.signal is not None:
-        return "signal"
-    return tagged or "crash"
+        return ReasonClass.SIGNAL
+    return tagged or ReasonClass.CRASH
 
 
-def classify(outcome: AttemptOutcome) -> tuple[str, str]:
+def classify(outcome: AttemptOutcome) -> tuple[ReasonClass, str]:
     """(failure class, human reason) of an attempt that did not succeed. The reason says what was
     seen (exit code, signal, hang, preemption, OOM kill); the class and the root cause line say why."""
     cls = failure_class(outcome)
-    if cls == "hang":
+    if cls == ReasonClass.HANG:
         return cls, f"hang: no step progress for {outcome.hang_seconds or 0:.0f} s"
-    if outcome.stop_cause == "gpu-fault":
+    if outcome.stop_cause == StopCause.GPU_FAULT:
         return cls, f"gpu-fault: {outcome.gpu_fault or 'a fatal GPU error'}; stopped by the daemon"
-    if cls == "preempted":
+    if cls == ReasonClass.PREEMPTED:
         return cls, "preempted: checkpointed on SIGTERM and exited"
     if outcome.oom:
         return cls, "killed by the kernel's OOM killer"
@@ -106,7 +102,7 @@ def classify(outcome: AttemptOutcome) -> tuple[str, str]:
 
 
 def _restarted(
-    outcome: AttemptOutcome, policy: Restart, cls: str, why: str, earlier: int, class_earlier: int, rule: ClassRule,
+    outcome: AttemptOutcome, policy: Restart, cls: ReasonClass, why: str, earlier: int, class_earlier: int, rule: ClassRule,
 ) -> str | None:
     """None if the rules allow a restart of this `cls` failure, else why the job fails."""
     if rule == "never":
@@ -140,22 +136,24 @@ def decide(
     attempts of an `always` class are taken out of `restarts_done`, and a class's `max` counts its
     own attempts; without it (None), every earlier fault counts against a class's `max` too (a
     cautious reading: it can only fail a job sooner, never restart it more)."""
-    if outcome.stop_cause == "cancel":
-        return Decision(JobState.CANCELLED, "cancelled", "cancelled")
-    if outcome.stop_cause in ("daemon-stop", "daemon-restart"):
+    if outcome.stop_cause == StopCause.CANCEL:
+        return Decision(JobState.CANCELLED, "cancelled", ReasonClass.CANCELLED)
+    if outcome.stop_cause in (StopCause.DAEMON_STOP, StopCause.DAEMON_RESTART):
         # Not the job's fault: resume without counting it as a failure.
-        why = "daemon stopped; resumes on next start" if outcome.stop_cause == "daemon-stop" else "daemon restarted"
-        return Decision(JobState.RESTARTING, why, "daemon-restart", 0.0, backoff_level, no_progress_streak)
-    if outcome.stop_cause == "peer-restart":
+        why = ("daemon stopped; resumes on next start" if outcome.stop_cause == StopCause.DAEMON_STOP
+               else "daemon restarted")
+        return Decision(JobState.RESTARTING, why, ReasonClass.DAEMON_RESTART, 0.0, backoff_level, no_progress_streak)
+    if outcome.stop_cause == StopCause.PEER_RESTART:
         # Across hosts: stopped because another host began a newer generation (a daemon restarted
         # meanwhile, so that host's decision is not known here): it counted the failure, if any.
-        return Decision(JobState.RESTARTING, "restarted with the job's other hosts", "peer-restart", 0.0,
+        return Decision(JobState.RESTARTING, "restarted with the job's other hosts", ReasonClass.PEER_RESTART, 0.0,
                         backoff_level, no_progress_streak)
-    if outcome.stop_cause == "lost":
+    if outcome.stop_cause == StopCause.LOST:
         # Its monitor is gone without a record (killed with it, or the launch never got going): how
         # it ended is unknown, so it is not counted; it resumes from its checkpoint.
         return Decision(JobState.RESTARTING, "lost: the attempt ended while no daemon watched and left no "
-                        "record of how; relaunched from its checkpoint", "lost", 0.0, backoff_level, no_progress_streak)
+                        "record of how; relaunched from its checkpoint", ReasonClass.LOST, 0.0, backoff_level,
+                        no_progress_streak)
     if outcome.exit_code == 0 and outcome.stop_cause is None:
         return Decision(JobState.SUCCEEDED, "exit code 0", None)
 
@@ -163,7 +161,7 @@ def decide(
     rule = policy.on_failure.get(cls, "counted")
     if (
         policy.on_exit_codes != "any"
-        and cls not in ("hang", "preempted", "gpu-fault")
+        and cls not in (ReasonClass.HANG, ReasonClass.PREEMPTED, ReasonClass.GPU_FAULT)
         and not outcome.oom
         and outcome.signal is None
         and outcome.exit_code not in policy.on_exit_codes
