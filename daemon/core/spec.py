@@ -1,4 +1,4 @@
-"""The job spec: one YAML file = one job (design §3).
+"""The job spec: one YAML file = one job (README.md, "The job spec").
 
 Parsing is defensive because the daemon runs as root and the file comes from a user. Contract:
 `parse_spec` returns a JobSpec or raises SpecError, for every input text, and every number in a

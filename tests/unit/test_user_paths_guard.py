@@ -1,5 +1,6 @@
 """Nothing in the daemon opens, creates, chowns, chmods, renames or deletes a path except through
-`spx.daemon.userfs` — or in a module whose paths are the daemon's own (design §9).
+`spx.daemon.userfs` — or in a module whose paths are the daemon's own (README.md, "What root does
+with user paths, and how").
 
 An AST scan of every module under daemon/: a call that touches the file system by path is allowed
 only in a module of ALLOWED, each with the reason its paths are not a user's. A new module that
