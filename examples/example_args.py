@@ -1,4 +1,4 @@
-"""Flags and fault injection shared by `train_ddp.py` and `train_deepspeed.py` (design §11).
+"""Flags and fault injection shared by `train_ddp.py` and `train_deepspeed.py`.
 
 The fault flags act in the daemon's first attempt only (`SPX_ATTEMPT`, 1 when run by hand), so a
 job that crashes or hangs once shows the restart, and its relaunch runs clean.

@@ -303,6 +303,22 @@ def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@contextmanager
+def sqlite3_holding(path: Path) -> Iterator[subprocess.Popen]:
+    """The sqlite3 shell with an exclusive transaction open on the store at `path` (an operator
+    poking at it), for the `with` block; killed after it."""
+    shell = subprocess.Popen(["sqlite3", str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert shell.stdin is not None and shell.stdout is not None
+        shell.stdin.write("BEGIN EXCLUSIVE;\nSELECT 'held';\n")
+        shell.stdin.flush()
+        assert shell.stdout.readline().strip() == "held"
+        yield shell
+    finally:
+        shell.kill()
+        shell.wait()
+
+
 def as_user(user: pwd.struct_passwd, fn: Callable, *args: object):
     """Run fn(*args) in a forked child that has become `user`; return its JSON-able result."""
     r, w = os.pipe()

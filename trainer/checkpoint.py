@@ -1,4 +1,5 @@
-"""Checkpoints of a data-parallel job in the shared layout (design §5), written atomically.
+"""Checkpoints of a data-parallel job in the shared layout (`spx.daemon.contract.checkpoint_layout`,
+docs/trainer.md), written atomically.
 
 A save of global step S by a world of W ranks:
 

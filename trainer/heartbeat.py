@@ -1,4 +1,5 @@
-"""Each node's heartbeat file (design §6): its daemon's view of progress.
+"""Each node's heartbeat file (README.md, "What the workers get (the contract)"): its daemon's view
+of progress.
 
 The daemon detects hangs by watching `step` move and exports samples/s and the last checkpoint as
 job metrics. Every host's daemon supervises its own share of a job (docs/multinode.md), so local

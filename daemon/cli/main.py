@@ -9,302 +9,28 @@
 Works for any user and never writes the state store: `submit` drops a file into the spool (its
 owner is who submits), everything else asks the daemon over its control socket, which checks the
 caller's uid. Exit status: 0 ok, 1 not found or failed, 2 usage.
+
+Here: the parser and the dispatch, and the commands that are one question to the daemon. The others
+have modules of their own: submit (and submit_cmdline), logs; the daemon is asked through client,
+and what `ls`, `status` and `gpus` print is render's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 from pathlib import Path
 
-from spx.daemon.cli import queue_cmds, submit_cmdline
+from spx.daemon.cli import logs, queue_cmds, render, submit_cmdline
+from spx.daemon.cli.client import EXIT_FAIL, EXIT_OK, EXIT_USAGE, CliError, ask
 from spx.daemon.cli.launch_cmdline import CommandLineError
 from spx.daemon.cli.socket_hint import not_running_message
-from spx.daemon.contract import checkpoint_discovery
-from spx.daemon.core.causes import NOT_FAILURES
+from spx.daemon.cli.submit import cmd_submit
 from spx.daemon.core.config import ConfigError, DaemonConfig, load_config
-from spx.daemon.core.spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec, submitted_text
 from spx.daemon.service import control
-from spx.daemon.state import node_view
-from spx.daemon.userfs import as_user
-from spx.daemon.userfs.fsafe import UserPathError
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 ADOPT_TIMEOUT_SECONDS = 600.0  # a walk of a large volume, one helper process per job found
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_FAIL):
-        super().__init__(message)
-        self.code = code
-
-
-def ask(cfg: DaemonConfig, op: str, name: str | None = None, arg: str | None = None) -> object:
-    """Ask the daemon; if it is not running, root may still read the store directly."""
-    try:
-        reply = control.request(cfg.socket_path, op, name, arg=arg)
-    except TimeoutError as e:  # something listens there but did not answer whole in time
-        raise CliError(f"{e}; the daemon may be overloaded (see its log)") from e
-    except OSError:
-        return _ask_store(cfg, op, name)
-    if not reply.get("ok"):
-        raise CliError(reply.get("error", "request failed"), reply.get("code", EXIT_FAIL))
-    return reply["result"]
-
-
-def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
-    if op in ("cancel", "gpu-release", *queue_cmds.COMMANDS, "queue") or not os.access(cfg.store_path, os.R_OK):
-        raise CliError(not_running_message(cfg))
-    if op == "gpus":
-        return []  # the GPUs a daemon uses: none while it is not running
-    from spx.daemon.state import jobviews  # only on this fallback path: keeps `spx` quick to start
-    from spx.daemon.state.db import StoreRefused
-    from spx.daemon.state.store import Store
-
-    try:
-        store = Store(cfg.store_path, readonly=True)
-    except StoreRefused as e:  # a store a newer version wrote: say so, not a traceback
-        raise CliError(str(e)) from None
-    try:
-        if op in ("ls", "history"):
-            return [v.to_json() for v in jobviews.all_views(store, cfg.run_dir, scope="all" if op == "history" else "recent")]
-        job = store.jobs.by_name(name or "")
-        if job is None:
-            raise CliError(f"no job named {name!r}")
-        return jobviews.job_view(store, job, cfg.run_dir, with_history=True).to_json(with_history=True)
-    finally:
-        store.close()
-
-
-def _ago(t: float | None, now: float) -> str:
-    if t is None:
-        return "-"
-    s = max(0, int(now - t))
-    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
-
-
-def _fmt(v: object) -> str:
-    return "-" if v is None or v == [] else ",".join(map(str, v)) if isinstance(v, list) else str(v)
-
-
-def print_table(jobs: list[dict]) -> None:
-    now = time.time()
-    rows = [("NAME", "JOB", "STATE", "ATTEMPTS", "STEP", "CKPT", "CKPT AGE", "GPUS", "REASON")]
-    for j in jobs:
-        rows.append((j["name"], str(j.get("job_id", "-")), j["state"], str(j["attempts"]), _fmt(j["step"]), _fmt(j["last_checkpoint_step"]),
-                     _ago(j.get("last_checkpoint_time"), now), _fmt(j["gpus"]), j["reason"] or ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
-
-
-
-def print_status(doc: dict) -> None:
-    print(f"{doc['name']}: {doc['state']}" + (f" ({doc['reason']})" if doc["reason"] else ""))
-    print(f"  owner {doc['owner']}  gpus {_fmt(doc['gpus'])}  step {_fmt(doc['step'])}  "
-          f"last checkpoint {_fmt(doc['last_checkpoint_step'])}  samples/s {_fmt(doc['samples_per_second'])}")
-    if doc.get("heartbeat_problem"):
-        print(f"  heartbeat unreadable: {doc['heartbeat_problem']}")
-    if doc.get("node"):
-        for line in node_view.describe(doc["node"], time.time()):
-            print(f"  {line}")
-    if doc.get("staging"):
-        print(f"  staging: {doc['staging']}")
-    history = doc.get("history", [])
-    failed = [a for a in history if a.get("reason_class") and a["reason_class"] not in NOT_FAILURES]
-    if failed:
-        # The operator's one line: the latest failure's class and cause.
-        last = failed[-1]
-        print(f"  last failure (attempt {last['number']}): {last['reason_class']}: {last.get('root_cause') or last['reason']}")
-    for a in history:
-        start = time.strftime("%H:%M:%S", time.localtime(a["start"])) if a["start"] else "-"
-        end = time.strftime("%H:%M:%S", time.localtime(a["end"])) if a["end"] else "running"
-        resumed = f"resumed from step {a['resumed_from_step']}" if a["resumed_from_step"] is not None else "fresh start"
-        reason = a["reason"] or ""
-        cancelled = reason.startswith("cancelled")
-        if cancelled and a["end"]:
-            # A user's decision, not a failure: who and when, and what it kept (the last attempt's
-            # checkpoint is the job's newest one).
-            ckpt = doc["last_checkpoint_step"] if a is history[-1] else None
-            reason += f" at {end}" + (f" (checkpoint at step {ckpt})" if ckpt is not None else " (no checkpoint)")
-        cls = a.get("reason_class")
-        tag = f" [{cls}]" if cls and not cancelled else ""
-        print(f"  attempt {a['number']}: {start} → {end}  {resumed}  {reason}{tag}")
-        if a.get("root_cause") and not cancelled:
-            print(f"      root cause: {a['root_cause']}")
-        for line in checkpoint_discovery.describe(a["checkpoint"]) if a.get("checkpoint") else ():
-            print(f"      checkpoint: {line}")
-
-
-def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
-    if submit_cmdline.is_command_submit(args):
-        return submit_cmdline.submit_command(cfg, args, lambda spec, text: _drop(cfg, spec, text))
-    source = Path(args.file)
-    try:
-        with open(source, "rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)  # parse_spec refuses more; never read a huge file whole
-        text = raw.decode()
-    except OSError as e:
-        raise CliError(f"{source}: {e.strerror}", EXIT_USAGE) from e
-    except UnicodeDecodeError as e:
-        raise CliError(f"{source}: not UTF-8 text (byte {e.start}); a job file is YAML text", EXIT_USAGE) from e
-    try:
-        spec = parse_spec(text, source.parent)
-        text = submitted_text(text, source.parent, str(source), fresh=args.fresh)
-        if args.fresh:
-            spec = parse_spec(text)
-    except SpecError as e:
-        raise CliError(e.render(str(source)), EXIT_USAGE) from e
-    return _drop(cfg, spec, text)
-
-
-def _drop(cfg: DaemonConfig, spec: JobSpec, text: str) -> int:
-    """Drop a validated job file into the spool (a dotfile renamed in) and report intake's answer."""
-    _say_what_resumes(cfg, spec)
-    final = f"{spec.name}-{time.time_ns()}.yaml"
-    tmp = cfg.spool_dir / f".{final}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.rename(tmp, cfg.spool_dir / final)
-    except OSError as e:
-        raise CliError(f"cannot drop the job into {cfg.spool_dir}: {e.strerror}") from e
-    return _await_intake(cfg, spec.name, final)
-
-
-def _say_what_resumes(cfg: DaemonConfig, spec: JobSpec) -> None:
-    """Whether the job starts from checkpoints already in its dir (a reused name finds the earlier
-    job's): said before it is queued, so resuming is never a surprise. Read as the submitting user
-    (the job's owner); a dir they cannot read says nothing here (intake judges it). The default dir
-    is per owner (`checkpoints_root/OWNER/NAME`): a dir of that name from before (`checkpoints_root/
-    NAME`, theirs) is named, so the job does not start over in the new one unnoticed."""
-    try:
-        me = as_user.owner(os.getuid())
-    except UserPathError:
-        return
-    ckpt_dir = spec.with_checkpoint_dir(cfg.checkpoints_root, me.name, me.uid).checkpoint_dir(cfg.checkpoints_root)
-    if spec.checkpoints.dir is None:
-        _say_legacy_dir(cfg, spec, me, ckpt_dir)
-    try:  # as the daemon will find it, in a helper with a timeout (a hung mount costs 5 s, not forever)
-        found = as_user.find_latest(as_user.owner(os.getuid()), str(ckpt_dir), spec.checkpoints.pattern, 5.0)
-    except UserPathError:
-        return
-    mode = spec.checkpoints.resume
-    if found.get("path") is None:
-        if mode == "require":
-            print(f"{spec.name}: checkpoints.resume is require, but {ckpt_dir} holds no complete checkpoint "
-                  "(yet): the job fails at its start unless one is there by then", file=sys.stderr)
-        return
-    step, path = found.get("step"), Path(str(found.get("path")))
-    upto = f"up to step {step}" if isinstance(step, int) else f"({path.name})"
-    try:
-        earlier = control.request(cfg.socket_path, "status", spec.name, timeout=5.0)
-    except OSError:
-        earlier = {}
-    who = f"an earlier job {spec.name}" if earlier.get("ok") else "an earlier job"
-    if mode == "never":
-        print(f"{ckpt_dir} holds checkpoints {upto} from {who}; this job starts fresh (checkpoints.resume: never): "
-              f"they are moved into {ckpt_dir}/.before-job-ID at its start")
-    else:
-        print(f"{ckpt_dir} holds checkpoints {upto} from {who}; this job resumes from them (--fresh to start over)")
-
-
-def _say_legacy_dir(cfg: DaemonConfig, spec: JobSpec, me: as_user.Owner, ckpt_dir: Path) -> None:
-    """`checkpoints_root/NAME`, this user's, holds checkpoints of an earlier job of this name (the
-    default dir before it was per owner): say so, and how to resume from them."""
-    legacy = cfg.checkpoints_root / spec.name
-    try:
-        if legacy.lstat().st_uid != me.uid:
-            return
-        found = as_user.find_latest(me, str(legacy), spec.checkpoints.pattern, 5.0)
-    except (OSError, UserPathError):
-        return
-    if found.get("path") is not None:
-        print(f"{legacy} holds checkpoints of an earlier {spec.name} (the default dir before it was per owner); "
-              f"this job's dir is {ckpt_dir}: to resume from them, set checkpoints.dir: {legacy}")
-
-
-def _await_intake(cfg: DaemonConfig, name: str, spool_name: str, timeout: float = 5.0) -> int:
-    deadline = time.monotonic() + timeout
-    error_file = cfg.rejected_dir / f"{spool_name}.error"
-    while time.monotonic() < deadline:
-        if error_file.exists():
-            print(error_file.read_text().rstrip(), file=sys.stderr)
-            return EXIT_FAIL
-        if not (cfg.spool_dir / spool_name).exists():
-            try:
-                doc = control.request(cfg.socket_path, "status", name)
-                if doc.get("ok"):
-                    print(f"{name}: {doc['result']['state']}")
-                    return EXIT_OK
-            except OSError:
-                break
-        time.sleep(0.05)
-    print(f"{name}: submitted ({cfg.spool_dir / spool_name}); the daemon will pick it up when it runs")
-    return EXIT_OK
-
-
-def cmd_logs(cfg: DaemonConfig, args: argparse.Namespace) -> int:
-    doc = ask(cfg, "status", args.name)
-    assert isinstance(doc, dict)
-    current = args.job_id is None or args.job_id == doc.get("job_id")
-    log_dir = cfg.log_dir / args.name if current else _earlier_log_dir(cfg, args.name, args.job_id)
-    if not current and not log_dir.is_dir():
-        raise CliError(f"no logs of a job {args.job_id} named {args.name} (looked for {log_dir}); "
-                       f"the ids are in `spx ls --all`")
-    number = args.attempt or (doc["attempts"] if current else _attempts_in(log_dir))
-    if not number:
-        raise CliError(f"{args.name} has not started an attempt yet")
-    path = log_dir / f"attempt-{number}.log"
-    try:
-        f = path.open("rb")
-    except OSError as e:
-        raise CliError(_missing_log_message(cfg, args.name, doc, path, e) if current else f"{path}: {e.strerror}") from e
-    with f:
-        while True:
-            chunk = f.read(65536)
-            if chunk:
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-                continue
-            if not args.follow or not current:
-                return EXIT_OK
-            now = ask(cfg, "status", args.name)
-            assert isinstance(now, dict)
-            if now["state"] in ("succeeded", "failed", "cancelled") or now["attempts"] != number:
-                return EXIT_OK
-            time.sleep(0.5)
-
-
-def _earlier_log_dir(cfg: DaemonConfig, name: str, job_id: int) -> Path:
-    """Where the daemon moved an earlier job's logs when its name was reused (`log/NAME.job-ID`)."""
-    return cfg.log_dir / f"{name}.job-{job_id}"
-
-
-def _attempts_in(log_dir: Path) -> int:
-    try:
-        return max((int(p.stem.removeprefix("attempt-")) for p in log_dir.glob("attempt-*.log")
-                    if p.stem.removeprefix("attempt-").isdigit()), default=0)
-    except OSError:
-        return 0
-
-
-def _missing_log_message(cfg: DaemonConfig, name: str, doc: dict, path: Path, e: OSError) -> str:
-    """A missing attempt log, with where the earlier jobs of a reused name keep theirs."""
-    message = f"{path}: {e.strerror}; job {doc.get('job_id', '?')} named {name} has {doc['attempts']} attempt(s)"
-    earlier = []
-    for d in sorted(cfg.log_dir.glob(f"{name}.job-*")):
-        job_id = d.name.removeprefix(f"{name}.job-")
-        if job_id.isdigit():
-            earlier.append(f"job {job_id}: {d} ({_attempts_in(d)} attempt(s))")
-    if earlier:
-        message += (f"\nearlier jobs named {name} keep their logs aside: " + "; ".join(earlier)
-                    + f"\nread one with `spx logs {name} --job-id ID --attempt N` (ids: `spx ls --all`)")
-    return message
 
 
 def cmd_adopt(cfg: DaemonConfig, args: argparse.Namespace) -> int:
@@ -338,12 +64,8 @@ def cmd_gpus(cfg: DaemonConfig, args: argparse.Namespace) -> int:
     assert isinstance(rows, list)
     if args.json:
         print(json.dumps(rows, indent=1))
-        return EXIT_OK
-    print(f"{'GPU':<4} {'NAME':<24} {'UUID':<42} {'JOB':<20} {'HEALTH':<12} QUARANTINE")
-    for r in rows:
-        health = "quarantined" if r.get("quarantine") else r.get("health", "ok")
-        print(f"{r['index']:<4} {r['name'][:24]:<24} {(r.get('uuid') or '-'):<42} {(r.get('job') or '-')[:20]:<20} "
-              f"{health:<12} {r.get('quarantine') or ''}")
+    else:
+        render.print_gpus(rows)
     return EXIT_OK
 
 
@@ -412,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(jobs, indent=1))
         else:
-            print_table(jobs)
+            render.print_table(jobs)
         return EXIT_OK
     if args.command == "status":
         if args.watch:
@@ -425,10 +147,10 @@ def run(args: argparse.Namespace) -> int:
         elif args.json:
             print(json.dumps(doc, indent=1))
         else:
-            print_status(doc)
+            render.print_status(doc)
         return EXIT_FAIL if doc["state"] == "failed" else EXIT_OK
     if args.command == "logs":
-        return cmd_logs(cfg, args)
+        return logs.cmd_logs(cfg, args)
     if args.command == "cancel":
         print(ask(cfg, "cancel", args.name))
         return EXIT_OK

@@ -1,4 +1,4 @@
-"""The on-disk checkpoint layout: the contract between the daemon and the trainer (design §5).
+"""The on-disk checkpoint layout: the contract between the daemon and the trainer (docs/trainer.md).
 
 A checkpoint is a directory `step-000001200/` whose payload is written first and whose manifest
 `COMPLETE.json` is written last, inside a temporary directory that is renamed into place. A directory

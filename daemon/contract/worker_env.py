@@ -1,4 +1,5 @@
-"""The environment contract between the daemon and the workers it launches (design §6).
+"""The environment contract between the daemon and the workers it launches (README.md, "What the
+workers get (the contract)").
 
 Both sides import this module: the daemon to set the variables, `spx.trainer` to read them. It is
 stdlib-only on purpose (so is core.bounded, which checks what a heartbeat holds), so the daemon can

@@ -1,4 +1,4 @@
-"""The `nodes` part of a job spec: one job across several hosts (design §7, docs/multinode.md).
+"""The `nodes` part of a job spec: one job across several hosts (docs/multinode.md).
 
 The engine is torch's own elastic rendezvous: the same job file is dropped on every host, and each
 host's daemon launches its share with `torchrun --nnodes=N --rdzv-backend=… --rdzv-endpoint=HOST:PORT

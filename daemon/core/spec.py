@@ -1,4 +1,4 @@
-"""The job spec: one YAML file = one job (design §3).
+"""The job spec: one YAML file = one job (README.md, "The job spec").
 
 Parsing is defensive because the daemon runs as root and the file comes from a user. Contract:
 `parse_spec` returns a JobSpec or raises SpecError, for every input text, and every number in a
@@ -19,23 +19,18 @@ import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
-    Tag,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from spx.daemon.core.causes import FAILURE_CLASSES, ReasonClass
 from spx.daemon.core.nodes import Nodes, multi_node_problem
+from spx.daemon.core.restart_spec import Restart
 from spx.daemon.core.spec_yaml import SpecError, line_of, read_yaml
 
 MAX_SPEC_BYTES = 64 * 1024
 MAX_PROBLEMS = 20  # listed in a rejection; finding each one's line is a walk of the document
-# Bounds that keep timers and the store's integers sane (a timer of 1e308 s overflows deadlines).
-MAX_HANG_TIMEOUT = 30 * 24 * 3600.0
-MAX_BACKOFF = 24 * 3600.0
 MAX_AFTER = 64  # dependencies of one job
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 # Variables the daemon owns; a job setting them would break supervision or GPU isolation.
@@ -83,86 +78,6 @@ class Checkpoints(_Strict):
     def _relative_glob(cls, v: str | None) -> str | None:
         if v is not None and (v.startswith("/") or ".." in Path(v).parts or not v.strip()):
             raise ValueError("must be a glob relative to checkpoints.dir, without '..'")
-        return v
-
-
-# The failure classes a job's own attempt can end with (core.causes.FAILURE_CLASSES), which
-# `restart.on_failure` sets a rule for. Not there: lost, launch, cancelled and daemon restarts, which
-# are never the job's fault and always resume.
-CLASS_RULES = ("always", "never", "counted")
-
-
-class ClassLimit(_Strict):
-    """At most `max` restarts for failures of this class; with `within_first_seconds`, only failures
-    that came that soon after their attempt started count (a later one is `counted`)."""
-
-    max: int = Field(ge=0, le=1_000_000, description="Restarts allowed for this class (earlier attempts of the job that ended with it).")
-    within_first_seconds: float | None = Field(
-        None, gt=0, le=MAX_HANG_TIMEOUT,
-        description="Only failures this soon after the attempt started are limited; later ones fall under max_restarts.")
-
-
-def _rule_kind(v: object) -> str:
-    return "limit" if isinstance(v, dict | ClassLimit) else "word"
-
-
-# Discriminated, so a bad {max: …} is reported against ClassLimit only (not also as "not a word").
-ClassRule = Annotated[
-    Annotated[Literal["always", "never", "counted"], Tag("word")] | Annotated[ClassLimit, Tag("limit")],
-    Discriminator(_rule_kind),
-]
-# A user-code exception raised in the first 2 minutes of an attempt is a bug that a relaunch
-# replays: restarted once (a transient cause gets a second chance), then the job fails. Preemption
-# and a GPU fault are not the job's doing (a GPU fault is relaunched on healthy GPUs): always
-# restarted, not counted. An OOM may be a fragmentation one-off, three tries.
-DEFAULT_ON_FAILURE: dict[str, ClassRule] = {
-    ReasonClass.USER_CODE.value: ClassLimit(max=1, within_first_seconds=120.0),
-    ReasonClass.OOM.value: ClassLimit(max=3),
-    ReasonClass.PREEMPTED.value: "always",
-    ReasonClass.GPU_FAULT.value: "always",
-}
-
-
-class Restart(_Strict):
-    max_restarts: int = Field(10, ge=0, le=1_000_000, description="Relaunches allowed before the job fails.")
-    backoff_seconds: tuple[float, float] = Field(
-        (10.0, 300.0), description="[first, cap] of the exponential backoff between attempts; cap at most one day."
-    )
-    hang_timeout_seconds: float | None = Field(
-        None, gt=0, le=MAX_HANG_TIMEOUT,
-        description="No heartbeat step progress this long = hang (at most 30 days). Unset: calibrated from the "
-                    "job's own step intervals — max(10 s, 5 × their p99, 2 × the longest), 900 s until 5 were seen.",
-    )
-    on_exit_codes: Literal["any"] | list[Annotated[int, Field(ge=0, le=255)]] = Field(
-        "any", description="Exit codes (0-255) that are restarted; any other non-zero code fails the job."
-    )
-    on_failure: dict[str, ClassRule] = Field(
-        default_factory=lambda: dict(DEFAULT_ON_FAILURE),
-        description="A rule per failure class (" + ", ".join(FAILURE_CLASSES) + "): `always` (restarted, not "
-        "counted against max_restarts), `never` (the job fails), `counted` (restarted while max_restarts allows) or "
-        "{max: N, within_first_seconds: S}; merged over the defaults.",
-    )
-
-    @field_validator("on_failure", mode="before")
-    @classmethod
-    def _known_classes(cls, v: object) -> object:
-        if not isinstance(v, dict):
-            raise ValueError("must be a mapping of failure class to a rule, e.g. {user-code: {max: 1}, preempted: always}")
-        for key, rule in v.items():
-            if key not in FAILURE_CLASSES:
-                raise ValueError(f"unknown failure class {key!r}; the classes are: {', '.join(FAILURE_CLASSES)}")
-            if isinstance(rule, str) and rule not in CLASS_RULES:
-                raise ValueError(f"{key}: unknown rule {rule!r}; a rule is always, never, counted or {{max: N, "
-                                 "within_first_seconds: S}")
-            if not isinstance(rule, str | dict | ClassLimit):
-                raise ValueError(f"{key}: a rule is always, never, counted or {{max: N, within_first_seconds: S}}")
-        return {**DEFAULT_ON_FAILURE, **v}
-
-    @field_validator("backoff_seconds")
-    @classmethod
-    def _ordered(cls, v: tuple[float, float]) -> tuple[float, float]:
-        if not 0 <= v[0] <= v[1] <= MAX_BACKOFF:
-            raise ValueError(f"must be [first, cap] with 0 <= first <= cap <= {MAX_BACKOFF:.0f} (one day)")
         return v
 
 

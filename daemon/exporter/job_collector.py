@@ -8,7 +8,7 @@ from typing import Any
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.state.views import JobView
 
-# Every state a job can be in (design §4); spx_job_state has one series per state, 1 for the current.
+# Every state a job can be in (state/states.py); spx_job_state has one series per state, 1 for the current.
 JOB_STATES = ("queued", "starting", "running", "restarting", "succeeded", "failed", "cancelled")
 
 JOB_FAMILIES = [

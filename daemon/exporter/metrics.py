@@ -1,6 +1,6 @@
 """Every metric the exporter serves: name, type, labels and help, in one table.
 
-This is the contract with the dashboards and alert rules (design §8); `docs/metrics.md` documents each
+This is the contract with the dashboards and alert rules (dashboards/); `docs/metrics.md` documents each
 entry and a test checks the two agree. Names are the exposed ones (counters end in `_total`, info
 metrics in `_info`); `Families` strips the suffix where prometheus-client wants the family name.
 """

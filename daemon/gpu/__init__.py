@@ -3,8 +3,10 @@
     backend (which NVML, and the scheduler's questions: idle, computing, healthy) ← fields (the
     field-values request the collector reads) · gate (which GPUs may be given to an attempt; the
     quarantine) ← health (the checks a GPU must pass)
-    · xid (the XID event thread) · fake (the fixture-driven fake NVML) ← fake_sim (its devices and
-    event sets), fake_procs (which live processes it reports on which GPU)
+    · xid (the XID event thread) · fake (the fixture-driven fake NVML) ← fake_api (its pynvml
+    functions by subject: identity, readings, health, events) ← fake_state (its devices, faults and
+    test hooks; the wrapper every call goes through) ← fake_sim (its devices and event sets),
+    fake_procs (which live processes it reports on which GPU)
 
 The fake is chosen by config (`--gpu-backend fake`), never by accident.
 """

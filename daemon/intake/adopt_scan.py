@@ -1,7 +1,7 @@
 """Find the jobs other hosts left on a checkpoint volume: `*/.spx/job.yaml` below a root (host loss).
 
 The root is the admin's (`spx adopt DIR`, `adopt_checkpoint_roots`); everything below it is users'
-trees and hostile, as the spool is (design §9): the walk goes from the root's fd one directory at a
+trees and hostile, as the spool is (fsafe's rules): the walk goes from the root's fd one directory at a
 time with O_NOFOLLOW (a link is never followed, a FIFO never blocks an open), at most MAX_DEPTH levels
 down, MAX_ENTRIES names per directory and MAX_DIRS directories in all, and reads at most 64 KiB of a
 record (4 KiB of a lease or end marker) through `fsafe`. A lease or end marker that is no lease or

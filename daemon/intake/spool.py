@@ -1,4 +1,4 @@
-"""Spool intake: notice dropped job files at once, and claim them safely (design §4, §9).
+"""Spool intake: notice dropped job files at once, and claim them safely (a user wrote them).
 
 The inotify handler (watchdog, on its own thread) only records names and wakes the main loop; the
 main loop claims. A rescan at start-up and every few seconds is the backstop, because inotify queues

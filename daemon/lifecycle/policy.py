@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from spx.daemon.core.causes import ReasonClass, StopCause, cause_class, signal_name
-from spx.daemon.core.spec import ClassLimit, ClassRule, Restart
+from spx.daemon.core.restart_spec import ClassLimit, ClassRule, Restart
 from spx.daemon.state.states import JobState
 
 CRASH_LOOP_ATTEMPTS = 3

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spx.daemon.core.causes import ReasonClass, StopCause
-from spx.daemon.core.spec import Restart
+from spx.daemon.core.restart_spec import Restart
 from spx.daemon.lifecycle.resume_fallback import PastAttempt
 from spx.daemon.state.states import JobState
 

@@ -1,4 +1,5 @@
-"""Every file the daemon touches for one attempt, made safe (design §9).
+"""Every file the daemon touches for one attempt, made safe (README.md, "What root does with user
+paths, and how").
 
 Where each lives and who makes it:
 

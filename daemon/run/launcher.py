@@ -109,7 +109,7 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
         argv = [
             python, "-m", "torch.distributed.run",
             *rendezvous.torchrun_args(spec.nodes, spec.name, nproc, ctx.port, ctx.generation),
-            # Every restart is a fresh launch by the daemon (design §7): torchrun's in-agent
+            # Every restart is a fresh launch by the daemon: torchrun's in-agent
             # restart proved unreliable, and the daemon must see each failure to back off.
             "--max-restarts=0",
             # Rank-prefixed console lines in the attempt log, and per-rank files beside it.

@@ -39,7 +39,8 @@ class AttemptView:
 
 @dataclass(frozen=True)
 class JobView:
-    """A job as users and metrics see it (design §10's `--json` fields, plus what metrics need).
+    """A job as users and metrics see it (the fields of `spx ls --json` and `spx status --json`, plus
+    what metrics need).
 
     `restarts_by_reason` counts relaunches by the class of the failure that caused them (the
     attempts' `reason_class`: "user-code", "communication", "oom", "cuda", "gpu-fault", "hang",

@@ -87,14 +87,22 @@ def read_regular(dfd: int, name: str, cap: int = RECORD_MAX_BYTES) -> tuple[byte
             raise OSError(e.errno, f"{name} is a symbolic link") from None
         raise
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, f"{name} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise NotPrivate(errno.EPERM, f"{name} belongs to uid {st.st_uid}, not to the job's owner")
+        st = _owners_regular_file(fd, name)
         return os.read(fd, cap + 1), st.st_ino
     finally:
         os.close(fd)
+
+
+def _owners_regular_file(fd: int, name: str) -> os.stat_result:
+    """The fstat of `fd`, opened as `name`: OSError unless it is a regular file, NotPrivate unless it
+    belongs to this process's user (the job's owner). A record or lock file another user made, or a
+    FIFO or device in its place, is never read, locked or trusted."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, f"{name} is not a regular file")
+    if st.st_uid != os.geteuid():
+        raise NotPrivate(errno.EPERM, f"{name} belongs to uid {st.st_uid}, not to the job's owner")
+    return st
 
 
 def replace_file(dfd: int, name: str, data: bytes) -> None:
@@ -147,11 +155,7 @@ class Locked:
         fd = os.open(self.lock_name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
                      dir_fd=self.dfd)
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, f"{self.lock_name} is not a regular file")
-            if st.st_uid != os.geteuid():
-                raise NotPrivate(errno.EPERM, f"{self.lock_name} belongs to uid {st.st_uid}, not to the job's owner")
+            _owners_regular_file(fd, self.lock_name)
             flock_within(fd, exclusive=True, wait=self.wait, what=self.lock_name)
             text = os.pread(fd, _COUNTER_BYTES, 0).decode("ascii", "replace").strip()
             self._counter = int(text) if text.isdigit() and len(text) < 17 else 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from ledger import CountedJob, audit
 
-from harness import BIN, Daemon, wait_for
+from harness import BIN, Daemon, sqlite3_holding, wait_for
 
 CONFIG = {"backup_every_seconds": 0.5, "backup_keep": 3}
 
@@ -100,19 +100,11 @@ def test_a_damaged_store_is_refused_with_one_line_and_the_named_backup_restores_
 def test_a_store_locked_by_the_sqlite3_shell_is_refused_and_starts_once_released(root, tmp_path, daemons, scenario):
     jobs = run_jobs_then_stop(root, tmp_path, daemons, kill=True)
     store = root / "state" / "spx.sqlite"
-    shell = subprocess.Popen(["sqlite3", str(store)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert shell.stdin is not None and shell.stdout is not None
-        shell.stdin.write("BEGIN EXCLUSIVE;\nSELECT 'held';\n")
-        shell.stdin.flush()
-        assert shell.stdout.readline().strip() == "held"
+    with sqlite3_holding(store) as shell:
         code, line = refuse(root)
         assert code == 3
         assert f"state store {store} is locked by sqlite3 (pid {shell.pid})" in line["error"]
         scenario.survived = True
-    finally:
-        shell.kill()
-        shell.wait()
     recover_and_audit(root, jobs, daemons, scenario)
 
 

@@ -1,6 +1,6 @@
 """What every hostile probe shares: a daemon running as root in a root every test user can reach,
-job files dropped as the attacking user, root-only bait files whose every property is checked
-afterwards, and the three things each probe asserts (design §9):
+job files dropped as the attacking user, the real `spx` and /metrics as a user, root-only bait files
+whose every property is checked afterwards, and the three things each probe asserts:
 (a) nothing outside the user's reach was created, read, changed or chowned — `Bait.untouched`;
 (b) the daemon is alive and answering, and its main loop kept turning (no two watchdog pings more
     than LOOP_GAP_SECONDS apart) — `answering`;
@@ -12,16 +12,22 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
+import subprocess
+import sys
 import tempfile
 import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import Daemon, wait_for
+from hostile.users import run_as
+
+from harness import BIN, Daemon, wait_for
 
 LOOP_GAP_SECONDS = 2.0  # the issue's bound on "the loop kept turning" (the unit's WatchdogSec is 60 s)
 PYTHON = "/usr/bin/python3"  # a python every user can run (the venv's may sit under /root)
+FETCH = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
 
 
 def world() -> Path:
@@ -115,3 +121,29 @@ def ended_with_reason(d: Daemon, name: str, states: set[str], timeout: float = 6
 
 def wait_file(path: Path, timeout: float = 30) -> None:
     wait_for(lambda: os.path.lexists(path), timeout, f"{path}")
+
+
+def _others_can_run(path: Path) -> bool:
+    """`path` and the interpreter it runs are reachable by any user (not under a 0700 /root)."""
+    targets = [path, Path(os.path.realpath(sys.executable))]
+    return all(os.stat(p).st_mode & stat.S_IXOTH for t in targets for p in [t, *t.parents])
+
+
+def real_spx_as(user: pwd.struct_passwd, d: Daemon, *args: str, check: bool = False) -> subprocess.CompletedProcess:
+    """The real `spx` as `user` (as root where the venv is closed to other users); with `check`, it
+    must exit 0."""
+    argv = [str(BIN / "spx"), "--root", str(d.root), *args]
+    if _others_can_run(BIN / "spx"):
+        res = run_as(user, argv, timeout=60)
+    else:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if check:
+        assert res.returncode == 0, f"spx {' '.join(args)} as {user.pw_name}: {res.stderr}{res.stdout}"
+    return res
+
+
+def metrics_as(user: pwd.struct_passwd, d: Daemon) -> str:
+    """The daemon's /metrics as `user` fetches it (any local user can): its text; the fetch must succeed."""
+    res = run_as(user, [PYTHON, "-c", FETCH, f"http://127.0.0.1:{d.metrics_port}/metrics"], timeout=30)
+    assert res.returncode == 0, f"/metrics failed for {user.pw_name}: {res.stderr}"
+    return res.stdout

@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import stat
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -23,13 +21,15 @@ from hostile.probe import (
     drop_as,
     ended_with_reason,
     job_yaml,
+    metrics_as,
+    real_spx_as,
     remove_world,
     user_script,
     world,
 )
 from hostile.users import run_as
 
-from harness import BIN, Daemon, wait_for
+from harness import Daemon, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: runs the daemon as root and creates users")
 
@@ -81,26 +81,6 @@ def _no_tracebacks(d: Daemon) -> None:
     assert not [e for e in d.lines if "Traceback" in json.dumps(e) and e.get("event") != "control_answer_failed"]
 
 
-def _others_can_run(path: Path) -> bool:
-    """`path` and the interpreter it runs are reachable by any user (not under a 0700 /root)."""
-    targets = [path, Path(os.path.realpath(sys.executable))]
-    return all(os.stat(p).st_mode & stat.S_IXOTH for t in targets for p in [t, *t.parents])
-
-
-RUNNABLE_BY_USERS = _others_can_run(BIN / "spx")
-
-
-def _spx_as(user: pwd.struct_passwd, d: Daemon, *args: str) -> subprocess.CompletedProcess:
-    """The real `spx` as `user` (as root where the venv is closed to other users)."""
-    argv = [str(BIN / "spx"), "--root", str(d.root), *args]
-    if RUNNABLE_BY_USERS:
-        return run_as(user, argv, timeout=60)
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-
-
-# --- job file text --------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(("case", "line", "expected"), ESCAPES, ids=[c[0] for c in ESCAPES])
 def test_yaml_escape_dropped_in_the_spool_is_rejected_with_the_reason(users, shared, case, line, expected):
     owner, victim, _group = users
@@ -127,7 +107,7 @@ def test_spx_submit_of_a_yaml_escape_prints_a_clear_error(users, shared, case, l
     pwned = base / f"pwned-submit-{case}"
     job = user_script(owner, f"submit-{case}.yaml", _text(case.replace(".", "-"), line, pwned))
     before = set(os.listdir(d.spool))
-    res = _spx_as(owner, d, "submit", str(job))
+    res = real_spx_as(owner, d, "submit", str(job))
     assert res.returncode in (1, 2), (res.returncode, res.stdout, res.stderr)
     assert "Traceback" not in res.stderr + res.stdout
     assert res.stderr.startswith(f"spx: {job}:4: ") and expected in res.stderr, res.stderr
@@ -143,10 +123,10 @@ def test_spx_submit_of_binary_garbage_or_an_endless_file_prints_a_clear_error(us
     job = Path(owner.pw_dir) / "garbage.yaml"
     job.write_bytes(b"name: x\n\xff\xfe\x00\x9c garbage")
     os.chown(job, owner.pw_uid, owner.pw_gid)
-    res = _spx_as(owner, d, "submit", str(job))
+    res = real_spx_as(owner, d, "submit", str(job))
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.startswith(f"spx: {job}: not UTF-8 text"), res.stderr
-    endless = _spx_as(owner, d, "submit", "/dev/zero")  # read up to the cap, never whole
+    endless = real_spx_as(owner, d, "submit", "/dev/zero")  # read up to the cap, never whole
     assert endless.returncode == 2 and endless.stderr == "spx: /dev/zero: file is larger than 64 KiB\n"
     answering(d)
 
@@ -229,7 +209,7 @@ def test_a_slow_loris_client_does_not_block_spx(users, base):
             assert loris.stdout.readline().strip() == "two bytes in"
             for who in (None, victim):
                 t0 = time.monotonic()
-                res = d.spx("ls", "--json") if who is None else _spx_as(who, d, "ls", "--json")
+                res = d.spx("ls", "--json") if who is None else real_spx_as(who, d, "ls", "--json")
                 assert res.returncode == 0 and time.monotonic() - t0 < 4.0, "spx ls waited for the slow client"
             cut = json.loads(_finish(loris))
         finally:
@@ -267,16 +247,13 @@ def test_one_user_holding_many_connections_gets_busy_and_others_are_served(users
         reply = json.loads(_finish(holder))
         assert reply == {"ok": False, "error": "daemon busy: too many open requests; try again", "code": 1}
         t0 = time.monotonic()
-        assert _spx_as(victim, d, "ls", "--json").returncode == 0 and time.monotonic() - t0 < 4.0  # under the 5 s deadline that would free a held slot
+        assert real_spx_as(victim, d, "ls", "--json").returncode == 0 and time.monotonic() - t0 < 4.0  # under the 5 s deadline that would free a held slot
         answering(d)
     finally:
         d.stop()
 
 
 # --- /metrics -------------------------------------------------------------------------------------
-
-FETCH = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
-
 
 @pytest.mark.parametrize("job_labels", [True, False], ids=["default", "metrics_job_labels-false"])
 def test_another_users_job_name_in_metrics_only_where_the_operator_wants_it(users, base, job_labels):
@@ -288,12 +265,10 @@ def test_another_users_job_name_in_metrics_only_where_the_operator_wants_it(user
         script = user_script(owner, "sleepy.py", "import time\ntime.sleep(120)\n")
         drop_as(d, owner, "secret.yaml", job_yaml(secret, script))
         d.wait_state(secret, "running", 60)
-        url = f"http://127.0.0.1:{d.metrics_port}/metrics"
-        res = run_as(victim, [PYTHON, "-c", FETCH, url], timeout=30)
-        assert res.returncode == 0, res.stderr
-        assert (secret in res.stdout) is job_labels
-        assert ('job="' in res.stdout) is job_labels
-        assert "spx_build_info" in res.stdout
+        text = metrics_as(victim, d)
+        assert (secret in text) is job_labels
+        assert ('job="' in text) is job_labels
+        assert "spx_build_info" in text
         answering(d)
         d.spx("cancel", secret)
         ended_with_reason(d, secret, {"cancelled"})

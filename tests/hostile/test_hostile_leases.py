@@ -41,12 +41,10 @@ from hostile.probe import (
     wait_file,
 )
 from hostile.users import GROUP, run_as
+from lease_fixtures import LiveJobsStore, running_job
 
 from spx.daemon.core.config import DaemonConfig
-from spx.daemon.core.spec import parse_spec
 from spx.daemon.run.lease_keeper import LeaseKeeper
-from spx.daemon.state.jobs_table import JobRow
-from spx.daemon.state.states import JobState
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: real users, the daemon as root")
 
@@ -233,8 +231,9 @@ def test_one_owner_holding_20_of_their_lease_locks_does_not_delay_another_owners
                        "[fcntl.flock(f, fcntl.LOCK_EX) for f in fds]\nprint('held', flush=True)\nsys.stdin.read()\n",
          *[str(c / ".spx" / "lease.lock") for n, (_o, _u, c) in dirs.items() if n.startswith("b")]],
         user=bob.pw_uid, group=bob.pw_gid, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    jobs = [_job(i, owner, uid, ckpt) for i, (owner, uid, ckpt) in enumerate(dirs.values(), start=1)]
-    keeper = LeaseKeeper(DaemonConfig(state_dir=base / "state", adopt_lease_seconds=120), _Store(jobs))
+    jobs = [running_job(i, owner.pw_uid, owner.pw_name, uid, ckpt)
+            for i, (owner, uid, ckpt) in enumerate(dirs.values(), start=1)]
+    keeper = LeaseKeeper(DaemonConfig(state_dir=base / "state", adopt_lease_seconds=120), LiveJobsStore(jobs))
     for owner, uid, ckpt in dirs.values():  # each job's lease, as its preparation took it on this host
         lease = ckpt / ".spx" / "lease"
         lease.write_text(json.dumps({"host": keeper.host, "job": uid, "expires": time.time() + 60, "gen": 1}))
@@ -256,28 +255,3 @@ def test_one_owner_holding_20_of_their_lease_locks_does_not_delay_another_owners
     finally:
         holder.communicate("", timeout=10)
         keeper.lanes.close(wait=60)
-
-
-def _job(job_id: int, owner: pwd.struct_passwd, uid: str, ckpt: Path) -> JobRow:
-    spec = parse_spec(f"name: j{job_id}\nscript: a.py\ncheckpoints: {{dir: {ckpt}}}\n")
-    return JobRow(id=job_id, name=f"j{job_id}", state=JobState.RUNNING, reason=None, owner_uid=owner.pw_uid,
-                  owner=owner.pw_name, spec=spec, spec_file="-", submitted=0.0, priority=0, gpus=[],
-                  backoff_remaining=0.0, no_progress_streak=0, backoff_level=0, staging=None, uid=uid)
-
-
-class _Jobs:
-    def __init__(self, jobs: list[JobRow]) -> None:
-        self._jobs = jobs
-
-    def live(self) -> list[JobRow]:
-        return self._jobs
-
-    def ended_since(self, _since: float) -> list[JobRow]:
-        return []
-
-
-class _Store:
-    """The live jobs the keeper renews (no ended ones), as the store's jobs table gives them."""
-
-    def __init__(self, jobs: list[JobRow]) -> None:
-        self.jobs = _Jobs(jobs)

@@ -10,31 +10,27 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hostile.probe import (
-    PYTHON,
     Bait,
     answering,
     drop_as,
     ended_with_reason,
     job_yaml,
+    metrics_as,
+    real_spx_as,
     start_daemon,
     user_script,
 )
-from hostile.users import run_as
 
-from harness import BIN, Daemon, wait_for
+from harness import wait_for
 from spx.daemon.state.store import Store
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: runs the daemon as root and creates users")
 
 HUGE = "1" + "0" * 400  # a valid JSON integer: Python builds it, float() and SQLite refuse it
-FETCH = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
 
 
 def _beat_then_wait(user: pwd.struct_passwd, name: str, beat: str, flag: Path, code: int) -> Path:
@@ -50,26 +46,6 @@ def _beat_then_wait(user: pwd.struct_passwd, name: str, beat: str, flag: Path, c
             time.sleep(0.1)
         sys.exit({code})
     """)
-
-
-def _others_can_run(path: Path) -> bool:
-    targets = [path, Path(os.path.realpath(sys.executable))]
-    return all(os.stat(p).st_mode & stat.S_IXOTH for t in targets for p in [t, *t.parents])
-
-
-def _spx_as(user: pwd.struct_passwd, d: Daemon, *args: str) -> subprocess.CompletedProcess:
-    """The real `spx` as `user` (as root where the venv is closed to other users)."""
-    argv = [str(BIN / "spx"), "--root", str(d.root), *args]
-    res = run_as(user, argv, timeout=60) if _others_can_run(BIN / "spx") else subprocess.run(
-        argv, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, f"spx {' '.join(args)} as {user.pw_name}: {res.stderr}{res.stdout}"
-    return res
-
-
-def _metrics_as(user: pwd.struct_passwd, d: Daemon) -> str:
-    res = run_as(user, [PYTHON, "-c", FETCH, f"http://127.0.0.1:{d.metrics_port}/metrics"], timeout=30)
-    assert res.returncode == 0, f"/metrics failed for {user.pw_name}: {res.stderr}"
-    return res.stdout
 
 
 def test_a_heartbeat_of_10_to_the_400_never_stops_anyone_reading(users, base):
@@ -94,11 +70,11 @@ def test_a_heartbeat_of_10_to_the_400_never_stops_anyone_reading(users, base):
         wait_for(lambda: (j := d.job("fine")) and j["step"] == 7, 30, "the other user's beat")
         for _ in range(3):  # (b) for every user: the reads that failed for good before
             # Every view is built (each heartbeat read) before `ls` keeps the caller's own jobs.
-            mine = {j["name"]: j for j in json.loads(_spx_as(victim, d, "ls", "--json").stdout)}
+            mine = {j["name"]: j for j in json.loads(real_spx_as(victim, d, "ls", "--json", check=True).stdout)}
             assert mine["fine"]["step"] == 7 and ("huge" not in mine or mine["huge"]["step"] is None)
-            assert json.loads(_spx_as(victim, d, "status", "fine", "--json").stdout)["step"] == 7
-            assert "fine" in _spx_as(victim, d, "top", "--once").stdout
-            text = _metrics_as(victim, d)
+            assert json.loads(real_spx_as(victim, d, "status", "fine", "--json", check=True).stdout)["step"] == 7
+            assert "fine" in real_spx_as(victim, d, "top", "--once", check=True).stdout
+            text = metrics_as(victim, d)
             assert 'spx_job_step{job="fine"} 7.0' in text and 'spx_job_state{job="huge",state="running"} 1.0' in text
             assert 'spx_job_step{job="huge"}' not in text
         assert not d.events("control_answer_failed") and not d.events("job_fault_contained")

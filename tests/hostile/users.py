@@ -1,6 +1,7 @@
-"""Real local users for the hostile-input tests (design §9): created with useradd when missing,
-removed again by whoever created them. Two users and a group: `owner` submits jobs and plays the
-attacker, `victim` has a private (0700) home, `group` holds `owner` as a supplementary member."""
+"""Real local users for the hostile-input tests (README.md, "Threats tested"): created with useradd
+when missing, removed again by whoever created them. Two users and a group: `owner` submits jobs and
+plays the attacker, `victim` has a private (0700) home, `group` holds `owner` as a supplementary
+member."""
 
 from __future__ import annotations
 

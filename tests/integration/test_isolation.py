@@ -1,5 +1,5 @@
-"""Multi-user basics (design §9): workers run as the file's owner with a clean environment, and a
-user sees and cancels only their own jobs."""
+"""Multi-user basics (README.md, "Security model"): workers run as the file's owner with a clean
+environment, and a user sees and cancels only their own jobs."""
 
 from __future__ import annotations
 

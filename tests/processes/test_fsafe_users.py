@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from accounts import uid_without_account
 from hostile import probe
 from hostile.users import hostile_users, run_as
 
@@ -101,16 +102,6 @@ def test_checkpoint_discovery_skips_a_fifo_and_a_slow_one_times_out(users, world
     # Whatever still blocks (a hung mount) costs the timeout, not the daemon: the helper is killed.
     with pytest.raises(UserPathError, match="longer than"):
         as_user.find_latest(as_user.owner(owner.pw_uid), str(ckpt), None, 0.001)
-
-
-def _has_account(uid: int) -> bool:
-    import pwd
-
-    try:
-        pwd.getpwuid(uid)
-        return True
-    except KeyError:
-        return False
 
 
 # --- attempt_files -------------------------------------------------------------------------------
@@ -237,7 +228,7 @@ def test_latest_checkpoint_is_found_as_the_owner(users, cfg):
 
 def test_prepare_for_an_owner_without_an_account_raises_the_reason(users, cfg):
     owner, _v, _g = users
-    free = next(u for u in range(61000, 62000) if not _has_account(u))
+    free = uid_without_account()
     gone = job_row(owner)
     gone = JobRow(**{**gone.__dict__, "owner_uid": free})
     with pytest.raises(UserPathError, match="no account"):

@@ -12,54 +12,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from store_fixtures import make_store, refusal, spec, state_dir
 
-from harness import small_tmpfs
-from spx.daemon.core.spec import JobSpec
+from harness import small_tmpfs, sqlite3_holding
 from spx.daemon.state import integrity
 from spx.daemon.state.db import StoreUnavailable
 from spx.daemon.state.store import Store
 
 
-def spec(name: str = "a", **extra: object) -> JobSpec:
-    return JobSpec.model_validate({"name": name, "launcher": "python", "script": "t.py", **extra})
-
-
 @pytest.fixture
 def state(tmp_path) -> Path:
-    d = tmp_path / "state"
-    d.mkdir()
-    return d
-
-
-def make_store(state: Path, jobs: int = 3) -> Path:
-    store = Store(state / "spx.sqlite")
-    for i in range(jobs):
-        store.jobs.add(spec(f"j{i}"), 0, "root", f"/x/j{i}.yaml", 1.0)
-    store.close()
-    return state / "spx.sqlite"
-
-
-def refusal(state: Path) -> integrity.StoreRefused:
-    with pytest.raises(integrity.StoreRefused) as err:
-        integrity.check_store(state / "spx.sqlite", state / "backup")
-    assert "\n" not in str(err.value), "one line"
-    return err.value
+    return state_dir(tmp_path)
 
 
 def test_a_store_locked_by_the_sqlite3_shell_is_refused_and_names_it(state):
     path = make_store(state)
-    shell = subprocess.Popen(["sqlite3", str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert shell.stdin is not None and shell.stdout is not None
-        shell.stdin.write("BEGIN EXCLUSIVE;\nSELECT 'held';\n")
-        shell.stdin.flush()
-        assert shell.stdout.readline().strip() == "held"
+    with sqlite3_holding(path) as shell:
         err = refusal(state)
         assert err.exit_code == 3
         assert f"state store {path} is locked by sqlite3 (pid {shell.pid})" in str(err)
-    finally:
-        shell.kill()
-        shell.wait()
     integrity.check_store(path, state / "backup")
 
 

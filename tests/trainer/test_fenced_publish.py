@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from lease_fixtures import leased_dir
+
 from spx.daemon.contract import checkpoint_layout
 from spx.daemon.contract.worker_env import ENV_CHECKPOINT_DIR, ENV_FENCE, EXIT_FENCED
 
@@ -29,14 +31,6 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def leased(tmp_path: Path, gen: int) -> Path:
-    ckpt = tmp_path / "ckpt"
-    (ckpt / ".spx").mkdir(parents=True, mode=0o700)
-    (ckpt / ".spx" / "lease").write_text(json.dumps({"host": "other", "job": "j", "expires": 1e12, "gen": gen}))
-    (ckpt / ".spx" / "lease.lock").write_text(f"{gen}\n")
-    return ckpt
-
-
 def worker(ckpt: Path, step: int, fence: int) -> subprocess.CompletedProcess:
     env = {**os.environ, ENV_CHECKPOINT_DIR: str(ckpt), ENV_FENCE: str(fence)}
     return subprocess.run([sys.executable, "-c", WORKER, str(ckpt), str(step)], env=env, capture_output=True,
@@ -44,7 +38,7 @@ def worker(ckpt: Path, step: int, fence: int) -> subprocess.CompletedProcess:
 
 
 def test_a_worker_publishes_under_its_own_lease_and_nothing_once_another_host_took_it(tmp_path):
-    ckpt = leased(tmp_path, 3)
+    ckpt = leased_dir(tmp_path, 3)
     ok = worker(ckpt, 10, fence=3)
     assert ok.returncode == 0, ok.stderr
     assert checkpoint_layout.latest_complete(ckpt).step == 10

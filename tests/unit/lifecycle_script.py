@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from spx.daemon.core.spec import Restart
+from spx.daemon.core.restart_spec import Restart
 from spx.daemon.lifecycle import record
 from spx.daemon.lifecycle.actions import Log, Note
 from spx.daemon.lifecycle.machine import advance, placed

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_bounded import DOCUMENTS, FUZZ, JSONISH
 
-from spx.daemon.cli import main as cli
+from spx.daemon.cli import render
 from spx.daemon.contract import checkpoint_discovery, checkpoint_formats, checkpoint_layout
 from spx.daemon.contract.worker_env import WORKER_PHASES, Heartbeat, load_heartbeat, parse_heartbeat
 from spx.daemon.core import bounded
@@ -164,7 +164,7 @@ def test_a_garbage_heartbeat_is_shown_in_status_and_ls_and_metrics_keep_answerin
     assert view.heartbeat_problem == "step 1" + "0" * 35 + "… (401 digits) is not a whole number in [0, 2**53 - 1]"
     metrics, ok = JobCollector(lambda: [view]).collect()
     assert ok and any(m.name == "spx_job_state" for m in metrics)
-    cli.print_status(json.loads(json.dumps(view.to_json(with_history=True))))
+    render.print_status(json.loads(json.dumps(view.to_json(with_history=True))))
     assert "heartbeat unreadable: step 1000" in capsys.readouterr().out
 
     heartbeat_path(run_dir, store.jobs.get(jid)).write_text('{"step": 12, "time": 10.0}')

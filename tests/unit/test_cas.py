@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
+from lease_fixtures import leased_dir
 
 from spx.daemon.contract.fencing import Fence, Fenced
 from spx.daemon.contract.worker_env import ENV_CHECKPOINT_DIR, ENV_FENCE
@@ -93,16 +93,8 @@ def test_a_spx_dir_others_may_write_or_another_user_made_is_refused_and_left_as_
 # --- the fence --------------------------------------------------------------------------------------
 
 
-def _leased(tmp_path: Path, gen: int) -> Path:
-    ckpt = tmp_path / "ckpt"
-    (ckpt / ".spx").mkdir(parents=True, mode=0o700)
-    (ckpt / ".spx" / "lease").write_text(json.dumps({"host": "a", "job": "j", "expires": 1e12, "gen": gen}))
-    (ckpt / ".spx" / "lease.lock").write_text(f"{gen}\n")
-    return ckpt
-
-
 def test_the_fence_holds_while_the_lease_is_at_its_generation_and_keeps_breakers_out(tmp_path):
-    ckpt = _leased(tmp_path, 4)
+    ckpt = leased_dir(tmp_path, 4)
     fence = Fence.from_env({ENV_FENCE: "4", ENV_CHECKPOINT_DIR: str(ckpt)})
     assert fence == Fence(ckpt, 4)
     fd = os.open(ckpt / ".spx", os.O_RDONLY | os.O_DIRECTORY)
@@ -120,13 +112,13 @@ def test_the_fence_holds_while_the_lease_is_at_its_generation_and_keeps_breakers
 
 
 def test_the_fence_fails_closed_without_a_lease_or_with_one_another_user_planted(tmp_path):
-    ckpt = _leased(tmp_path, 2)
+    ckpt = leased_dir(tmp_path, 2)
     (ckpt / ".spx" / "lease").unlink()
     with pytest.raises(Fenced, match="no lease"), Fence(ckpt, 2).held(wait=0):
         pass
     with pytest.raises(Fenced, match="cannot be verified"), Fence(tmp_path / "elsewhere", 2).held(wait=0):
         pass
-    ckpt2 = _leased(tmp_path / "b", 2)
+    ckpt2 = leased_dir(tmp_path / "b", 2)
     (ckpt2 / ".spx").chmod(0o777)
     with pytest.raises(Fenced, match="writable by others"), Fence(ckpt2, 2).held(wait=0):
         pass

@@ -9,37 +9,16 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from store_fixtures import make_store, refusal, state_dir
 
-from spx.daemon.core.spec import JobSpec
 from spx.daemon.state import integrity
 from spx.daemon.state.backup import Backups
 from spx.daemon.state.store import Store
 
 
-def spec(name: str = "a", **extra: object) -> JobSpec:
-    return JobSpec.model_validate({"name": name, "launcher": "python", "script": "t.py", **extra})
-
-
 @pytest.fixture
 def state(tmp_path) -> Path:
-    d = tmp_path / "state"
-    d.mkdir()
-    return d
-
-
-def make_store(state: Path, jobs: int = 3) -> Path:
-    store = Store(state / "spx.sqlite")
-    for i in range(jobs):
-        store.jobs.add(spec(f"j{i}"), 0, "root", f"/x/j{i}.yaml", 1.0)
-    store.close()
-    return state / "spx.sqlite"
-
-
-def refusal(state: Path) -> integrity.StoreRefused:
-    with pytest.raises(integrity.StoreRefused) as err:
-        integrity.check_store(state / "spx.sqlite", state / "backup")
-    assert "\n" not in str(err.value), "one line"
-    return err.value
+    return state_dir(tmp_path)
 
 
 def test_a_new_host_starts_with_an_empty_store_that_records_its_creation(state):

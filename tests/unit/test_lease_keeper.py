@@ -9,39 +9,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from lease_fixtures import LiveJobsStore, running_job
+
 from spx.daemon.core.config import DaemonConfig
-from spx.daemon.core.spec import parse_spec
 from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.state.jobs_table import JobRow
-from spx.daemon.state.states import JobState
 
 WAIT = 10.0
 ALICE, BOB = 1001, 1002
 
 
 def job(job_id: int, owner: int) -> JobRow:
-    spec = parse_spec(f"name: j{job_id}\nscript: a.py\ncheckpoints: {{dir: /ck/j{job_id}}}\n")
-    return JobRow(id=job_id, name=f"j{job_id}", state=JobState.RUNNING, reason=None, owner_uid=owner, owner=str(owner),
-                  spec=spec, spec_file="-", submitted=0.0, priority=0, gpus=[], backoff_remaining=0.0,
-                  no_progress_streak=0, backoff_level=0, staging=None, uid=f"{job_id:032x}")
-
-
-class JobsTable:
-    def __init__(self, jobs: list[JobRow]) -> None:
-        self._jobs = jobs
-
-    def live(self) -> list[JobRow]:
-        return self._jobs
-
-    def ended_since(self, _since: float) -> list[JobRow]:
-        return []
-
-
-class Store:
-    """The store's jobs table as the keeper reads it: the live jobs, and none ended."""
-
-    def __init__(self, jobs: list[JobRow]) -> None:
-        self.jobs = JobsTable(jobs)
+    return running_job(job_id, owner, str(owner), f"{job_id:032x}", Path(f"/ck/j{job_id}"))
 
 
 class Clock:
@@ -71,7 +50,7 @@ class Helpers:
 
 def keeper_for(jobs: list[JobRow], helpers: Helpers, clock: Clock, lost: list | None = None) -> LeaseKeeper:
     cfg = DaemonConfig(state_dir=Path("/nonexistent/state"), adopt_lease_seconds=120)
-    return LeaseKeeper(cfg, Store(jobs), on_lost=lambda j, h: (lost if lost is not None else []).append((j, h)),
+    return LeaseKeeper(cfg, LiveJobsStore(jobs), on_lost=lambda j, h: (lost if lost is not None else []).append((j, h)),
                        clock=clock, call=helpers)
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from lifecycle_script import LIMITS, WALL0, ended, hung, only, running
 
-from spx.daemon.core.spec import Restart
+from spx.daemon.core.restart_spec import Restart
 from spx.daemon.lifecycle.actions import (
     Diagnose,
     FinishAttempt,

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from spx.daemon.cli.main import print_status
+from spx.daemon.cli.render import print_status
 from spx.daemon.contract.worker_env import Heartbeat, parse_heartbeat, write_heartbeat
 from spx.daemon.core.spec import parse_spec
 from spx.daemon.exporter.job_collector import JobCollector

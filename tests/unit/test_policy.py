@@ -2,7 +2,7 @@
 
 import signal
 
-from spx.daemon.core.spec import Restart
+from spx.daemon.core.restart_spec import Restart
 from spx.daemon.lifecycle.policy import AttemptOutcome, backoff_delay, decide, failure_class
 from spx.daemon.state.states import JobState
 

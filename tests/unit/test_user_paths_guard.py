@@ -1,5 +1,6 @@
 """Nothing in the daemon opens, creates, chowns, chmods, renames or deletes a path except through
-`spx.daemon.userfs` — or in a module whose paths are the daemon's own (design §9).
+`spx.daemon.userfs` — or in a module whose paths are the daemon's own (README.md, "What root does
+with user paths, and how").
 
 An AST scan of every module under daemon/: a call that touches the file system by path is allowed
 only in a module of ALLOWED, each with the reason its paths are not a user's. A new module that
@@ -76,7 +77,10 @@ ALLOWED: dict[str, str] = {
     "doctor/storage_checks.py": "a probe file in a directory the admin configured (checkpoints root, staging)",
     "gpu/fake.py": "the fake-GPU fixture file the admin names",
     "gpu/fake_procs.py": "/proc",
-    "cli/main.py": "`spx` runs as the invoking user, with that user's own rights (never root's daemon)",
+    "cli/submit.py": "`spx submit` reads the caller's job file and drops it into the spool as the invoking "
+                     "user, with that user's own rights (never root's daemon)",
+    "cli/logs.py": "`spx logs` reads attempt logs as the invoking user, with that user's own rights "
+                   "(never root's daemon)",
     "cli/submit_cmdline.py": "`spx submit -- COMMAND` reads the #! line of the caller's own torchrun/deepspeed, "
                              "as the invoking user (never root's daemon)",
 }

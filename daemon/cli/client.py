@@ -1,0 +1,58 @@
+"""`spx`'s questions to the daemon: one request over the control socket, its error as a CliError
+with the exit status to leave with; and, when no daemon answers, root's read-only look at the store
+(`spx ls` and `spx status` still work on a stopped host; a change never goes that way).
+"""
+
+from __future__ import annotations
+
+import os
+
+from spx.daemon.cli import queue_cmds
+from spx.daemon.cli.socket_hint import not_running_message
+from spx.daemon.core.config import DaemonConfig
+from spx.daemon.service import control
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAIL):
+        super().__init__(message)
+        self.code = code
+
+
+def ask(cfg: DaemonConfig, op: str, name: str | None = None, arg: str | None = None) -> object:
+    """Ask the daemon; if it is not running, root may still read the store directly."""
+    try:
+        reply = control.request(cfg.socket_path, op, name, arg=arg)
+    except TimeoutError as e:  # something listens there but did not answer whole in time
+        raise CliError(f"{e}; the daemon may be overloaded (see its log)") from e
+    except OSError:
+        return _ask_store(cfg, op, name)
+    if not reply.get("ok"):
+        raise CliError(reply.get("error", "request failed"), reply.get("code", EXIT_FAIL))
+    return reply["result"]
+
+
+def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
+    if op in ("cancel", "gpu-release", *queue_cmds.COMMANDS, "queue") or not os.access(cfg.store_path, os.R_OK):
+        raise CliError(not_running_message(cfg))
+    if op == "gpus":
+        return []  # the GPUs a daemon uses: none while it is not running
+    from spx.daemon.state import jobviews  # only on this fallback path: keeps `spx` quick to start
+    from spx.daemon.state.db import StoreRefused
+    from spx.daemon.state.store import Store
+
+    try:
+        store = Store(cfg.store_path, readonly=True)
+    except StoreRefused as e:  # a store a newer version wrote: say so, not a traceback
+        raise CliError(str(e)) from None
+    try:
+        if op in ("ls", "history"):
+            return [v.to_json() for v in jobviews.all_views(store, cfg.run_dir, scope="all" if op == "history" else "recent")]
+        job = store.jobs.by_name(name or "")
+        if job is None:
+            raise CliError(f"no job named {name!r}")
+        return jobviews.job_view(store, job, cfg.run_dir, with_history=True).to_json(with_history=True)
+    finally:
+        store.close()

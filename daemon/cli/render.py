@@ -1,0 +1,79 @@
+"""What `spx ls` (a table of jobs), `spx status` (one job and its attempts) and `spx gpus` print:
+text for a person, from the daemon's JSON answers (`--json` prints those as they are).
+"""
+
+from __future__ import annotations
+
+import time
+
+from spx.daemon.contract import checkpoint_discovery
+from spx.daemon.core.causes import NOT_FAILURES
+from spx.daemon.state import node_view
+
+
+def _ago(t: float | None, now: float) -> str:
+    if t is None:
+        return "-"
+    s = max(0, int(now - t))
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
+def _fmt(v: object) -> str:
+    return "-" if v is None or v == [] else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def print_table(jobs: list[dict]) -> None:
+    now = time.time()
+    rows = [("NAME", "JOB", "STATE", "ATTEMPTS", "STEP", "CKPT", "CKPT AGE", "GPUS", "REASON")]
+    for j in jobs:
+        rows.append((j["name"], str(j.get("job_id", "-")), j["state"], str(j["attempts"]), _fmt(j["step"]), _fmt(j["last_checkpoint_step"]),
+                     _ago(j.get("last_checkpoint_time"), now), _fmt(j["gpus"]), j["reason"] or ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+
+
+def print_status(doc: dict) -> None:
+    print(f"{doc['name']}: {doc['state']}" + (f" ({doc['reason']})" if doc["reason"] else ""))
+    print(f"  owner {doc['owner']}  gpus {_fmt(doc['gpus'])}  step {_fmt(doc['step'])}  "
+          f"last checkpoint {_fmt(doc['last_checkpoint_step'])}  samples/s {_fmt(doc['samples_per_second'])}")
+    if doc.get("heartbeat_problem"):
+        print(f"  heartbeat unreadable: {doc['heartbeat_problem']}")
+    if doc.get("node"):
+        for line in node_view.describe(doc["node"], time.time()):
+            print(f"  {line}")
+    if doc.get("staging"):
+        print(f"  staging: {doc['staging']}")
+    history = doc.get("history", [])
+    failed = [a for a in history if a.get("reason_class") and a["reason_class"] not in NOT_FAILURES]
+    if failed:
+        # The operator's one line: the latest failure's class and cause.
+        last = failed[-1]
+        print(f"  last failure (attempt {last['number']}): {last['reason_class']}: {last.get('root_cause') or last['reason']}")
+    for a in history:
+        start = time.strftime("%H:%M:%S", time.localtime(a["start"])) if a["start"] else "-"
+        end = time.strftime("%H:%M:%S", time.localtime(a["end"])) if a["end"] else "running"
+        resumed = f"resumed from step {a['resumed_from_step']}" if a["resumed_from_step"] is not None else "fresh start"
+        reason = a["reason"] or ""
+        cancelled = reason.startswith("cancelled")
+        if cancelled and a["end"]:
+            # A user's decision, not a failure: who and when, and what it kept (the last attempt's
+            # checkpoint is the job's newest one).
+            ckpt = doc["last_checkpoint_step"] if a is history[-1] else None
+            reason += f" at {end}" + (f" (checkpoint at step {ckpt})" if ckpt is not None else " (no checkpoint)")
+        cls = a.get("reason_class")
+        tag = f" [{cls}]" if cls and not cancelled else ""
+        print(f"  attempt {a['number']}: {start} → {end}  {resumed}  {reason}{tag}")
+        if a.get("root_cause") and not cancelled:
+            print(f"      root cause: {a['root_cause']}")
+        for line in checkpoint_discovery.describe(a["checkpoint"]) if a.get("checkpoint") else ():
+            print(f"      checkpoint: {line}")
+
+
+def print_gpus(rows: list[dict]) -> None:
+    """Index, name and UUID, the job on it, health, and why it is quarantined."""
+    print(f"{'GPU':<4} {'NAME':<24} {'UUID':<42} {'JOB':<20} {'HEALTH':<12} QUARANTINE")
+    for r in rows:
+        health = "quarantined" if r.get("quarantine") else r.get("health", "ok")
+        print(f"{r['index']:<4} {r['name'][:24]:<24} {(r.get('uuid') or '-'):<42} {(r.get('job') or '-')[:20]:<20} "
+              f"{health:<12} {r.get('quarantine') or ''}")
