@@ -41,8 +41,8 @@ class Gate:
 def lanes():
     made: list[Lanes] = []
 
-    def make(total: int, per_owner: int, clock: Clock | None = None) -> Lanes:
-        made.append(Lanes(total, per_owner, clock=clock or Clock()))
+    def make(total: int, per_owner: int, clock: Clock | None = None, wake=lambda: None) -> Lanes:
+        made.append(Lanes(total, per_owner, wake=wake, clock=clock or Clock()))
         return made[-1]
 
     yield make
@@ -119,20 +119,19 @@ def test_the_deadline_counts_from_the_start_not_from_the_queue(lanes):
 
 
 def test_answers_run_on_the_delivering_thread_with_the_value_or_the_error(lanes):
-    lane = lanes(total=2, per_owner=2)
+    woke = threading.Event()  # the lanes' wake: a task finished (as the main loop is woken)
+    lane = lanes(total=2, per_owner=2, wake=woke.set)
     seen: list[tuple[Outcome, str]] = []
-    finished = threading.Event()
 
     def boom() -> None:
         raise OSError("the volume is gone")
 
     lane.submit(5, "ok", lambda: 42, 60, lambda o: seen.append((o, threading.current_thread().name)))
-    lane.submit(5, "bad", boom, 60, lambda o: (seen.append((o, threading.current_thread().name)), finished.set()))
-    for _ in range(int(WAIT * 100)):
+    lane.submit(5, "bad", boom, 60, lambda o: seen.append((o, threading.current_thread().name)))
+    while len(seen) < 2:
+        assert woke.wait(WAIT), f"a task never finished: {seen}"
+        woke.clear()
         lane.deliver()
-        if len(seen) == 2:
-            break
-        finished.wait(0.01)
     by_value = sorted(seen, key=lambda s: s[0].value is None)
     assert by_value[0][0].ok and by_value[0][0].value == 42
     assert isinstance(by_value[1][0].error, OSError) and not by_value[1][0].ok
