@@ -149,7 +149,8 @@ class SpoolWatcher:
 
     def stop(self) -> None:
         self._observer.stop()
-        self._observer.join(timeout=5)
+        if self._observer.is_alive():  # a daemon that could not start never started it
+            self._observer.join(timeout=5)
 
     def due_names(self, now_mono: float) -> list[str]:
         """Names announced by inotify, plus, when a rescan is due, every old-enough name listed."""

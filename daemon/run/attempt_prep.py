@@ -43,7 +43,7 @@ class AttemptPrep:
 
     def find_checkpoint(self, job: JobRow, s: TrackedJob, a: FindCheckpoint) -> list[Observation]:
         cfg = self.cfg
-        self.recorder.before_spawn(job.id, "gpus_free")
+        self.recorder.before_spawn(job.id, "placed")
         if a.standby:  # the launcher imports while the checkpoint is looked for
             self.pool.start(job, s.ledger.gpus, a.number)
         avoid = a.avoid

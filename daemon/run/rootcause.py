@@ -88,8 +88,14 @@ def _rank_of(prefix: str) -> int | None:
 
 
 def _clean(text: str, limit: int) -> str:
+    """`text` without source locations, cut to `limit` characters at a word's end ("… Check t…" read
+    as a word of its own); a single word longer than most of the limit is cut where it must be."""
     text = _SOURCE_LOCATION.sub("", text).strip()
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "…"
 
 
 @dataclass

@@ -5,7 +5,7 @@ The names, in order, are `state.phases`'s. A restart runs through these phases, 
 - on the attempt that failed (`FAILURE_PHASES`): `launcher_exit` (the attempt monitor's exit record:
   when torchrun/deepspeed ended), `failure_seen` (the daemon observed that exit), `group_dead` (none
   of the attempt's processes is left), `end_recorded` (diagnosed, the policy decided, the end stored);
-- on the next attempt (`START_PHASES`): `gpus_free` (the scheduler placed it: its GPUs are free and
+- on the next attempt (`START_PHASES`): `placed` (the scheduler placed it: its GPUs, if it has any, are free and
   healthy), `checkpoint_found` (the resume checkpoint was chosen, as the job's owner), `spawn`;
 - from the worker, through rank 0's heartbeat (`contract.worker_env.WORKER_PHASES`, written by
   `spx.trainer`): `interpreter_up`, `torch_imported`, `rendezvous`, `checkpoint_loaded`,

@@ -108,7 +108,8 @@ class ControlServer:
 
     def stop(self) -> None:
         self._stopping.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():  # a daemon that could not start never started it
+            self._thread.join(timeout=5)
         self._sock.close()
         with self._lock:
             clients = list(self._clients.items())

@@ -59,6 +59,10 @@ REAP_EVERY_SECONDS = 2.0
 STATUS_EVERY_SECONDS = 2.0
 
 
+class StartError(Exception):
+    """The daemon cannot start as configured; the message says why and the fix."""
+
+
 def daemon_version() -> str:
     try:
         return version("spx-trainer")
@@ -131,6 +135,16 @@ class Daemon:
     def start(self) -> None:
         from spx.daemon.exporter.server import build_registry, serve  # the exporter only once it serves
 
+        self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
+        registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
+                                  quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained)
+        try:  # first: a daemon that cannot serve /metrics adopts no job and claims no file
+            metrics = self.metrics = serve(registry, self.cfg.metrics_address)
+        except OSError as e:
+            raise StartError(
+                f"metrics address {self.cfg.metrics_address}: {e.strerror or e} — another spx-trainer (the "
+                "systemd service?) or another program serves there; stop it, or give this one another "
+                "address (--metrics-address 127.0.0.1:0 picks a free port)") from None
         proctree.become_subreaper()
         for job in fail_invalid_specs(self.store, time.time()):
             log.error("job_spec_invalid_after_upgrade", job=job.name, reason=job.spec_problem)
@@ -141,10 +155,6 @@ class Daemon:
         self.leases.start()
         self.adopter.start()
         self.control.start()
-        self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
-        registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
-                                  quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained)
-        metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=daemon_version(), root=str(self.cfg.spool_dir.parent),
                  gpu_backend=self.backend.description, metrics=f"{host}:{metrics.port}",

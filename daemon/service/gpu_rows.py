@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from spx.daemon.gpu import fields as F
 from spx.daemon.state.views import JobView
 
 ACTIVE_STATES = ("starting", "running", "restarting")
@@ -29,7 +30,7 @@ class GpuRow:
     power_watts: float | None
     job: str | None
     uuid: str | None = None
-    health: str = "ok"  # "ok", or "lost" when NVML does not answer for it
+    health: str = "ok"  # "ok"; "lost" when NVML does not answer for it; "NVLink link N down" for a link that is
     quarantine: str | None = None  # why the health gate quarantined it (`spx gpu release N` clears it)
 
     def to_json(self) -> dict[str, Any]:
@@ -80,6 +81,24 @@ def gpu_rows(backend: Any, jobs: Sequence[JobView],
             power = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
         except nvml.NVMLError:
             pass
+        down = links_down(nvml, h) if health == "ok" else []
+        if down:
+            health = f"NVLink link{'s' if len(down) > 1 else ''} {', '.join(map(str, down))} down"
         rows.append(GpuRow(d.index, d.name, util, used, total, power, owner.get(d.index), d.uuid, health,
                            why(d.index)))
     return rows
+
+
+def links_down(nvml: Any, handle: Any) -> list[int]:
+    """The GPU's NVLink links that are not active, in two field-values calls (the link count, then
+    every link's state); [] for a GPU without NVLink or where NVML cannot say."""
+    try:
+        count = int(F.field_value(nvml.nvmlDeviceGetFieldValues(handle, [F.LINK_COUNT])[0]))
+        if count <= 0:
+            return []
+        states = nvml.nvmlDeviceGetFieldValues(handle, [(F.LINK_STATE, link) for link in range(count)])
+    except (nvml.NVMLError, IndexError, ValueError):
+        return []
+    up = (nvml.NVML_NVLINK_STATE_ACTIVE, nvml.NVML_NVLINK_STATE_SLEEP)  # as the exporter's spx_gpu_nvlink_up
+    return [link for link, fv in enumerate(states)
+            if fv.nvmlReturn == nvml.NVML_SUCCESS and int(F.field_value(fv)) not in up]

@@ -28,7 +28,7 @@ from spx.daemon.core.users import log_access
 from spx.daemon.gpu.backend import open_backend
 from spx.daemon.run import cgroups
 from spx.daemon.service import handover
-from spx.daemon.service.daemon import Daemon, daemon_version, install_signal_handlers
+from spx.daemon.service.daemon import Daemon, StartError, daemon_version, install_signal_handlers
 from spx.daemon.service.sd_notify import Notifier
 from spx.daemon.state import integrity
 
@@ -92,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
                     detail="no such group: job logs are readable by their owners alone")
     daemon = Daemon(cfg, backend, Notifier.from_env(), cgroup_tree, why)
     install_signal_handlers(daemon, early_stop)
-    return daemon.run()
+    try:
+        return daemon.run()
+    except StartError as e:
+        log.error("cannot_start", error=str(e))
+        daemon.shutdown()
+        return 2
 
 
 def _helper(args: argparse.Namespace) -> int:

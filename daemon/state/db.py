@@ -50,7 +50,10 @@ class _ThreadConnection:
         self.db = db
 
     def __del__(self) -> None:
-        self.db.close()
+        try:
+            self.db.close()
+        except sqlite3.ProgrammingError:  # collected at exit on another thread: the process ends anyway
+            pass
 
 
 class Database:

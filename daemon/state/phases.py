@@ -13,7 +13,9 @@ import math
 from spx.daemon.contract.worker_env import WORKER_PHASES
 
 FAILURE_PHASES = ("launcher_exit", "failure_seen", "group_dead", "end_recorded")
-START_PHASES = ("gpus_free", "checkpoint_found", "spawn")
+START_PHASES = ("placed", "checkpoint_found", "spawn")
+# Names a phase had before: read as the name it has now (a store written by an earlier version).
+_RENAMED = {"gpus_free": "placed"}
 ATTEMPT_PHASES = (*START_PHASES, *WORKER_PHASES, "first_beat")
 ALL_PHASES = (*FAILURE_PHASES, *ATTEMPT_PHASES)
 
@@ -26,5 +28,6 @@ def stored(raw: str | None) -> dict[str, float]:
         return {}
     if not isinstance(doc, dict):
         return {}
+    doc = {_RENAMED.get(k, k): v for k, v in doc.items()}
     return {k: float(doc[k]) for k in ALL_PHASES
             if isinstance(doc.get(k), (int, float)) and not isinstance(doc.get(k), bool) and math.isfinite(doc[k])}

@@ -183,7 +183,7 @@ def test_torchruns_root_rank_with_a_connection_error_yields_to_the_rank_that_rai
     assert cause == "rank 1 (pid 12) exited with code 1: ValueError: bad batch (user-code)"
     # A consequence is cut to MAX_CONSEQUENCE_CHARS: the line stays one a terminal shows.
     assert consequence == ("rank 0: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
-                           "remote process exited or there was a netw… (consequence)")
+                           "remote process exited or there was a… (consequence)")
 
 
 @pytest.mark.parametrize(("line", "cls"), [

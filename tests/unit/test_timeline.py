@@ -129,15 +129,15 @@ class Clock:
 def test_the_recorder_stores_start_phases_at_spawn_and_each_worker_phase_once(tmp_path):
     store, job_id, row = make_store(tmp_path)
     rec = Recorder(store, Clock())
-    rec.before_spawn(job_id, "gpus_free")           # 1001
-    rec.before_spawn(job_id, "gpus_free")           # a repeat keeps the first
+    rec.before_spawn(job_id, "placed")           # 1001
+    rec.before_spawn(job_id, "placed")           # a repeat keeps the first
     rec.before_spawn(job_id, "checkpoint_found")    # 1002 (the clock ticked on the repeat too)
     rec.spawned(job_id, row, 1005.0)
     rec.beat(job_id, row, Heartbeat(step=9, time=1004.0, phases={"first_step": 1003.0}))  # before spawn: the old attempt's
     rec.beat(job_id, row, Heartbeat(step=1, time=1010.0, phases={"rendezvous": 1008.0, "first_step": 1009.0}))
     rec.beat(job_id, row, Heartbeat(step=2, time=1020.0, phases={"rendezvous": 1.0, "first_step": 2.0}))
     got = stored(store.attempts.for_job(job_id)[0].phases)
-    assert got == {"gpus_free": 1001.0, "checkpoint_found": 1003.0, "spawn": 1005.0, "rendezvous": 1008.0,
+    assert got == {"placed": 1001.0, "checkpoint_found": 1003.0, "spawn": 1005.0, "rendezvous": 1008.0,
                    "first_step": 1009.0, "first_beat": 1010.0}
     store.close()
 
@@ -179,7 +179,7 @@ def test_job_views_carry_each_attempts_phases(tmp_path):
 def doc() -> dict:
     return {"name": "tl", "submitted": 100.0, "history": [
         {"number": 1, "reason": "exit code 1", "phases": {
-            "gpus_free": 100.5, "spawn": 101.0, "first_step": 108.0,
+            "placed": 100.5, "spawn": 101.0, "first_step": 108.0,
             "launcher_exit": 120.0, "failure_seen": 120.2, "group_dead": 120.3, "end_recorded": 120.4}},
         {"number": 2, "reason": None, "phases": {"spawn": 121.0, "rendezvous": 126.0, "first_step": 127.5}},
     ]}
@@ -188,7 +188,7 @@ def doc() -> dict:
 def test_timeline_rows_count_from_the_submission_then_from_the_previous_failure():
     rows = cli_timeline.rows(doc())
     first = [r for r in rows if r["attempt"] == 1]
-    assert [r["phase"] for r in first] == ["gpus_free", "spawn", "first_step"]
+    assert [r["phase"] for r in first] == ["placed", "spawn", "first_step"]
     assert [r["from_origin"] for r in first] == [0.5, 1.0, 8.0] and first[-1]["from_spawn"] == 7.0
     second = [r for r in rows if r["attempt"] == 2]
     assert [r["phase"] for r in second] == [*FAILURE_PHASES, "spawn", "rendezvous", "first_step"]
