@@ -36,7 +36,7 @@ def print_table(jobs: list[dict]) -> None:
 def print_status(doc: dict) -> None:
     print(f"{doc['name']}: {doc['state']}" + (f" ({doc['reason']})" if doc["reason"] else ""))
     print(f"  owner {doc['owner']}  gpus {_fmt(doc['gpus'])}  step {_fmt(doc['step'])}  "
-          f"last checkpoint {_fmt(doc['last_checkpoint_step'])}  samples/s {_fmt(doc['samples_per_second'])}")
+          f"last checkpoint {_last_checkpoint(doc)}  samples/s {_fmt(doc['samples_per_second'])}")
     if doc.get("heartbeat_problem"):
         print(f"  heartbeat unreadable: {doc['heartbeat_problem']}")
     if doc.get("node"):
@@ -59,8 +59,7 @@ def print_status(doc: dict) -> None:
         if cancelled and a["end"]:
             # A user's decision, not a failure: who and when, and what it kept (the last attempt's
             # checkpoint is the job's newest one).
-            ckpt = doc["last_checkpoint_step"] if a is history[-1] else None
-            reason += f" at {end}" + (f" (checkpoint at step {ckpt})" if ckpt is not None else " (no checkpoint)")
+            reason += f" at {end}" + (_kept_checkpoint(doc) if a is history[-1] else "")
         cls = a.get("reason_class")
         tag = f" [{cls}]" if cls and not cancelled else ""
         print(f"  attempt {a['number']}: {start} → {end}  {resumed}  {reason}{tag}")
@@ -68,6 +67,23 @@ def print_status(doc: dict) -> None:
             print(f"      root cause: {a['root_cause']}")
         for line in checkpoint_discovery.describe(a["checkpoint"]) if a.get("checkpoint") else ():
             print(f"      checkpoint: {line}")
+
+
+def _last_checkpoint(doc: dict) -> str:
+    """The newest checkpoint step the daemon knows of. Without a heartbeat it knows only the ones
+    attempts resumed from: said as such, never as the newest."""
+    step = doc["last_checkpoint_step"]
+    if doc.get("checkpoints_tracked", True):
+        return _fmt(step)
+    return (f">= {step}" if step is not None else "?") + " (no heartbeat: not tracked)"
+
+
+def _kept_checkpoint(doc: dict) -> str:
+    """What a cancelled job kept, as far as the daemon can tell (see `_last_checkpoint`)."""
+    step = doc["last_checkpoint_step"]
+    if not doc.get("checkpoints_tracked", True):
+        return " (the script sends no heartbeat: its checkpoints are not tracked; a new start resumes from the newest)"
+    return f" (checkpoint at step {step})" if step is not None else " (no checkpoint)"
 
 
 def print_gpus(rows: list[dict]) -> None:

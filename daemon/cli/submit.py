@@ -22,7 +22,7 @@ from spx.daemon.userfs.fsafe import UserPathError
 
 def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
     if submit_cmdline.is_command_submit(args):
-        return submit_cmdline.submit_command(cfg, args, lambda spec, text: _drop(cfg, spec, text))
+        return submit_cmdline.submit_command(cfg, args, lambda spec, text: _drop(cfg, spec, text, "the command line"))
     source = Path(args.file)
     try:
         with open(source, "rb") as f:
@@ -39,11 +39,12 @@ def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
             spec = parse_spec(text)
     except SpecError as e:
         raise CliError(e.render(str(source)), EXIT_USAGE) from e
-    return _drop(cfg, spec, text)
+    return _drop(cfg, spec, text, str(source))
 
 
-def _drop(cfg: DaemonConfig, spec: JobSpec, text: str) -> int:
-    """Drop a validated job file into the spool (a dotfile renamed in) and report intake's answer."""
+def _drop(cfg: DaemonConfig, spec: JobSpec, text: str, origin: str) -> int:
+    """Drop a validated job file into the spool (a dotfile renamed in) and report intake's answer;
+    a rejection is said of `origin` (the user's file), not of the spool's copy."""
     _say_what_resumes(cfg, spec)
     final = f"{spec.name}-{time.time_ns()}.yaml"
     tmp = cfg.spool_dir / f".{final}.tmp"
@@ -54,7 +55,7 @@ def _drop(cfg: DaemonConfig, spec: JobSpec, text: str) -> int:
         os.rename(tmp, cfg.spool_dir / final)
     except OSError as e:
         raise CliError(f"cannot drop the job into {cfg.spool_dir}: {e.strerror}") from e
-    return _await_intake(cfg, spec.name, final)
+    return _await_intake(cfg, spec.name, final, origin)
 
 
 def _say_what_resumes(cfg: DaemonConfig, spec: JobSpec) -> None:
@@ -109,12 +110,12 @@ def _say_legacy_dir(cfg: DaemonConfig, spec: JobSpec, me: as_user.Owner, ckpt_di
               f"this job's dir is {ckpt_dir}: to resume from them, set checkpoints.dir: {legacy}")
 
 
-def _await_intake(cfg: DaemonConfig, name: str, spool_name: str, timeout: float = 5.0) -> int:
+def _await_intake(cfg: DaemonConfig, name: str, spool_name: str, origin: str, timeout: float = 5.0) -> int:
     deadline = time.monotonic() + timeout
     error_file = cfg.rejected_dir / f"{spool_name}.error"
     while time.monotonic() < deadline:
         if error_file.exists():
-            print(error_file.read_text().rstrip(), file=sys.stderr)
+            print(rejection_text(error_file.read_text(), spool_name, origin), file=sys.stderr)
             return EXIT_FAIL
         if not (cfg.spool_dir / spool_name).exists():
             try:
@@ -127,3 +128,12 @@ def _await_intake(cfg: DaemonConfig, name: str, spool_name: str, timeout: float 
         time.sleep(0.05)
     print(f"{name}: submitted ({cfg.spool_dir / spool_name}); the daemon will pick it up when it runs")
     return EXIT_OK
+
+
+def rejection_text(error_text: str, spool_name: str, origin: str) -> str:
+    """Intake's `.error` names the file it found in the spool: for `spx submit` that is a copy under
+    a generated name the user never saw, so the first line is said of the user's file instead."""
+    first, _, rest = error_text.rstrip().partition("\n")
+    if first.startswith(f"{spool_name}: "):
+        first = f"{origin}: {first[len(spool_name) + 2:]}"
+    return f"{first}\n{rest}" if rest else first

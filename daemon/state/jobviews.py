@@ -69,6 +69,7 @@ def job_view(
         staging=job.staging,
         history=history,
         job_id=job.id,
+        checkpoints_tracked=beat is not None,
         heartbeat_problem=found.problem,
         node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat,
                        attempts[-1].generation if attempts else None, gang_hosts),

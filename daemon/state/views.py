@@ -72,6 +72,10 @@ class JobView:
     # Why the job's heartbeat file is no heartbeat (garbage, a link, too large); None when it is one
     # or there is none yet. `spx status` shows it as "heartbeat unreadable: …".
     heartbeat_problem: str | None = None
+    # False when no heartbeat was ever read for the job (a script that does not use the trainer
+    # library): the daemon then sees a checkpoint only when an attempt resumes from it, so
+    # `last_checkpoint_step` is the newest one resumed from and newer ones may exist on disk.
+    checkpoints_tracked: bool = True
 
     def to_json(self, with_history: bool = False) -> dict:
         doc = asdict(self)

@@ -72,6 +72,12 @@ def test_dependencies_start_after_success_and_a_failed_one_fails_its_dependents(
     error = wait_for(lambda: (p := d.spool / "rejected" / "typo.yaml.error").exists() and p.read_text(), 30,
                      "the rejection")
     assert "after: no job named 'nope'" in error and d.job("typo") is None
+    # Through `spx submit`, the rejection is said of the user's file, not of the spool's copy.
+    job_file = d.root / "typo2.yaml"
+    job_file.write_text(sleeper("typo2", 0.1, extra="after: [nope]\n"))
+    refused = d.spx("submit", str(job_file), check=False)
+    assert refused.returncode == 1 and refused.stderr.startswith(f"{job_file}: rejected "), refused.stderr
+    assert "after: no job named 'nope'" in refused.stderr, refused.stderr
 
 
 def test_a_held_job_does_not_start_until_released(daemon):

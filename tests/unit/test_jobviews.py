@@ -91,3 +91,27 @@ def test_ls_shows_each_names_latest_job_and_ls_all_every_job_with_its_id(tmp_pat
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["NAME", "JOB", "STATE"]
     assert [r.split()[:2] for r in table[1:]] == [["reused", str(ids[0])], ["reused", str(ids[1])]]
+
+
+def test_a_script_without_heartbeat_never_shows_an_old_checkpoint_as_the_newest(tmp_path, capsys):
+    """A plain script (no trainer library) writes its own checkpoints and no heartbeat: the daemon
+    knows only the step an attempt resumed from. Status says so, instead of "(no checkpoint)" or
+    that old step as the checkpoint a cancel kept."""
+    from spx.daemon.cli.render import print_status
+
+    store = Store(tmp_path / "s.sqlite")
+    jid = store.jobs.add(parse_spec("name: plain\nscript: a.py\n"), 0, "root", "/x", 1.0)
+    store.jobs.transition(jid, JobState.STARTING, "starting", 2.0)
+    store.attempts.start(jid, number=1, attempt_id="u1", now=3.0, resumed_from="/c/step-20", resumed_from_step=20, port=1)
+    store.jobs.transition(jid, JobState.RUNNING, "resuming", 3.0)
+    a = store.attempts.for_job(jid)[-1]
+    store.attempts.end(a.id, end=9.0, exit_code=None, reason="cancelled by root", reason_class=None)
+    store.jobs.transition(jid, JobState.CANCELLED, "cancelled by root", 9.0)
+    view = job_view(store, store.jobs.get(jid), tmp_path / "run", with_history=True)
+    assert not view.checkpoints_tracked and view.last_checkpoint_step == 20
+    print_status(json.loads(json.dumps(view.to_json(with_history=True))))
+    out = capsys.readouterr().out
+    assert "last checkpoint >= 20 (no heartbeat: not tracked)" in out, out
+    assert "(no checkpoint)" not in out and "checkpoint at step 20" not in out, out
+    assert "its checkpoints are not tracked" in out, out
+    store.close()
