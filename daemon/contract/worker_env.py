@@ -1,4 +1,4 @@
-"""The environment contract between the daemon and the workers it launches (README.md, "What the
+"""The environment contract between the daemon and the workers it launches (docs/job-spec.md, "What the
 workers get (the contract)").
 
 Both sides import this module: the daemon to set the variables, `spx.trainer` to read them. It is

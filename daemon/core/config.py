@@ -1,7 +1,7 @@
 """Daemon configuration: where everything lives and how the daemon behaves.
 
 Loaded from `/etc/spx/config.yaml` (or `--config`), then overridden by command-line flags. `--root DIR`
-(or `SPX_ROOT`) relocates every path under DIR so anyone can try the daemon without root (README.md, "Use").
+(or `SPX_ROOT`) relocates every path under DIR so anyone can try the daemon without root (README.md, "Try it in 2 minutes").
 Unknown keys are an error: a typo in a config must not silently fall back to a default.
 """
 

@@ -1,4 +1,4 @@
-"""The job spec: one YAML file = one job (README.md, "The job spec").
+"""The job spec: one YAML file = one job (docs/job-spec.md).
 
 Parsing is defensive because the daemon runs as root and the file comes from a user. Contract:
 `parse_spec` returns a JobSpec or raises SpecError, for every input text, and every number in a
@@ -98,7 +98,7 @@ class Data(_Strict):
 
 
 class JobSpec(_Strict):
-    """A validated job. Field descriptions are the reference in the README."""
+    """A validated job. Field descriptions are the reference in docs/job-spec.md."""
 
     name: str = Field(description="[a-z0-9][a-z0-9-_.]{0,62}; unique among live jobs.")
     launcher: Literal["torchrun", "deepspeed", "python"] = "torchrun"
@@ -316,5 +316,5 @@ def _problem(root: yaml.Node, err: Any) -> tuple[int | None, str, str]:
     field = ".".join(str(p) for p in loc)
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        msg = "unknown field (check the spelling; see the job spec reference in the README)"
+        msg = "unknown field (check the spelling; every field is in docs/job-spec.md)"
     return line_of(root, loc), field, msg

@@ -1,5 +1,5 @@
 """Nothing in the daemon opens, creates, chowns, chmods, renames or deletes a path except through
-`spx.daemon.userfs` — or in a module whose paths are the daemon's own (README.md, "What root does
+`spx.daemon.userfs` — or in a module whose paths are the daemon's own (docs/security.md, "What root does
 with user paths, and how").
 
 An AST scan of every module under daemon/: a call that touches the file system by path is allowed
