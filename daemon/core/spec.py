@@ -58,8 +58,10 @@ AbsPath = Annotated[Path, Field(description="An absolute path without '..'.")]
 
 class Checkpoints(_Strict):
     dir: AbsPath | None = Field(None, description="Where this job's checkpoints live; default CHECKPOINTS_ROOT/OWNER/NAME.")
-    keep: int = Field(
-        3, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted after a newer one completes."
+    keep: int | None = Field(
+        None, ge=1, le=1000, description="Complete checkpoints kept by spx.trainer (SPX_CHECKPOINT_KEEP): older ones "
+        "are deleted after a newer one is published; unset, the script's own TrainerConfig(keep) stands (default 3). "
+        "A script that saves its own way keeps what it keeps."
     )
     pattern: str | None = Field(
         None, description="Glob for scripts with their own naming (`ckpt.pt`, `checkpoint-*/`); default: the step-*/ layout."
