@@ -72,9 +72,10 @@ class DaemonConfig(BaseModel):
     fake_gpus: Path | None = Field(None, description="Fixture for --gpu-backend fake (default: bundled 8×H100).")
     metrics_address: str = Field("127.0.0.1:9101", description="HOST:PORT of /metrics; loopback by default.")
     metrics_job_labels: bool = Field(True, description=(
-        "Name jobs in /metrics (the `job` label on GPU series, and the per-job spx_job_* series). /metrics has "
-        "no authentication: any local user (anyone who can reach metrics_address) can read it, so job names are "
-        "visible to all of them. false drops every job name from the scrape; GPU series stay."))
+        "Name jobs and their owners in /metrics (the `spx_job` label on GPU series, and the per-job spx_job_* "
+        "series, spx_job_info's `owner` among them). /metrics has no authentication: any local user (anyone who can "
+        "reach metrics_address) can read it, so job and owner names are visible to all of them. false drops every "
+        "job and owner name from the scrape; GPU series stay."))
     rescan_seconds: float = Field(5.0, gt=0, description="Spool rescan period, the backstop for inotify overflow.")
     submit_group: str | None = Field(None, description="If set, only root and this group's members may submit.")
     admin_group: str | None = Field(None, description="Members see and cancel every job, not only their own.")
