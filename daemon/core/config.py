@@ -8,11 +8,12 @@ Unknown keys are an error: a typo in a config must not silently fall back to a d
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_CONFIG_FILE = Path("/etc/spx/config.yaml")
 GpuBackendKind = Literal["auto", "nvml", "fake", "none"]
@@ -56,6 +57,44 @@ class UserWork(BaseModel):
     standby_handoff_seconds: float = Field(30.0, gt=0, le=3600, description=(
         "How long a pre-started launcher (launch_standby) may take to accept its attempt's plan (its imports must be "
         "done); past it the standby is discarded and the attempt launches cold."))
+
+
+def root_only_parent(path: Path) -> Path:
+    """`path`, if it is absolute and every existing directory above it is owned by root (or the daemon's
+    own uid) and writable by no one else (a sticky directory is fine: others cannot rename root's entries
+    in it). Otherwise a ValueError that says which directory and why: a user who can rename a directory
+    above it could put their own in its place, and decide what reads it (dcgm-exporter) is told."""
+    if not path.is_absolute():
+        raise ValueError(f"{path} is not an absolute path")
+    owners = {0, os.geteuid()}
+    for parent in path.resolve().parents:
+        try:
+            st = os.stat(parent)
+        except OSError as e:
+            raise ValueError(f"{parent}: {e.strerror}") from e
+        if not stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{parent} is not a directory")
+        open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+        if st.st_uid not in owners or open_to_others:
+            raise ValueError(f"{parent} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: only root "
+                             "may be able to write the directories above it (chown root, chmod go-w)")
+    return path
+
+
+class MetricsSettings(BaseModel):
+    """Config `metrics:` — what the daemon tells other monitoring on the host. (`metrics_address` and
+    `metrics_job_labels`, about its own /metrics, are top-level keys.)"""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dcgm_job_mapping_dir: Path | None = Field(None, description=(
+        "dcgm-exporter's --hpc-job-mapping-dir: the daemon writes there one file per GPU a job holds, named by the "
+        "GPU's index and holding the job's name, and removes it when the job leaves the GPU, so dcgm-exporter "
+        "labels that GPU's series hpc_job=NAME (docs/metrics.md). The daemon owns the directory: it is made "
+        "root-owned 0755 (anything else at that name is moved aside), and every directory above it must be "
+        "writable by root alone. null: no mapping files."))
+
+    _root_only = field_validator("dcgm_job_mapping_dir")(lambda v: v if v is None else root_only_parent(v))
 
 
 class DaemonConfig(BaseModel):
@@ -120,6 +159,16 @@ class DaemonConfig(BaseModel):
         "GPUs one user's jobs may hold at once: {gpus_per_user: 4, users: {alice: 8}, groups: {ml: 6}}. A user's own "
         "entry wins, else the largest of their groups', else gpus_per_user (null: no limit). A job over its owner's "
         "limit waits (the reason says so), never fails; other users' jobs pass it."))
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings, description=(
+        "What the daemon tells other monitoring: {dcgm_job_mapping_dir: /run/dcgm-job-map} writes dcgm-exporter's "
+        "job-mapping files."))
+
+    @model_validator(mode="after")
+    def _job_names_public_or_not(self) -> DaemonConfig:
+        if self.metrics.dcgm_job_mapping_dir is not None and not self.metrics_job_labels:
+            raise ValueError("metrics.dcgm_job_mapping_dir puts job names into dcgm-exporter's metrics, which "
+                             "metrics_job_labels: false keeps private: set one or the other")
+        return self
 
     @classmethod
     def rooted(cls, root: Path, **overrides: object) -> DaemonConfig:
@@ -177,5 +226,6 @@ def load_config(
         return DaemonConfig(**{**data, **overrides})
     except ValidationError as e:
         where = f"{path}: " if path else ""
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" if err["loc"] else err["msg"]
+                             for err in e.errors())
         raise ConfigError(f"{where}invalid config: {problems}") from e
