@@ -59,25 +59,28 @@ class UserWork(BaseModel):
         "done); past it the standby is discarded and the attempt launches cold."))
 
 
-def root_only_parent(path: Path) -> Path:
-    """`path`, if it is absolute and every existing directory above it is owned by root (or the daemon's
-    own uid) and writable by no one else (a sticky directory is fine: others cannot rename root's entries
-    in it). Otherwise a ValueError that says which directory and why: a user who can rename a directory
-    above it could put their own in its place, and decide what reads it (dcgm-exporter) is told."""
-    if not path.is_absolute():
-        raise ValueError(f"{path} is not an absolute path")
+def check_root_only_above(path: Path) -> None:
+    """A ConfigError unless every existing directory above `path` is owned by root (or the daemon's own
+    uid) and writable by no one else (a sticky directory is fine: others cannot rename root's entries in
+    it): a user who can rename a directory above it could put their own in its place, and decide what
+    its reader (dcgm-exporter) is told."""
     owners = {0, os.geteuid()}
     for parent in path.resolve().parents:
         try:
             st = os.stat(parent)
         except OSError as e:
-            raise ValueError(f"{parent}: {e.strerror}") from e
+            raise ConfigError(f"{path}: {parent}: {e.strerror}") from e
         if not stat.S_ISDIR(st.st_mode):
-            raise ValueError(f"{parent} is not a directory")
+            raise ConfigError(f"{path}: {parent} is not a directory")
         open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
         if st.st_uid not in owners or open_to_others:
-            raise ValueError(f"{parent} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: only root "
-                             "may be able to write the directories above it (chown root, chmod go-w)")
+            raise ConfigError(f"{path}: {parent} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
+                              "only root may be able to write the directories above it (chown root, chmod go-w)")
+
+
+def _absolute(path: Path | None) -> Path | None:
+    if path is not None and not path.is_absolute():
+        raise ValueError(f"{path} is not an absolute path")
     return path
 
 
@@ -92,9 +95,9 @@ class MetricsSettings(BaseModel):
         "GPU's index and holding the job's name, and removes it when the job leaves the GPU, so dcgm-exporter "
         "labels that GPU's series hpc_job=NAME (docs/metrics.md). The daemon owns the directory: it is made "
         "root-owned 0755 (anything else at that name is moved aside), and every directory above it must be "
-        "writable by root alone. null: no mapping files."))
+        "writable by root alone (checked at the daemon's start and by --check). null: no mapping files."))
 
-    _root_only = field_validator("dcgm_job_mapping_dir")(lambda v: v if v is None else root_only_parent(v))
+    _abs = field_validator("dcgm_job_mapping_dir")(_absolute)
 
 
 class DaemonConfig(BaseModel):
@@ -169,6 +172,13 @@ class DaemonConfig(BaseModel):
             raise ValueError("metrics.dcgm_job_mapping_dir puts job names into dcgm-exporter's metrics, which "
                              "metrics_job_labels: false keeps private: set one or the other")
         return self
+
+    def check_host(self) -> None:
+        """What only the daemon checks, on the host as it is now, at its start and in --check (a ConfigError
+        if wrong): `spx`, run by users, loads the same config and must not trip on a directory they
+        cannot search."""
+        if self.metrics.dcgm_job_mapping_dir is not None:
+            check_root_only_above(self.metrics.dcgm_job_mapping_dir)
 
     @classmethod
     def rooted(cls, root: Path, **overrides: object) -> DaemonConfig:

@@ -3,17 +3,20 @@ DIR}` the daemon keeps one file per GPU a job holds in DIR, named by the GPU's i
 job's name, as dcgm-exporter's `--hpc-job-mapping-dir` reads them; a job that leaves its GPUs loses its
 files; a daemon killed with its jobs running leaves them (the jobs still run) and the next start keeps
 them; a stop removes them all. The directory is read the way dcgm-exporter reads it, and its names agree
-with the `spx_job` label of the daemon's own /metrics."""
+with the `spx_job` label of the daemon's own /metrics. A directory above it that others can write is
+refused by `spx-trainer --check` and at start."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import urllib.request
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import Daemon, wait_for
+from harness import BIN, Daemon, wait_for
 
 SLEEP = Path(__file__).resolve().parent.parent / "fixtures" / "scripts" / "sleep_for.py"
 
@@ -76,3 +79,18 @@ def test_the_mapping_follows_the_gpus_each_job_holds(tmp_path):
     finally:
         d.stop()
     assert read_like_dcgm_exporter(mapping_dir) == {}, "a stop ends every job: no GPU is held"
+
+
+def test_a_directory_a_user_could_swap_is_refused_by_check_and_at_start(tmp_path):
+    open_parent = tmp_path / "shared"
+    open_parent.mkdir()
+    open_parent.chmod(0o777)  # anyone may rename what is in it
+    config = tmp_path / "config.yaml"
+    config.write_text(f"metrics: {{dcgm_job_mapping_dir: {open_parent / 'job-map'}}}\n")
+    for mode in (["--check"], ["--gpu-backend", "fake"]):
+        res = subprocess.run([str(BIN / "spx-trainer"), "--root", str(tmp_path / "root"), "--config", str(config),
+                              *mode], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2, (mode, res.stdout, res.stderr)
+        (line,) = [json.loads(x) for x in res.stdout.splitlines() if '"cannot_start"' in x]
+        assert f"{open_parent} is owned by uid 0 with mode 777" in line["error"], line
+    assert not (open_parent / "job-map").exists() and not (tmp_path / "root" / "state").exists(), "nothing was made"

@@ -169,22 +169,26 @@ def test_the_config_names_the_directory_under_metrics(tmp_path):
     (0o755, 65534, False),  # its owner could
 ])
 def test_only_root_may_be_able_to_write_above_the_directory(tmp_path, mode, owner, accepted):
+    """Checked by the daemon (check_host, at its start and in --check), not when `spx` loads the config."""
     parent = tmp_path / "parent"
     parent.mkdir()
     parent.chmod(mode)
     os.chown(parent, owner, 0)
+    cfg = DaemonConfig.rooted(tmp_path / "root", metrics=MetricsSettings(dcgm_job_mapping_dir=parent / "job-map"))
     if accepted:
-        assert MetricsSettings(dcgm_job_mapping_dir=parent / "job-map").dcgm_job_mapping_dir == parent / "job-map"
+        cfg.check_host()
     else:
-        with pytest.raises(ValueError, match=f"{parent} is owned by uid {owner} with mode {mode:o}"):
-            MetricsSettings(dcgm_job_mapping_dir=parent / "job-map")
+        with pytest.raises(ConfigError, match=f"{parent} is owned by uid {owner} with mode {mode:o}"):
+            cfg.check_host()
 
 
 def test_a_relative_path_or_a_missing_parent_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not an absolute path"):
         MetricsSettings(dcgm_job_mapping_dir=Path("job-map"))
-    with pytest.raises(ValueError, match="No such file or directory"):
-        MetricsSettings(dcgm_job_mapping_dir=tmp_path / "absent" / "job-map")
+    missing = DaemonConfig.rooted(tmp_path / "root", metrics={"dcgm_job_mapping_dir": tmp_path / "absent" / "job-map"})
+    with pytest.raises(ConfigError, match="No such file or directory"):
+        missing.check_host()
+    DaemonConfig.rooted(tmp_path / "root").check_host()  # nothing to check without the key
 
 
 def test_the_mapping_and_private_job_names_are_not_both_asked_for(tmp_path):
