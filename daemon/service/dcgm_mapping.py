@@ -11,7 +11,7 @@ and no file for a GPU no job holds.
 The loop only shows the writer the mapping (a dict compare per turn); a writer thread writes it, so a slow or
 dead filesystem never holds the loop, and only the newest mapping is ever written. Each write makes the
 directory a root-owned 0755 one first (fsafe.open_root_dir: anything else at its name is moved aside;
-the config checked that only root can write above it), then replaces a changed file by a temp file and
+the daemon's start checked that only root can write above it), then replaces a changed file by a temp file and
 a rename in that directory's fd (dcgm-exporter never reads half a file: it skips names that are not
 numbers), and removes the files of GPUs no job holds, and nothing else. Files stay on a daemon crash
 (its jobs keep running and are adopted) and are made right by the next start's first write.
