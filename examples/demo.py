@@ -157,7 +157,7 @@ def follow_until_done(killed: list[bool], metrics_url: str | None, snapshot: lis
 
 def show_metrics(text: str) -> None:
     """The lines an operator looks at first: the job's state, step and restarts, its GPUs (with the
-    `job` label), and the fixture's one NVLink link that is down."""
+    `spx_job` label), and the fixture's one NVLink link that is down."""
     wanted = ("spx_job_state{", "spx_job_restarts_total{", "spx_job_step{", "spx_job_samples_per_second{",
               "spx_gpu_utilization_ratio{", "spx_gpu_memory_used_bytes{", 'spx_gpu_nvlink_up{gpu="3",link="7"')
     for line in text.splitlines():
@@ -165,7 +165,7 @@ def show_metrics(text: str) -> None:
             continue
         if line.startswith("spx_job_state{") and not line.endswith(" 1.0"):
             continue  # one line per possible state; show the current one
-        if line.startswith("spx_gpu_") and "nvlink" not in line and 'job="' not in line:
+        if line.startswith("spx_gpu_") and "nvlink" not in line and 'spx_job="' not in line:
             continue  # GPUs not allocated to the job
         print("    " + line)
 

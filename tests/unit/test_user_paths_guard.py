@@ -70,6 +70,9 @@ ALLOWED: dict[str, str] = {
                            "fsafe.open_root_dir, written/read/unlinked by its fd, O_NOFOLLOW); /proc/self",
     "service/control.py": "the control socket: bound and chmod-ed in run_dir, verified the daemon's own and "
                           "writable by no one else (fsafe.open_root_dir), unlink/chmod by that dir's fd",
+    "service/dcgm_mapping.py": "dcgm-exporter's job-mapping dir, verified root-owned and writable by no one else "
+                                "(fsafe.open_root_dir; the config checked the dirs above it): temp + rename, unlink by "
+                                "its fd",
     "doctor/hostprobe.py": "/proc, /sys and /etc, read on the admin's request",
     "doctor/report.py": "/proc/1/comm",
     "doctor/device_checks.py": "the daemon's device-filter record in run_dir, read on the admin's request "
