@@ -245,3 +245,17 @@ def test_the_daemons_accounting_answer_shows_a_user_their_own_jobs_and_refuses_a
     for bad in ("yesterday", "nan", "inf"):
         refused = answers("accounting", None, 4242, bad)
         assert (refused["ok"], refused["code"]) == (False, 2) and "Unix seconds" in refused["error"]
+
+
+def test_with_no_daemon_root_reads_the_same_accounting_from_the_store(tmp_path):
+    """No socket answers: root's read-only look at the store gives what the daemon would have."""
+    from spx.daemon.cli import client
+
+    cfg = DaemonConfig.rooted(tmp_path / "root")
+    cfg.store_path.parent.mkdir(parents=True)
+    s = Store(cfg.store_path)
+    jid = s.jobs.add(parse_spec("name: offline\nscript: t.py\ngpus: 1\n"), 0, "root", "/x", 10.0)
+    attempt(s, jid, 1, start=100.0, end=100.0 + 7200, peak=GIB)
+    s.close()
+    (rec,) = client.ask(cfg, "accounting", arg="0.0")
+    assert (rec["name"], rec["gpu_hours"], rec["memory_peak_bytes"], rec["attempts"]) == ("offline", 2.0, GIB, 1)
