@@ -275,7 +275,7 @@ def submitted_text(text: str, base_dir: Path, source: str, fresh: bool = False) 
         return text
     header = (f"# spx submit {source}{' --fresh' if fresh else ''}: relative {'/'.join(SUBMIT_RELATIVE_FIELDS)} "
               f"resolved against {base_dir}\n")
-    return header + yaml.safe_dump(resolved, sort_keys=False, default_flow_style=None, allow_unicode=True)
+    return header + yaml.safe_dump(resolved, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def parse_spec(text: str, base_dir: Path | None = None) -> JobSpec:

@@ -65,6 +65,7 @@ TABLES = (
     phases TEXT,
     checkpoint_discovery TEXT,
     generation INTEGER,
+    memory_peak INTEGER,
     UNIQUE (job_id, number)
 )""",
     # Written once, when the store is created: a store without it was not made whole (integrity.py).
@@ -128,7 +129,14 @@ def _version_1(db: sqlite3.Connection) -> None:
     db.execute(_CREATED)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1,)
+def _version_2(db: sqlite3.Connection) -> None:
+    """`attempts.memory_peak`: the attempt cgroup's `memory.peak` in bytes, read when the cgroup is
+    removed (`spx history`); NULL where it was not measured (unmanaged cgroups, attempts before)."""
+    if "memory_peak" not in {r[1] for r in db.execute("PRAGMA table_info(attempts)").fetchall()}:
+        db.execute("ALTER TABLE attempts ADD COLUMN memory_peak INTEGER")
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2)
 VERSION = len(MIGRATIONS)
 
 

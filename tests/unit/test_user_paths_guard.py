@@ -86,6 +86,9 @@ ALLOWED: dict[str, str] = {
                    "(never root's daemon)",
     "cli/submit_cmdline.py": "`spx submit -- COMMAND` reads the #! line of the caller's own torchrun/deepspeed, "
                              "as the invoking user (never root's daemon)",
+    "cli/job_schema.py": "`spx schema --output FILE` writes where the invoking user asked, with that user's own "
+                         "rights (never root's daemon)",
+    "cli/main.py": "/dev/null, put under stdout when the reader of `spx … | head` left",
 }
 
 # The trainer-side readers root must not run on a user's tree itself (userfs runs them as the owner).
