@@ -29,6 +29,7 @@ from spx.daemon.cli.socket_hint import not_running_message
 from spx.daemon.cli.submit import cmd_submit
 from spx.daemon.core.config import ConfigError, DaemonConfig, load_config
 from spx.daemon.service import control
+from spx.daemon.service.daemon import daemon_version
 
 ADOPT_TIMEOUT_SECONDS = 600.0  # a walk of a large volume, one helper process per job found
 
@@ -53,8 +54,13 @@ def cmd_adopt(cfg: DaemonConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(cfg: DaemonConfig, args: argparse.Namespace) -> int:
+    import structlog
+
     from spx.daemon.doctor.command import run_doctor
 
+    # The GPU backend doctor opens logs as the daemon does: to stderr here, so stdout is the report
+    # alone (`spx doctor --json | jq` parses).
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     return run_doctor(cfg, as_json=args.json)
 
 
@@ -78,6 +84,7 @@ def cmd_top(cfg: DaemonConfig, args: argparse.Namespace, only: str | None = None
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spx", description="Submit and inspect spx-trainer jobs.")
+    p.add_argument("--version", action="version", version=f"spx {daemon_version()}")
     p.add_argument("--root", type=Path, help=(
         "the daemon's --root (or set SPX_ROOT): spx talks to DIR/run/spx.sock, else to the config's run_dir "
         "(default /run/spx/spx.sock) and nowhere else. When no daemon answers there, a ./*/run/spx.sock that "
