@@ -58,7 +58,9 @@ def test_install_sh_destdir_stages_everything_and_keeps_the_config(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("systemd-tmpfiles --root makes root-owned dirs: needs root")
     dest = tmp_path / "dest"
-    dest.mkdir()
+    grafana = dest / "etc/grafana/provisioning"  # Grafana on this host: its provisioning gets our files
+    (grafana / "datasources").mkdir(parents=True)
+    (grafana / "datasources/spx-trainer.yaml").write_text("# the operator's own\n")
     run = [str(INSTALL), "--destdir", str(dest), "--prefix", "/srv/spx", "--venv", sys.prefix]
     out = subprocess.run(run, capture_output=True, text=True, timeout=120, check=True).stdout
     assert "staged under" in out
@@ -73,6 +75,9 @@ def test_install_sh_destdir_stages_everything_and_keeps_the_config(tmp_path):
     assert (dest / "usr/local/share/man/man1/spx.1").read_text().startswith('.TH "SPX" "1"')
     assert "complete -F _spx spx" in (dest / "usr/local/share/bash-completion/completions/spx").read_text()
     assert (dest / "usr/local/share/spx-trainer/grafana/grafana-datasources.yaml").is_file()
+    assert (grafana / "datasources/spx-trainer.yaml").read_text() == "# the operator's own\n"  # kept
+    provider = (grafana / "dashboards/spx-trainer.yaml").read_text()
+    assert "path: /usr/local/share/spx-trainer/dashboards" in provider and "type: file" in provider
     config = dest / "etc/spx/config.yaml"
     assert config.read_text() == (REPO / "systemd" / "config.yaml").read_text()
     config.write_text("gpu_backend: none\n")
