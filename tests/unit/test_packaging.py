@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import tomllib
 
-from harness import REPO
+REPO = Path(__file__).resolve().parents[2]
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
