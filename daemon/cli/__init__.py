@@ -11,7 +11,9 @@
     says) · history (`spx history`: what each job used) · job_schema (`spx schema`) · logs (`spx
     logs`, an earlier job's by its id) · queue_cmds (hold, release, priority, drain) · timeline (`spx
     status --timeline`) · top + top_command (the live view) · socket_hint (no daemon answers: which
-    `--root` does, asking only sockets no one else controls)
+    `--root` does, asking only sockets no one else controls) · parser_tree (both programs'
+    parsers as data) → completion (bash completion) and manpage (spx(1), spx-trainer(8)), generated
+    at install time
 
 Changes go through the spool (submit) or the daemon's control socket (cancel); reads through the
 control socket, so `spx` needs no access to the store.

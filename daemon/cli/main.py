@@ -70,8 +70,13 @@ def cmd_adopt(cfg: DaemonConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(cfg: DaemonConfig, args: argparse.Namespace, paint: Paint) -> int:
+    import structlog
+
     from spx.daemon.doctor.command import run_doctor
 
+    # The GPU backend doctor opens logs as the daemon does: to stderr here, so stdout is the report
+    # alone (`spx doctor --json | jq` parses).
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     return run_doctor(cfg, as_json=args.json, mark=paint.check)
 
 

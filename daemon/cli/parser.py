@@ -14,6 +14,7 @@ from pathlib import Path
 
 from spx.daemon.cli import colour, filters, history, queue_cmds, submit_cmdline
 from spx.daemon.cli.client import EXIT_CODES
+from spx.daemon.service.daemon import daemon_version
 
 ROOT_HELP = (
     "the daemon's --root (default: $SPX_ROOT, else the config's paths): spx talks to DIR/run/spx.sock, else to "
@@ -55,6 +56,7 @@ def _command(sub: argparse._SubParsersAction, name: str, text: str,
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spx", description="Submit and inspect spx-trainer jobs.",
                                 epilog=exit_codes_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"spx {daemon_version()}")
     _global_options(p, on_subcommand=False)
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, on_subcommand=True)

@@ -75,6 +75,9 @@ ALLOWED: dict[str, str] = {
                                 "its fd",
     "doctor/hostprobe.py": "/proc, /sys and /etc, read on the admin's request",
     "doctor/report.py": "/proc/1/comm",
+    "doctor/cgroup_checks.py": "/proc/self/mountinfo and /proc/1/comm, read on the admin's request",
+    "doctor/gpu_checks.py": "/proc/driver/nvidia/version (the kernel module's), read on the admin's request",
+    "doctor/stackdump_checks.py": "/proc/sys/kernel/yama/ptrace_scope, read on the admin's request",
     "doctor/device_checks.py": "the daemon's device-filter record in run_dir, read on the admin's request "
                                "(O_NOFOLLOW|O_NONBLOCK, 4 KiB)",
     "doctor/storage_checks.py": "a probe file in a directory the admin configured (checkpoints root, staging)",
