@@ -5,7 +5,8 @@
     store when no daemon answers) · render (the text of `spx ls`, `spx status`, `spx gpus`) · submit
     (`spx submit FILE`: into the spool, intake's answer, what it resumes from) ← submit_cmdline
     (`spx submit -- COMMAND`) ← launch_cmdline (what a torchrun/deepspeed/python line says) · logs
-    (`spx logs`, an earlier job's by its id) · queue_cmds (hold, release, priority, drain) · timeline
+    (`spx logs`: through restarts, an earlier job's by its id) ← log_lines (rank prefix, timestamps,
+    --since, reading from the end, the separator) · queue_cmds (hold, release, priority, drain) · timeline
     (`spx status --timeline`) · top + top_command (the live view) · socket_hint (no daemon answers:
     which `--root` does, asking only sockets no one else controls)
 

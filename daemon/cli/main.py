@@ -2,7 +2,7 @@
 
     spx submit [--name N] [--gpus G] [--dry-run] -- torchrun --nproc_per_node=8 train.py …
     spx submit job.yaml [--fresh]  spx ls [--json]          spx status NAME [--json] [--watch]
-    spx logs NAME [--attempt N] [--job-id ID] [-f]          spx cancel NAME
+    spx logs NAME [-f] [--tail N] [--since T] [--rank R] [--attempt N] [--job-id ID]   spx cancel NAME
     spx doctor [--json]            spx top                  spx adopt DIR   (root: host loss)
     spx hold|release NAME          spx priority NAME N      spx drain|undrain   (queue: cli/queue_cmds.py)
 
@@ -99,11 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--watch", action="store_true", help="live view, refreshing in place")
     s.add_argument("--timeline", action="store_true", help="where each attempt's (re)start spent its time")
-    s = sub.add_parser("logs", help="an attempt's log")
+    s = sub.add_parser("logs", help="a job's attempt logs (the latest attempt's unless told otherwise)",
+                       description="A job's attempt logs, read with your own rights (docs/logs.md).")
     s.add_argument("name")
-    s.add_argument("--attempt", type=int)
+    s.add_argument("--attempt", type=int, help="attempt N's log only (with -f: until that attempt ends)")
     s.add_argument("--job-id", type=int, help="an earlier job of a reused name (its id: `spx ls --all`)")
-    s.add_argument("-f", "--follow", action="store_true")
+    s.add_argument("-f", "--follow", action="store_true",
+                   help="follow the job through its restarts, a separator line per attempt, until it ends")
+    s.add_argument("--tail", type=int, metavar="N", help="only the last N lines (after --rank and --since)")
+    s.add_argument("--since", metavar="WHEN", help=(
+        "only what was written since WHEN: a duration back (90s, 10m, 2h, 1d), a date-time (2026-12-04 21:00) "
+        "or a time today (21:00); lines are dated by a timestamp at their start or above them, undated ones kept"))
+    s.add_argument("--rank", type=int, metavar="R", help=(
+        "only rank R's lines (torchrun's [default0]: prefix, PyTorch's [rank0]:), and spx's own notes"))
     s = sub.add_parser("cancel", help="stop a job (it gets its grace period to checkpoint)")
     s.add_argument("name")
     s = sub.add_parser("adopt", help="root: queue the unfinished jobs another (lost) host left under DIR "
