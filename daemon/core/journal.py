@@ -11,8 +11,9 @@ memfd passed over the socket, as sd_journal does. journald takes the sender's pi
 the socket's credentials, so `-u spx-trainer` matches as it did for the stream.
 
 Whether we run under journald is what sd_journal_stream_fd(3)'s users check: systemd sets
-JOURNAL_STREAM to the device:inode of the stream it connected stdout to; only when fd 1 is still that
-stream (not a pipe a test or a child's redirection put there) are lines sent natively.
+JOURNAL_STREAM to the device:inode of the stream it connected stdout or stderr to; only while fd 1 or
+fd 2 is still that stream (not a pipe a test or a child's redirection put there) are lines sent
+natively.
 
 Stdlib only, like sd_notify: the protocol is a few lines.
 """
@@ -40,16 +41,21 @@ _NOT_IN_SUMMARY = {"event", "level", "timestamp", "exception"}
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 
 
-def under_journald(environ: Mapping[str, str], stdout_fd: int = 1) -> bool:
-    """True when `stdout_fd` is the journal stream systemd set up (JOURNAL_STREAM=DEV:INODE)."""
+def under_journald(environ: Mapping[str, str], fds: tuple[int, ...] = (1, 2)) -> bool:
+    """True when stdout or stderr (`fds`) is the journal stream systemd set up (JOURNAL_STREAM=DEV:INODE
+    names whichever of the two it connected; StandardOutput=null with StandardError=journal is still
+    a journal to write to)."""
     dev, sep, ino = environ.get("JOURNAL_STREAM", "").partition(":")
     if not (sep and dev.isdigit() and ino.isdigit()):
         return False
-    try:
-        st = os.fstat(stdout_fd)
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    for fd in fds:
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (int(dev), int(ino)):
+            return True
+    return False
 
 
 def priority(level: object) -> int:

@@ -3,7 +3,7 @@
 Every line about a job carries `job` and `attempt` (bind them once with `log.bind(job=…, attempt=…)`);
 daemon-wide lines carry `job=None` so a `jq 'select(.job=="x")'` never misses or mis-assigns one.
 
-Where the lines go: under journald (systemd's JOURNAL_STREAM is our stdout) each is a journal entry of
+Where the lines go: under journald (JOURNAL_STREAM names our stdout or stderr) each is a journal entry of
 its own, with PRIORITY from its level and SPX_JOB, SPX_ATTEMPT, SPX_EVENT (core/journal.py), so the
 journal can be filtered by level and by job; anywhere else (by hand, in tests, a pipe) the JSON line
 goes to stdout as it is. If journald refuses an entry, that line and the next go to stdout, and the
@@ -93,7 +93,7 @@ def _render(json_renderer: structlog.processors.JSONRenderer):
 
 
 def default_sink() -> StdoutSink | JournalSink:
-    """The journal when stdout is systemd's journal stream, else stdout."""
+    """The journal when stdout or stderr is systemd's journal stream, else stdout."""
     if journal.under_journald(os.environ):
         return JournalSink(journal.JournalSocket(), StdoutSink())
     return StdoutSink()

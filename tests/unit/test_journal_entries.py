@@ -99,16 +99,18 @@ def test_a_daemon_wide_line_has_no_job_fields_and_a_traceback_follows_its_summar
     assert decode(journal.encode(fields))["MESSAGE"] == fields["MESSAGE"]
 
 
-def test_under_journald_only_while_stdout_is_the_stream_systemd_named(tmp_path: Path):
+def test_under_journald_only_while_stdout_or_stderr_is_the_stream_systemd_named(tmp_path: Path):
     stream = os.open(tmp_path / "stream", os.O_WRONLY | os.O_CREAT)
     other = os.open(tmp_path / "other", os.O_WRONLY | os.O_CREAT)
     try:
         st = os.fstat(stream)
         named = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
-        assert journal.under_journald(named, stream)
-        assert not journal.under_journald(named, other)  # stdout redirected since (a test's pipe, a child's file)
-        assert not journal.under_journald({}, stream)
-        assert not journal.under_journald({"JOURNAL_STREAM": "garbage"}, stream)
+        assert journal.under_journald(named, (stream, other))
+        assert journal.under_journald(named, (other, stream))  # StandardOutput=null, StandardError=journal
+        assert not journal.under_journald(named, (other, other))  # redirected since (a test's pipe, a child's file)
+        assert not journal.under_journald(named, (other, 10_000))  # a closed fd is no stream
+        assert not journal.under_journald({}, (stream, stream))
+        assert not journal.under_journald({"JOURNAL_STREAM": "garbage"}, (stream, stream))
     finally:
         os.close(stream)
         os.close(other)
