@@ -169,7 +169,7 @@ def _logs(cfg: DaemonConfig, args: argparse.Namespace, out: Output) -> int:
     history = {h["number"]: h for h in doc.get("history") or []} if current else {}
     latest = doc["attempts"] if current else _attempts_in(log_dir)
     follow = args.follow and current and doc["state"] not in TERMINAL
-    numbers = _chosen(args.attempt, latest, history, since)
+    numbers = chosen(args.attempt, latest, history, since)
     if not numbers and not follow:
         raise CliError(f"{args.name} has not started an attempt yet" if not latest else
                        f"no attempt of {args.name} wrote its log since {args.since}")
@@ -178,7 +178,7 @@ def _logs(cfg: DaemonConfig, args: argparse.Namespace, out: Output) -> int:
         missing = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
         raise CliError(_missing_log_message(cfg, args.name, doc, attempts[0].path, missing) if current
                        else f"{attempts[0].path}: {missing.strerror}")
-    last = _show(attempts, out, args.rank, since, args.tail)
+    last = show(attempts, out, args.rank, since, args.tail)
     if not follow:
         out.end_of_attempt()
         return EXIT_OK
@@ -186,7 +186,7 @@ def _logs(cfg: DaemonConfig, args: argparse.Namespace, out: Output) -> int:
                    pinned=args.attempt is not None, rank=args.rank)
 
 
-def _chosen(attempt: int | None, latest: int, history: dict[int, dict], since: float | None) -> list[int]:
+def chosen(attempt: int | None, latest: int, history: dict[int, dict], since: float | None) -> list[int]:
     """The attempts to show: the one asked for; with `since`, every one that had not ended before it
     (the daemon's end time; an earlier job's attempts, which it no longer knows, all); else the latest."""
     if attempt is not None:
@@ -226,7 +226,7 @@ def _written_since(f: BinaryIO, since: float | None) -> bool:
     return since is None or os.fstat(f.fileno()).st_mtime >= since
 
 
-def _show(attempts: list[Attempt], out: Output, rank: int | None, since: float | None,
+def show(attempts: list[Attempt], out: Output, rank: int | None, since: float | None,
           tail: int | None) -> Followed | None:
     """Print the chosen attempts; returns the last one's `attempt-N.log`, where printing ended."""
     if tail is not None:
@@ -253,14 +253,14 @@ def _show_tail(attempts: list[Attempt], out: Output, rank: int | None, since: fl
     """The last `tail` lines of the chosen attempts (after the filters), each attempt's under its
     separator. Without `since` the files are read from their end; with it, from their start (a
     line's date may come from a timestamp above it)."""
-    chosen: list[tuple[Attempt, list[bytes]]] = []
+    picked: list[tuple[Attempt, list[bytes]]] = []
     followed = None
     for attempt in reversed(attempts):
         rotated, current = _open_parts(attempt)
         parts = [(f, f.seek(0, os.SEEK_END)) for f in (rotated, current) if f is not None and _written_since(f, since)]
-        left = tail - sum(len(lines) for _, lines in chosen)
+        left = tail - sum(len(lines) for _, lines in picked)
         lines = log_lines.last_lines(parts, left, _keep(attempt, rank, since), forward=since is not None)
-        chosen.append((attempt, lines))
+        picked.append((attempt, lines))
         if rotated is not None:
             rotated.close()
         if followed is None:  # the last attempt: followed on from where the reading stopped
@@ -270,7 +270,7 @@ def _show_tail(attempts: list[Attempt], out: Output, rank: int | None, since: fl
             followed = Followed(attempt.path, current)
         elif current is not None:
             current.close()
-    for attempt, lines in reversed(chosen):
+    for attempt, lines in reversed(picked):
         if lines or attempt is attempts[-1]:
             out.begin(attempt, _keep(attempt, rank, None))
             out.lines(lines)

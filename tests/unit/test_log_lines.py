@@ -1,18 +1,20 @@
 """`spx logs`' reading of attempt logs (cli/log_lines.py, cli/logs.py's Output), on bytes and
 in-memory files: the rank prefix torchrun and PyTorch put on lines, the timestamps `--since` dates
 lines by, `--since`'s forms, the last N lines read from the end across the rotated `.1` part, and
-the separator between attempts."""
+the separator between attempts; and the command's reading of the files: the rotated part first,
+--tail and --since across attempts, which attempts --since picks, following across a rotation."""
 
 from __future__ import annotations
 
 import io
+import os
 import time
 from datetime import datetime, timezone
 
 import pytest
 
 from spx.daemon.cli import log_lines
-from spx.daemon.cli.logs import Attempt, Output
+from spx.daemon.cli.logs import Attempt, Followed, Output, chosen, show
 
 NOW = datetime(2026, 12, 4, 21, 30, 0).timestamp()  # local time, as the job's loggers and the user's clock
 
@@ -139,3 +141,80 @@ def test_the_first_attempt_shown_has_no_separator(tmp_path):
     o.begin(Attempt(3, tmp_path), None)
     o.feed(b"x\n")
     assert out.getvalue() == b"x\n"
+
+
+# --- the command's reading of the files (cli/logs.py), on real files in a temporary directory --------
+
+
+def _attempt_files(log_dir, number: int, rotated: bytes | None, current: bytes | None, mtime: float | None = None):
+    for suffix, data in ((".log.1", rotated), (".log", current)):
+        if data is not None:
+            path = log_dir / f"attempt-{number}{suffix}"
+            path.write_bytes(data)
+            if mtime is not None:
+                os.utime(path, (mtime, mtime))
+
+
+def test_an_attempt_is_shown_rotated_part_first_and_the_next_under_its_separator(tmp_path):
+    _attempt_files(tmp_path, 1, b"a1 old\n", b"a1 new\n")
+    _attempt_files(tmp_path, 2, None, b"a2\n")
+    out = io.BytesIO()
+    o = Output(out)
+    followed = show([Attempt(1, tmp_path), Attempt(2, tmp_path, after="exit code 1")], o, None, None, None)
+    assert out.getvalue() == "a1 old\na1 new\n── attempt 2 (restart after: exit code 1; from the start) ──\na2\n".encode()
+    assert followed is not None and followed.path == tmp_path / "attempt-2.log"
+    followed.close()
+
+
+def test_tail_counts_back_across_attempts_and_only_shows_an_attempt_that_has_lines_in_it(tmp_path):
+    _attempt_files(tmp_path, 1, b"one 1\none 2\n", b"one 3\n")
+    _attempt_files(tmp_path, 2, None, b"two 1\ntwo 2\n")
+    attempts = [Attempt(1, tmp_path), Attempt(2, tmp_path)]
+    for n, expected in ((2, "two 1\ntwo 2\n"), (4, "one 2\none 3\n── attempt 2 (from the start) ──\ntwo 1\ntwo 2\n")):
+        out = io.BytesIO()
+        show(attempts, Output(out), None, None, n).close()
+        assert out.getvalue() == expected.encode(), n
+
+
+def test_since_skips_parts_last_written_before_it_and_dates_the_lines_of_one_that_spans_it(tmp_path):
+    since = datetime(2026, 12, 4, 21, 0).timestamp()
+    _attempt_files(tmp_path, 1, b"2026-12-04 20:40:00,000 old part\n", None, mtime=since - 600)
+    _attempt_files(tmp_path, 1, None, b"2026-12-04 20:55:00,000 before\n  its traceback\n"
+                                      b"2026-12-04 21:05:00,000 after\n", mtime=since + 300)
+    out = io.BytesIO()
+    show([Attempt(1, tmp_path, start=since - 1200)], Output(out), None, since, None).close()
+    assert out.getvalue() == b"2026-12-04 21:05:00,000 after\n"
+    # an attempt that started after it: every line, dated or not
+    out = io.BytesIO()
+    show([Attempt(1, tmp_path, start=since + 1)], Output(out), None, since, None).close()
+    assert out.getvalue().count(b"\n") == 3
+
+
+def test_the_attempts_since_a_time_are_those_that_had_not_ended_by_then():
+    history = {1: {"end": 100.0}, 2: {"end": 200.0}, 3: {"end": None}}
+    assert chosen(None, 3, history, 150.0) == [2, 3]
+    assert chosen(None, 3, history, 50.0) == [1, 2, 3]
+    assert chosen(None, 3, {}, 50.0) == [1, 2, 3]  # an earlier job's: the files decide
+    assert chosen(2, 3, history, 150.0) == [2] and chosen(None, 3, history, None) == [3]
+    assert chosen(None, 0, {}, None) == []
+
+
+def test_following_across_a_rotation_reads_the_old_files_rest_then_the_new_one(tmp_path):
+    path = tmp_path / "attempt-1.log"
+    followed = Followed(path)
+    assert followed.read() == b""  # the relay has not written yet: no file, nothing to read
+    with path.open("ab") as relay:
+        relay.write(b"first\n")
+        relay.flush()
+        assert followed.read() == b"first\n"
+        relay.write(b"before the rename\n")
+        relay.flush()
+        path.rename(tmp_path / "attempt-1.log.1")  # the relay's rotation: the old file set aside...
+        relay.write(b"left in the old one\n")
+        relay.flush()
+    path.write_bytes(b"in the new one\n")  # ...and a new one started
+    assert b"".join(followed.drain()) == b"before the rename\nleft in the old one\nin the new one\n"
+    with path.open("ab") as relay:
+        relay.write(b"more\n")
+    assert followed.read() == b"more\n" and followed.read() == b""
+    followed.close()
