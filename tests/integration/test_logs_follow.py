@@ -1,7 +1,8 @@
 """`spx logs NAME -f` with a real daemon and a real job that crashes once (issue 26): started before
 the crash, it shows attempt 1 (across the relay's rotation of its log), the separator line naming why
 attempt 2 started, attempt 2 to its end, and exits when the job has succeeded. Afterwards the same
-log read back whole (the rotated attempt-1.log.1 first), its tail, and attempts picked by --since."""
+log read back whole (the rotated attempt-1.log.1 first), its tail, and attempts picked by --since.
+And --rank on a real torchrun job's output."""
 
 from __future__ import annotations
 
@@ -81,3 +82,17 @@ def test_follow_started_before_a_crash_shows_both_attempts_and_the_separator_and
     assert both[0] == "RuntimeError: crashing on attempt 1 as planned", both
     assert both[1].startswith("── attempt 2 (restart after: ") and both[-2:] == ["two: resumed", "two: done"], both
     assert len(both) == 6, both
+
+
+def test_rank_keeps_one_ranks_lines_as_torchrun_prefixes_them(daemon, tmp_path):
+    """2 workers under torchrun (its --tee prefix, `[default1]:`): --rank 1 shows rank 1's lines and
+    spx's notes, none of rank 0's."""
+    (tmp_path / "hello.py").write_text("import os\nfor i in range(3):\n    print('rank', os.environ['RANK'], 'line', i)\n")
+    daemon.drop("r.yaml", f"name: ranks\nlauncher: torchrun\nscript: {tmp_path / 'hello.py'}\npython: {PY}\nprocs: 2\n")
+    daemon.wait_state("ranks", "succeeded", 180)
+    everything = daemon.spx("logs", "ranks").stdout.splitlines()
+    assert "[default1]:rank 1 line 2" in everything and "[default0]:rank 0 line 2" in everything, everything
+    one = daemon.spx("logs", "ranks", "--rank", "1").stdout.splitlines()
+    assert [x for x in one if not x.startswith("spx: ")] == [f"[default1]:rank 1 line {i}" for i in range(3)], one
+    assert any(x.startswith("spx: ") for x in one), one
+    assert daemon.spx("logs", "ranks", "--rank", "0", "--tail", "1").stdout == "[default0]:rank 0 line 2\n"
