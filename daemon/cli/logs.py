@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from spx.daemon.cli import log_lines
-from spx.daemon.cli.client import EXIT_OK, EXIT_USAGE, CliError, ask
+from spx.daemon.cli.client import EXIT_OK, EXIT_USAGE, CliError, NotRunning, ask
 from spx.daemon.core.config import DaemonConfig
 
 POLL_SECONDS = 0.5
@@ -281,13 +281,13 @@ def _follow(cfg: DaemonConfig, name: str, log_dir: Path, out: Output, followed: 
             pinned: bool, rank: int | None) -> int:
     """Read on until the job ends (or, `pinned`, until attempt `number` does); each new attempt's
     log from its first byte, under its separator."""
+    status = JobStatus(cfg, name, number)
     while True:
         data = followed.read() if followed else b""
         if data:
             out.feed(data)
             continue
-        now = ask(cfg, "status", name)
-        assert isinstance(now, dict)
+        now = status.now()
         moved_on = now["attempts"] > number
         if moved_on and not pinned:
             if followed:
@@ -307,6 +307,41 @@ def _follow(cfg: DaemonConfig, name: str, log_dir: Path, out: Output, followed: 
             out.end_of_attempt()
             return EXIT_OK
         time.sleep(POLL_SECONDS)
+
+
+class JobStatus:
+    """The followed job's status, asked whenever its files have nothing new. While no daemon answers
+    (restarted: its jobs run on and are adopted) it is the last one known, so the files are read on;
+    stderr says so once each time the daemon goes. Any other error (a daemon killed mid-answer) is
+    given `tries` polls to pass before it ends the follow."""
+
+    def __init__(self, cfg: DaemonConfig, name: str, number: int, tries: int = 3):
+        self.cfg = cfg
+        self.name = name
+        self.last: dict = {"attempts": number, "state": "running"}
+        self.gone = False
+        self.tries = tries
+        self.failed = 0
+
+    def now(self) -> dict:
+        try:
+            doc = ask(self.cfg, "status", self.name)
+        except NotRunning:
+            if not self.gone:
+                print(f"spx logs: no daemon answers on {self.cfg.socket_path}; reading on until one does",
+                      file=sys.stderr, flush=True)
+            self.gone = True
+            return self.last
+        except CliError:
+            self.failed += 1
+            if self.failed >= self.tries:
+                raise
+            return self.last
+        assert isinstance(doc, dict)
+        self.gone = False
+        self.failed = 0
+        self.last = doc
+        return doc
 
 
 def _open(path: Path, missing_ok: bool = False) -> BinaryIO | None:

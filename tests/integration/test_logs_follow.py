@@ -22,6 +22,44 @@ LINES = 120  # × 51 bytes: past the 4096-byte cap once, so attempt 1's log rota
 pytestmark = pytest.mark.slow
 
 
+class Follower:
+    """`spx logs NAME -f` running, its lines collected as they come."""
+
+    def __init__(self, daemon: Daemon, name: str):
+        self.proc = subprocess.Popen([str(BIN / "spx"), "--root", str(daemon.root), "logs", name, "-f"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+
+    def seen(self, line: str, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: line in self.lines, timeout)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.reader.join(timeout=10)
+
+
 @pytest.fixture
 def daemon(tmp_path):
     d = Daemon(tmp_path / "root", config={"log_max_bytes": 4096}).start()
@@ -35,29 +73,11 @@ def test_follow_started_before_a_crash_shows_both_attempts_and_the_separator_and
                           f"args: ['{go}', '{LINES}']\nrestart: {{backoff_seconds: [1, 1]}}\n")
     wait_for(lambda: "one: started" in daemon.spx("logs", "once", check=False).stdout, 120, "attempt 1's first line")
 
-    follower = subprocess.Popen([str(BIN / "spx"), "--root", str(daemon.root), "logs", "once", "-f"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    started = threading.Event()
-
-    def read() -> None:
-        assert follower.stdout is not None
-        for line in follower.stdout:
-            lines.append(line.rstrip("\n"))
-            if line == "one: started\n":
-                started.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        assert started.wait(60), f"spx logs -f did not show attempt 1's first line: {lines}"
+    with Follower(daemon, "once") as follower:
+        assert follower.seen("one: started", 60)
         go.touch()  # only now does attempt 1 write the rest of its log and crash
-        assert follower.wait(timeout=240) == 0, follower.stderr.read() if follower.stderr else ""
-    finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
-        reader.join(timeout=10)
+        assert follower.wait(240) == 0, follower.stderr()
+    lines = follower.lines
     assert daemon.job("once")["state"] == "succeeded"
 
     numbered = [f"one: line {i:04d} " + "x" * 40 for i in range(LINES)]
@@ -96,3 +116,26 @@ def test_rank_keeps_one_ranks_lines_as_torchrun_prefixes_them(daemon, tmp_path):
     assert [x for x in one if not x.startswith("spx: ")] == [f"[default1]:rank 1 line {i}" for i in range(3)], one
     assert any(x.startswith("spx: ") for x in one), one
     assert daemon.spx("logs", "ranks", "--rank", "0", "--tail", "1").stdout == "[default0]:rank 0 line 2\n"
+
+
+def test_follow_reads_on_while_the_daemon_is_down_and_goes_on_with_the_restarted_one(daemon, tmp_path):
+    """kill -9 of the daemon (its jobs run on, as under systemd): -f keeps reading the attempt's file
+    while nothing answers; attempt 1 crashes meanwhile; the restarted daemon relaunches the job, and
+    -f goes on to attempt 2 under its separator and ends with the job."""
+    go = tmp_path / "go"
+    daemon.drop("c.yaml", f"name: once\nlauncher: python\nscript: {SCRIPTS / 'crash_once.py'}\npython: {PY}\n"
+                          f"args: ['{go}', '5']\nrestart: {{backoff_seconds: [1, 1]}}\n")
+    wait_for(lambda: "one: started" in daemon.spx("logs", "once", check=False).stdout, 120, "attempt 1's first line")
+    with Follower(daemon, "once") as follower:
+        assert follower.seen("one: started", 60)
+        daemon.kill9()
+        go.touch()
+        last = "one: line 0004 " + "x" * 40
+        assert follower.seen(last, 60), (follower.lines, follower.proc.poll(), follower.stderr())  # read while no daemon runs
+        assert follower.proc.poll() is None
+        daemon.start()
+        assert follower.wait(240) == 0, follower.stderr()
+    lines = follower.lines
+    separator = next(i for i, line in enumerate(lines) if line.startswith("── attempt 2 "))
+    assert lines.index(last) < separator and lines[-2:] == ["two: resumed", "two: done"], lines
+    assert daemon.job("once")["state"] == "succeeded"

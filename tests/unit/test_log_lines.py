@@ -7,14 +7,19 @@ the separator between attempts; and the command's reading of the files: the rota
 from __future__ import annotations
 
 import io
+import json
 import os
+import socket
+import threading
 import time
 from datetime import datetime, timezone
 
 import pytest
 
 from spx.daemon.cli import log_lines
-from spx.daemon.cli.logs import Attempt, Followed, Output, chosen, show
+from spx.daemon.cli.client import CliError
+from spx.daemon.cli.logs import Attempt, Followed, JobStatus, Output, chosen, show
+from spx.daemon.core.config import DaemonConfig
 
 NOW = datetime(2026, 12, 4, 21, 30, 0).timestamp()  # local time, as the job's loggers and the user's clock
 
@@ -218,3 +223,43 @@ def test_following_across_a_rotation_reads_the_old_files_rest_then_the_new_one(t
         relay.write(b"more\n")
     assert followed.read() == b"more\n" and followed.read() == b""
     followed.close()
+
+
+def test_while_no_daemon_answers_follow_goes_on_with_the_last_status_and_says_so_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the not-running hint looks for sockets under the current directory
+    status = JobStatus(DaemonConfig.rooted(tmp_path / "no-daemon-here"), "llama", 2)
+    assert status.now() == {"attempts": 2, "state": "running"}  # neither socket nor store: the last known
+    status.last = {"attempts": 3, "state": "running", "history": []}
+    assert status.now() == status.last
+    err = capsys.readouterr().err
+    assert err.count("no daemon answers on ") == 1 and "reading on until one does" in err, err
+
+
+def test_an_error_answer_ends_follow_only_when_it_persists(tmp_path):
+    """A daemon killed mid-answer is one failed poll; a refusal (the job is no more) repeats and
+    ends -f with its message."""
+    cfg = DaemonConfig.rooted(tmp_path / "root")
+    cfg.run_dir.mkdir(parents=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(cfg.socket_path))
+    server.listen()
+    replies = [{"ok": True, "result": {"attempts": 2, "state": "running"}}] + [{"ok": False, "error": "no job named 'llama'"}] * 3
+
+    def answer() -> None:
+        for reply in replies:
+            conn, _ = server.accept()
+            with conn:
+                conn.makefile("rb").readline()
+                conn.sendall(json.dumps(reply).encode() + b"\n")
+
+    answering = threading.Thread(target=answer, daemon=True)
+    answering.start()
+    try:
+        status = JobStatus(cfg, "llama", 1)
+        assert status.now() == {"attempts": 2, "state": "running"}
+        assert status.now() == status.now() == {"attempts": 2, "state": "running"}  # refused twice: the last known
+        with pytest.raises(CliError, match="no job named"):
+            status.now()
+    finally:
+        answering.join(timeout=10)
+        server.close()
