@@ -61,6 +61,9 @@ def test_a_failed_jobs_error_is_in_journalctl_p_err_and_its_lines_under_spx_job(
     assert all(e["SPX_JOB"] == "jfail" and json.loads(e["SPX_JSON"])["job"] == "jfail" for e in lines)
     started = next(e for e in lines if e["SPX_EVENT"] == "attempt_started")
     assert (started["PRIORITY"], started["SPX_ATTEMPT"]) == ("6", "1"), started
+    # the JSON lines whole, as docs/logs.md shows them to jq
+    cat = sb.run("journalctl", "--no-pager", "-o", "cat", "--output-fields=SPX_JSON", "SPX_JOB=jfail").stdout
+    assert [json.loads(x)["event"] for x in cat.splitlines()] == events, cat
     # the daemon-wide lines carry no job and are not at error: `-p err` stays the operator's list of failures
     ready = [e for e in journal(sb, "-u", UNIT) if e.get("SPX_EVENT") == "daemon_ready"]
     assert ready and all("SPX_JOB" not in e and e["PRIORITY"] == "6" for e in ready), ready
