@@ -153,6 +153,12 @@ def cmd_logs(cfg: DaemonConfig, args: argparse.Namespace) -> int:
 
 
 def _logs(cfg: DaemonConfig, args: argparse.Namespace, out: Output) -> int:
+    if args.tail is not None and args.tail < 0:
+        raise CliError(f"--tail {args.tail}: give a number of lines, 0 or more", EXIT_USAGE)
+    try:
+        since = log_lines.parse_since(args.since, time.time()) if args.since else None
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
     doc = ask(cfg, "status", args.name)
     assert isinstance(doc, dict)
     current = args.job_id is None or args.job_id == doc.get("job_id")
@@ -160,12 +166,6 @@ def _logs(cfg: DaemonConfig, args: argparse.Namespace, out: Output) -> int:
     if not current and not log_dir.is_dir():
         raise CliError(f"no logs of a job {args.job_id} named {args.name} (looked for {log_dir}); "
                        f"the ids are in `spx ls --all`")
-    if args.tail is not None and args.tail < 0:
-        raise CliError(f"--tail {args.tail}: give a number of lines, 0 or more", EXIT_USAGE)
-    try:
-        since = log_lines.parse_since(args.since, time.time()) if args.since else None
-    except ValueError as e:
-        raise CliError(str(e), EXIT_USAGE) from None
     history = {h["number"]: h for h in doc.get("history") or []} if current else {}
     latest = doc["attempts"] if current else _attempts_in(log_dir)
     follow = args.follow and current and doc["state"] not in TERMINAL
