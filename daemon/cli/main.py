@@ -3,7 +3,8 @@
     spx submit [--name N] [--gpus G] [--dry-run] -- torchrun --nproc_per_node=8 train.py …
     spx submit job.yaml [--fresh] [--check] [--parsable|--json]
     spx ls [--all] [--me] [--user U] [--state S] [--json]   spx status NAME [--json] [--watch] [--timeline]
-    spx history [--since 7d] [--attempts] [--json]           spx logs NAME [--attempt N] [--job-id ID] [-f]
+    spx history [--since 7d] [--attempts] [--json]
+    spx logs NAME [-f] [--tail N] [--since T] [--rank R] [--attempt N] [--job-id ID]
     spx cancel NAME              spx doctor [--json]         spx top [--once] [--json]    spx schema
     spx hold|release NAME        spx priority NAME N         spx drain|undrain   (queue: cli/queue_cmds.py)
     spx gpus                     spx gpu release N           spx adopt DIR   (root: host loss)

@@ -90,11 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
                                  "GPU-hours, peak memory", parents)
     history.add_arguments(s)
 
-    s = _command(sub, "logs", "an attempt's log", parents)
+    s = _command(sub, "logs", "a job's attempt logs (the latest attempt's unless told otherwise), read with your "
+                 "own rights (docs/logs.md)", parents)
     s.add_argument("name", help="the job's name")
-    s.add_argument("--attempt", type=int, metavar="N", help="attempt N's log (default: the latest attempt's)")
+    s.add_argument("--attempt", type=int, metavar="N", help="attempt N's log only (with -f: until that attempt ends)")
     s.add_argument("--job-id", type=int, metavar="ID", help="an earlier job of a reused name (its id: `spx ls --all`)")
-    s.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended, as tail -f")
+    s.add_argument("-f", "--follow", action="store_true",
+                   help="follow the job through its restarts, a separator line per attempt, until it ends")
+    s.add_argument("--tail", type=int, metavar="N", help="only the last N lines (after --rank and --since)")
+    s.add_argument("--since", metavar="WHEN", help=(
+        "only what was written since WHEN: a duration back (90s, 10m, 2h, 1d), a date-time (2026-12-04 21:00) "
+        "or a time today (21:00); lines are dated by a timestamp at their start or above them, undated ones kept"))
+    s.add_argument("--rank", type=int, metavar="R", help=(
+        "only rank R's lines (torchrun's [default0]: prefix, PyTorch's [rank0]:), and spx's own notes"))
 
     s = _command(sub, "cancel", "stop a job (it gets its grace period to checkpoint)", parents)
     s.add_argument("name", help="the job's name")

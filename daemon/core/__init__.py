@@ -1,6 +1,7 @@
 """Core: what every other package of the daemon builds on, and which builds on none of them.
 
-    config (the daemon's config file and flags) · log (structlog JSON lines) · users (is this uid an
+    config (the daemon's config file and flags) · log (structlog JSON lines) ← journal (each line as a
+    journal entry with its level and job when under journald) · users (is this uid an
     admin; its name; who reads its logs) · spec (the job file's model) ← spec_yaml (the safe YAML
     reader it parses with), nodes (a job across hosts: its `nodes:` block), restart_spec (its
     `restart:` block: relaunches, backoff, hang timeout, a rule per failure class) · lanes (off-loop work
