@@ -3,7 +3,8 @@
     config (the daemon's config file and flags) · log (structlog JSON lines) · users (is this uid an
     admin; its name; who reads its logs) · spec (the job file's model) ← spec_yaml (the safe YAML
     reader it parses with), nodes (a job across hosts: its `nodes:` block), restart_spec (its
-    `restart:` block: relaunches, backoff, hang timeout, a rule per failure class) · lanes (off-loop work
+    `restart:` block: relaunches, backoff, hang timeout, a rule per failure class), notify_spec (its
+    `notify:` block, also the config's default: webhook, command, events) · lanes (off-loop work
     for users, fair by owner, deadlines from the start) · bounded (the one reader for numbers and
     structures in files a user writes: JSON with size, depth and number caps, typed fields, Garbage)
     · causes (why an attempt stopped, how its end is classed: the words the store, the machine, root
