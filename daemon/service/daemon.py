@@ -35,8 +35,10 @@ from spx.daemon.run import cgroups, proctree
 from spx.daemon.run.device_filter import DeviceFilters
 from spx.daemon.run.invalid_specs import fail_invalid_specs
 from spx.daemon.run.lease_keeper import LeaseKeeper
+from spx.daemon.run.notify import Notifications
 from spx.daemon.run.placement import Placement
 from spx.daemon.run.queue_control import QueueControl
+from spx.daemon.run.retention import Retention
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service import handover, reload
 from spx.daemon.service.answers import Answers
@@ -105,6 +107,11 @@ class Daemon:
         self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend)
         answers = Answers(cfg, self.store, backend, self.adopter, self.queue, self.supervisor.snapshot)
         self.control = ControlServer(cfg.socket_path, answers, self.commands, self.wake, admin_group=cfg.admin_group)
+        # Housekeeping off the loop's critical path: what ended is told to its owner (run/notify.py,
+        # in lanes of its own) and, once old enough, removed (run/retention.py); both only hand work
+        # to lanes.
+        self.notifications = Notifications(cfg, self.store, wake=lambda: self.wake.put("notify"))
+        self.retention = Retention(cfg, self.store, self.lanes)
         self.metrics: MetricsServer | None = None
         # The changes users ask for (service/requests.py says who may), made here on the loop.
         self._changes: dict[str, Callable[..., dict]] = {
@@ -143,7 +150,8 @@ class Daemon:
         self.control.start()
         self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
         registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
-                                  quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained)
+                                  quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained,
+                                  housekeeping=[self.retention.samples, self.notifications.samples])
         metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         host = self.cfg.metrics_address.rsplit(":", 1)[0]
         log.info("daemon_ready", version=daemon_version(), root=str(self.cfg.spool_dir.parent),
@@ -197,6 +205,8 @@ class Daemon:
             self._stage("supervise", self.supervisor.tick)
             if not self.stopping:
                 self._stage("schedule", self.placement.turn)
+            self._stage("notify", self.notifications.tick)
+            self._stage("retention", self.retention.tick)
             if now >= next_reap:
                 self._stage("reap", lambda: proctree.reap_orphans(self.supervisor.child_pids()))
                 self._stage("sweep", self.supervisor.sweep_cgroups)
@@ -330,6 +340,7 @@ class Daemon:
     def _close(self) -> None:
         """Everything this process holds, except its jobs: they are stopped (shutdown) or kept (reload)."""
         self.supervisor.close()
+        self.notifications.close()
         self.lanes.close()
         self.intake.stop()
         self.control.stop()
