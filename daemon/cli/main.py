@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not resume from checkpoints already in the job's checkpoint dir (checkpoints.resume: never)")
     s = sub.add_parser("ls", help="live jobs, and each name's latest job if it ended in the last 24 h")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--all", action="store_true", help="every job ever submitted, however long ago it ended")
+    s.add_argument("--all", action="store_true", help="every job the daemon keeps: finished ones until config retention.finished_jobs_days")
     s = sub.add_parser("status", help="one job, with its attempts")
     s.add_argument("name")
     s.add_argument("--json", action="store_true")
@@ -135,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(jobs, indent=1))
         else:
             render.print_table(jobs)
+            if args.all:
+                print(render.retention_footer(cfg.retention.finished_jobs_days))
         return EXIT_OK
     if args.command == "status":
         if args.watch:
