@@ -76,8 +76,10 @@ def body_of(event: str, job: JobRow, attempts: int, reason_class: str | None, ro
 
 
 def notify_of(job: JobRow, default: Notify | None) -> Notify | None:
-    """The job file's `notify`, else the config's (a job's `notify: {}` opts out of the default)."""
-    return job.spec.notify if job.spec.notify is not None else default
+    """The job file's `notify`, else the config's (a job's `notify: {}` opts out of the default). A
+    stored spec this version refuses (`spec_problem`) is not trusted for it: the config's applies."""
+    own = job.spec.notify if job.spec_problem is None else None
+    return own if own is not None else default
 
 
 class Notifications:

@@ -5,6 +5,7 @@ tests/hostile); the clock is a number the test moves."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,3 +144,14 @@ def test_events_from_before_the_daemon_started_are_not_sent(tmp_path):
     later = Notifications(cfg, store, lambda: None, clock=clock, lanes=lanes)  # type: ignore[arg-type]
     later.tick()
     assert lanes.tasks == []
+
+
+def test_a_stored_spec_this_version_refuses_falls_back_to_the_configs_notify(tmp_path):
+    from spx.daemon.core.notify_spec import Notify
+    from spx.daemon.run.notify import notify_of
+    _cfg, store, _lanes, _clock, _notes = _setup(tmp_path)
+    jid = _fail(store, "odd", HOOK)
+    row = store.jobs.get(jid)
+    refused = dataclasses.replace(row, spec_problem="notify.webhook: only http")
+    default = Notify(command=["true"])
+    assert notify_of(refused, default) is default and notify_of(row, default) is row.spec.notify
