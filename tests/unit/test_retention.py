@@ -157,3 +157,28 @@ def test_nothing_is_removed_when_retention_is_off(tmp_path):
     assert lanes.run_all() == [(DAEMON_LANE, "retention-sweep")]
     retention.tick()
     assert store.jobs.get(done).state is JobState.FAILED and (cfg.log_dir / "done").is_dir()
+
+
+def test_the_sweep_measures_finished_logs_only_and_removes_old_rejected_files_and_leftovers(tmp_path):
+    import time
+
+    from spx.daemon.run import retention_files
+
+    cfg, store, _lanes, _r = _setup(tmp_path)
+    done = _job(cfg, store, "done", ended=NOW - DAY, log_bytes=50_000)
+    live = _job(cfg, store, "live", log_bytes=70_000)
+    rejected = cfg.spool_dir / "rejected"
+    rejected.mkdir(mode=0o711)
+    rejected.chmod(0o711)
+    (rejected / "bad.yaml").write_text("name: [")
+    trash = cfg.log_dir / f"{retention_files.TRASH_PREFIX}9-1"
+    (trash / "rank-0").mkdir(parents=True)
+    now = time.time()
+    # A cutoff before the rejected file came, and a leftover younger than TRASH_MIN_AGE_SECONDS: kept.
+    kept = retention_files.sweep(cfg, now - 3600, frozenset({live}), now)
+    assert kept.rejected_removed == 0 and kept.trash_removed == 0 and trash.exists()
+    assert set(kept.log_bytes) == {done} and kept.log_bytes[done] >= 50_000
+    # Seen from two hours on, with a cutoff after it: both go; logs are never the sweep's to remove.
+    later = retention_files.sweep(cfg, now + 10, frozenset({live}), now + 7200)
+    assert later.rejected_removed == 1 and later.trash_removed == 1
+    assert not (rejected / "bad.yaml").exists() and not trash.exists() and (cfg.log_dir / "done").is_dir()
