@@ -11,6 +11,7 @@ MAX_REPLY_BYTES of the answer are read. stdlib only.
 
 from __future__ import annotations
 
+import encodings.idna  # noqa: F401  the resolver encodes host names with it, lazily: load it while root
 import urllib.error
 import urllib.request
 from typing import Any

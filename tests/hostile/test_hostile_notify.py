@@ -1,11 +1,13 @@
-"""`notify.command` runs as the job's owner, never as root, and one user's hanging hooks never delay
-another user's (issue 26). Real users (tests/hostile/users.py), a daemon as root, jobs dropped as
+"""`notify.command` runs as the job's owner, never as root, the webhook is POSTed by a process of the
+owner, and one user's hanging hooks never delay another user's (issue 26). Real users (tests/hostile/users.py), a daemon as root, jobs dropped as
 the user; each probe also checks the bait, the loop and the daemon (probe.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from hostile.probe import (
@@ -70,3 +72,44 @@ def test_one_users_hanging_hooks_never_delay_another_users_hook(users, base):
         answering(d)
     finally:
         d.stop()
+
+
+def _socket_uid(port: int) -> int | None:
+    """The uid owning the local TCP socket bound to `port` (/proc/net/tcp's uid column)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port:
+            return int(fields[7])
+    return None
+
+
+def test_a_webhook_is_posted_by_a_process_of_the_owner(users, base):
+    owner, _victim, _group = users
+    seen: list[tuple[dict, int | None]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 — http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((body, _socket_uid(self.client_address[1])))  # while the client's socket is open
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    d = start_daemon(base)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/h"
+        drop_as(d, owner, "web.yaml", _crashing(owner, "web", json.dumps({"webhook": url})))
+        ended_with_reason(d, "web", {"failed"})
+        wait_for(lambda: seen, 30, "the webhook")
+        body, uid = seen[0]
+        assert body["job"] == "web" and body["owner"] == owner.pw_name
+        assert uid == owner.pw_uid, f"the POST came from uid {uid}, not the owner's {owner.pw_uid}"
+        answering(d)
+    finally:
+        d.stop()
+        server.shutdown()
+        server.server_close()
