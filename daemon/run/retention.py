@@ -137,9 +137,14 @@ class Retention:
         live = frozenset(j.id for j in self.store.jobs.live())
         cutoff, now = self._cutoff(), self.wall()
         self._sweeping = True
-        self.lanes.submit(DAEMON_LANE, "retention-sweep",
-                          lambda: retention_files.sweep(self.cfg, cutoff, live, now),
+        self.lanes.submit(DAEMON_LANE, "retention-sweep", lambda: self._sweep(cutoff, live, now),
                           FILES_DEADLINE_SECONDS, self._swept)
+
+    def _sweep(self, cutoff: float | None, live: frozenset[int], now: float) -> tuple[Sweep, list[Finished]]:
+        """In the lane: the files' pass, and every finished job oldest first — a read of the whole
+        history that a host keeping jobs forever makes long, so not on the loop (readers may use
+        the store from any thread)."""
+        return retention_files.sweep(self.cfg, cutoff, live, now), self.store.housekeeping.finished_by_age()
 
     def _swept(self, outcome: Outcome) -> None:
         self._sweeping = False
@@ -147,12 +152,12 @@ class Retention:
             log.warning("retention_sweep_failed", job=None, attempt=None,
                         error=f"{type(outcome.error).__name__}: {outcome.error}")
             return
-        found: Sweep = outcome.value
+        found, by_age = outcome.value
         self.rejected_removed += found.rejected_removed
         if found.rejected_removed or found.trash_removed:
             log.info("retention_swept", job=None, attempt=None, rejected_removed=found.rejected_removed,
                      trash_removed=found.trash_removed)
-        finished = [j for j in self.store.housekeeping.finished_by_age() if found.log_bytes.get(j.id)]
+        finished = [j for j in by_age if found.log_bytes.get(j.id)]
         total = sum(found.log_bytes[j.id] for j in finished)
         self.finished_log_bytes = total
         cap = self.settings.logs_max_bytes
