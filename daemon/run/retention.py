@@ -1,9 +1,10 @@
 """Retention: nothing of a finished job is kept forever (config `retention:`, docs/retention.md).
 
 A job that ended more than `finished_jobs_days` ago is removed: first its files (the accepted copy,
-its log dirs, its heartbeat dir: run/retention_files.py), off the main loop in its owner's lane —
-the per-rank log dir is the owner's, who may have filled it with a million files: that costs
-their own lane's time, no one else's —, then, once they are gone, its store rows (job, attempts,
+its log dirs, its heartbeat dir: run/retention_files.py), off the main loop in its owner's lane,
+one removal per owner at a time — the per-rank log dir is the owner's, who may have filled it with
+a million files: that costs their own lane's time, no one else's, and a backlog of their old jobs
+never queues ahead of their live jobs' work —, then, once they are gone, its store rows (job, attempts,
 events) on the loop, the store's one writer, at most ROWS_PER_TURN jobs per transaction. Rows go
 last: a job whose files could not be removed keeps its rows and is tried again at the next pass.
 
@@ -58,10 +59,11 @@ class Retention:
         self.rejected_removed = 0
         self.finished_log_bytes: int | None = None  # at the last sweep
         self._removing: dict[int, Finished] = {}  # job id → its files being removed (a task in its lane)
-        self._capping: set[int] = set()            # job ids whose logs the cap is removing
+        self._capping: dict[int, Finished] = {}    # job id → its logs being removed by the cap
         self._removable: list[Finished] = []       # files gone: rows to delete on the loop
         self._failed: set[int] = set()             # jobs whose files could not be removed (logged once)
         self._sweeping = False
+        self._again = False  # work was left for an owner who had a removal running: look again when it ends
         self._next_pass = 0.0
         self._next_sweep = 0.0
 
@@ -83,16 +85,27 @@ class Retention:
         days = self.settings.finished_jobs_days
         return None if days is None else self.wall() - days * DAY_SECONDS
 
+    def _busy_owners(self) -> set[int]:
+        """Owners with a removal in their lane now: one at a time each, so a user's backlog of old
+        jobs never queues ahead of their own jobs' launches in that lane."""
+        return {j.owner_uid for j in (*self._removing.values(), *self._capping.values())}
+
     def _expire(self) -> int:
-        """Send the files of the next batch of expired jobs to their owners' lanes; how many were found."""
+        """Send the files of the next batch of expired jobs to their owners' lanes, one per owner; how
+        many were found."""
         cutoff = self._cutoff()
         if cutoff is None:
             return 0
         keep = frozenset(name for job in self.store.jobs.live() for name in job.spec.after)
         found = self.store.housekeeping.expired(cutoff, BATCH, keep)
+        busy = self._busy_owners()
         for job in found:
             if job.id in self._removing or job.id in self._capping:
                 continue
+            if job.owner_uid in busy:
+                self._again = True
+                continue
+            busy.add(job.owner_uid)
             self._removing[job.id] = job
             self.lanes.submit(job.owner_uid, "retention", self._files_of(job), FILES_DEADLINE_SECONDS,
                               self._files_removed(job))
@@ -104,6 +117,7 @@ class Retention:
     def _files_removed(self, job: Finished) -> Callable[[Outcome], None]:
         def done(outcome: Outcome) -> None:
             self._removing.pop(job.id, None)
+            self._look_again()
             if outcome.ok:
                 self._failed.discard(job.id)
                 self._removable.append(job)
@@ -116,6 +130,12 @@ class Retention:
                             error=f"{type(outcome.error).__name__}: {outcome.error}",
                             then="its rows are kept; tried again at the next pass")
         return done
+
+    def _look_again(self) -> None:
+        """An owner's removal ended: if work was left for them, the next turn passes and sweeps again."""
+        if self._again:
+            self._again = False
+            self._next_pass = self._next_sweep = 0.0
 
     def _delete_rows(self) -> None:
         """The rows of jobs whose files are gone, at most ROWS_PER_TURN in one transaction."""
@@ -163,13 +183,18 @@ class Retention:
         cap = self.settings.logs_max_bytes
         if cap is None:
             return
+        busy = self._busy_owners()
         for job in finished:
             if total <= cap:
                 break
             total -= found.log_bytes[job.id]
             if job.id in self._removing or job.id in self._capping:
                 continue
-            self._capping.add(job.id)
+            if job.owner_uid in busy:
+                self._again = True
+                continue
+            busy.add(job.owner_uid)
+            self._capping[job.id] = job
             self.lanes.submit(job.owner_uid, "retention-logs", self._logs_of(job), FILES_DEADLINE_SECONDS,
                               self._logs_removed(job, found.log_bytes[job.id]))
 
@@ -178,7 +203,8 @@ class Retention:
 
     def _logs_removed(self, job: Finished, size: int) -> Callable[[Outcome], None]:
         def done(outcome: Outcome) -> None:
-            self._capping.discard(job.id)
+            self._capping.pop(job.id, None)
+            self._look_again()
             if not outcome.ok:
                 log.warning("retention_logs_not_removed", job=job.name, attempt=None, job_id=job.id,
                             error=f"{type(outcome.error).__name__}: {outcome.error}")

@@ -55,14 +55,6 @@ class HousekeepingTable:
     def last_event_id(self) -> int:
         return int(self._db.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
 
-    def last_event(self, job_id: int, kind: str) -> Event | None:
-        """The job's latest event of this kind (the `events_job` index), or None."""
-        r = self._db.conn.execute(
-            "SELECT id, job_id, time, kind, detail FROM events WHERE job_id = ? AND kind = ? ORDER BY id DESC LIMIT 1",
-            (job_id, kind),
-        ).fetchone()
-        return Event(int(r[0]), r[1], float(r[2]), str(r[3]), r[4]) if r else None
-
     # --- finished jobs --------------------------------------------------------------------------------
 
     def expired(self, ended_before: float, limit: int, keep_names: frozenset[str] = frozenset()) -> list[Finished]:

@@ -93,7 +93,7 @@ _FIRST_INDEXES = (
     "CREATE INDEX IF NOT EXISTS jobs_uid ON jobs(uid)",
 )
 # Added by a migration, for retention (run/retention.py): finished jobs by when they ended, the oldest first
-# (the WHERE is the one jobs_table.ENDED_SQL queries with, so SQLite uses this partial index), and a
+# (the WHERE is the one housekeeping_table.ENDED_SQL queries with, so SQLite uses this partial index), and a
 # job's events by job (removing a job's events must not scan every event the host ever had).
 _RETENTION_INDEXES = (
     "CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(updated) WHERE state IN ('cancelled', 'failed', 'succeeded')",

@@ -136,7 +136,7 @@ def test_the_log_cap_removes_the_oldest_finished_logs_first_and_keeps_rows_and_l
     assert not (cfg.log_dir / "first").exists()
     assert (cfg.log_dir / "second").is_dir() and (cfg.log_dir / "live").is_dir()
     assert store.jobs.get(first).state is JobState.FAILED
-    assert store.housekeeping.last_event(first, "logs-removed") is not None
+    assert [e.kind for e in store.housekeeping.events_after(0, 1000) if e.job_id == first][-1] == "logs-removed"
 
 
 def test_a_log_dir_whose_marker_names_another_job_is_not_taken(tmp_path):
@@ -182,3 +182,21 @@ def test_the_sweep_measures_finished_logs_only_and_removes_old_rejected_files_an
     later = retention_files.sweep(cfg, now + 10, frozenset({live}), now + 7200)
     assert later.rejected_removed == 1 and later.trash_removed == 1
     assert not (rejected / "bad.yaml").exists() and not trash.exists() and (cfg.log_dir / "done").is_dir()
+
+
+def test_one_removal_per_owner_at_a_time_and_the_next_as_soon_as_it_ends(tmp_path):
+    cfg, store, lanes, retention = _setup(tmp_path, finished_jobs_days=30.0)
+    for n in range(3):
+        _job(cfg, store, f"a{n}", ended=NOW - (50 - n) * DAY, uid=1000)
+    _job(cfg, store, "b0", ended=NOW - 40 * DAY, uid=2000)
+    retention.tick()
+    assert sorted(o for o, k, _w, _d in lanes.tasks if k == "retention") == [1000, 2000]  # a0 and b0, not a1
+    lanes.run_all()
+    retention.tick()  # a0's removal ended: the pass is due again at once, not in check_every_seconds
+    assert [(o, k) for o, k, _w, _d in lanes.tasks if k == "retention"] == [(1000, "retention")]
+    lanes.run_all()
+    retention.tick()
+    lanes.run_all()
+    retention.tick()
+    assert store.jobs.all() == []
+    assert retention.removed_jobs == 4
