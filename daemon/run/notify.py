@@ -67,7 +67,7 @@ def body_of(event: str, job: JobRow, attempts: int, reason_class: str | None, ro
         return None if text is None else text[:MAX_FIELD_CHARS]
 
     return {
-        "event": event, "job": job.name, "job_id": job.id, "uid": job.uid, "owner": job.owner,
+        "event": event, "job": job.name, "job_id": job.id, "job_uid": job.uid, "owner": job.owner,
         "state": job.state.value, "reason": cut(job.reason), "class": reason_class, "attempts": attempts,
         "root_cause": cut(root_cause), "host": socket.gethostname(),
         "links": {"logs": str(cfg.log_dir / job.name), "status": f"spx status {job.name}",
