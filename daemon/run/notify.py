@@ -145,7 +145,7 @@ class Notifications:
             fields = {"job": send.job, "attempt": send.body.get("attempts") or None, "on": send.body["event"],
                       "way": send.way, "try": send.tries}
             if outcome.ok:
-                self._pending[send.owner] -= 1
+                self._settled(send.owner)
                 self.results["ok"] += 1
                 log.info("notify_sent", **fields, answer=outcome.value)
                 return
@@ -156,10 +156,16 @@ class Notifications:
                 log.warning("notify_failed", **fields, error=error,
                             then=f"retried in {RETRY_BACKOFF_SECONDS[send.tries - 1]:g} s")
                 return
-            self._pending[send.owner] -= 1
+            self._settled(send.owner)
             self.results["failed"] += 1
             log.warning("notify_failed", **fields, error=error, then="given up")
         return done
+
+    def _settled(self, owner: int) -> None:
+        """One of `owner`'s sends is done for good (sent or given up)."""
+        self._pending[owner] -= 1
+        if self._pending[owner] <= 0:
+            del self._pending[owner]
 
     def close(self) -> None:
         """The daemon stops or re-executes: hooks still running are killed (sends not yet made are lost)."""
