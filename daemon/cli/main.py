@@ -114,6 +114,8 @@ def cmd_ls(cfg: DaemonConfig, args: argparse.Namespace, paint: Paint) -> int:
         print(json.dumps(jobs, indent=1))
     else:
         render.print_table(jobs, paint)
+        if args.all:
+            print(render.retention_footer(cfg.retention.finished_jobs_days))
     return EXIT_OK
 
 

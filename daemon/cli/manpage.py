@@ -71,7 +71,7 @@ def roff(top: Command, version: str, date: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spx.daemon.service.daemon import daemon_version
+    from spx.daemon.core.version import daemon_version
 
     p = argparse.ArgumentParser(prog="python -m spx.daemon.cli.manpage", description=__doc__.split("\n\n")[0])
     p.add_argument("program", choices=PROGRAMS)

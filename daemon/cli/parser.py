@@ -14,7 +14,7 @@ from pathlib import Path
 
 from spx.daemon.cli import colour, filters, history, queue_cmds, submit_cmdline
 from spx.daemon.cli.client import EXIT_CODES
-from spx.daemon.service.daemon import daemon_version
+from spx.daemon.core.version import daemon_version
 
 ROOT_HELP = (
     "the daemon's --root (default: $SPX_ROOT, else the config's paths): spx talks to DIR/run/spx.sock, else to "
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print {name, job_id, state, owner} (with --check: the check)")
 
     s = _command(sub, "ls", "live jobs, and each name's latest job if it ended in the last 24 h", parents)
-    s.add_argument("--all", action="store_true", help="every job ever submitted, however long ago it ended")
+    s.add_argument("--all", action="store_true", help="every job the daemon keeps: finished ones until the config's retention.finished_jobs_days")
     filters.add_arguments(s)
     s.add_argument("--json", action="store_true", help=JSON_HELP)
 

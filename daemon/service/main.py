@@ -25,10 +25,11 @@ from pathlib import Path
 from spx.daemon.core.config import ConfigError, load_config
 from spx.daemon.core.log import configure, get_logger
 from spx.daemon.core.users import log_access
+from spx.daemon.core.version import daemon_version
 from spx.daemon.gpu.backend import open_backend
 from spx.daemon.run import cgroups
 from spx.daemon.service import handover
-from spx.daemon.service.daemon import Daemon, StartError, daemon_version, install_signal_handlers
+from spx.daemon.service.daemon import Daemon, StartError
 from spx.daemon.service.sd_notify import Notifier
 from spx.daemon.state import integrity
 
@@ -137,3 +138,12 @@ def _helper(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def install_signal_handlers(daemon: Daemon, early_stop: list[int]) -> None:
+    """SIGTERM/SIGINT stop, SIGHUP reloads; a stop that came before the daemon existed is honoured."""
+    signal.signal(signal.SIGTERM, daemon.request_stop)
+    signal.signal(signal.SIGINT, daemon.request_stop)
+    signal.signal(signal.SIGHUP, daemon.request_reload)
+    if early_stop:
+        daemon.request_stop(early_stop[0], None)
