@@ -106,10 +106,7 @@ def cmd_top(cfg: DaemonConfig, args: argparse.Namespace, only: str | None = None
 
 
 def cmd_ls(cfg: DaemonConfig, args: argparse.Namespace, paint: Paint) -> int:
-    jobs = ask(cfg, "history" if args.all else "ls")
-    assert isinstance(jobs, list)
-    keep = filters.selects(args)
-    jobs = [j for j in jobs if keep(j)]
+    jobs = filters.select(ask(cfg, "history" if args.all else "ls"), args)
     if args.json:
         print(json.dumps(jobs, indent=1))
     else:

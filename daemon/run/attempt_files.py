@@ -237,18 +237,11 @@ def _retire_other_job(base_fd: int, job: JobRow) -> None:
         return
     stem = f"{job.name}.job-{old}" if old is not None else f"{job.name}.job-unknown-{time.time_ns()}"
     target, n = stem, 1
-    while _exists(base_fd, target):
+    while fsafe.lexists_at(base_fd, target):
         target, n = f"{stem}.{n}", n + 1
     os.rename(job.name, target, src_dir_fd=base_fd, dst_dir_fd=base_fd)
     log.info("log_dir_retired", job=job.name, attempt=None, moved_to=target, earlier_job_id=old)
 
-
-def _exists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def _prepare_checkpoint_dir(cfg: DaemonConfig, user: as_user.Owner, ckpt_dir: Path) -> None:
@@ -291,7 +284,7 @@ def _owned_dir_below_root(root_fd: int, path: Path, user: as_user.Owner, job_dir
             raise UserPathError(errno.EPERM, f"checkpoint dir {path} belongs to uid {st.st_uid}, not to {user.name}: "
                                              "another user made it first; refused (give the job its own "
                                              "checkpoints.dir, or have the admin move that directory)")
-        if not job_dir and _exists(fd, ".spx"):
+        if not job_dir and fsafe.lexists_at(fd, ".spx"):
             raise UserPathError(errno.EEXIST, f"{path} is the checkpoint dir of an earlier job named "
                                               f"{name!r} (it holds .spx/), not a directory for {user.name}'s jobs; "
                                               f"move its content into {path}/{name}")

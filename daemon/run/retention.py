@@ -100,16 +100,23 @@ class Retention:
         found = self.store.housekeeping.expired(cutoff, BATCH, keep)
         busy = self._busy_owners()
         for job in found:
-            if job.id in self._removing or job.id in self._capping:
+            if not self._may_start(job, busy):
                 continue
-            if job.owner_uid in busy:
-                self._again = True
-                continue
-            busy.add(job.owner_uid)
             self._removing[job.id] = job
             self.lanes.submit(job.owner_uid, "retention", self._files_of(job), FILES_DEADLINE_SECONDS,
                               self._files_removed(job))
         return len(found)
+
+    def _may_start(self, job: Finished, busy: set[int]) -> bool:
+        """One removal per owner at a time (the next one as soon as it ends: `_again`), and never two
+        of one job; `busy` gains the owner when this one may start."""
+        if job.id in self._removing or job.id in self._capping:
+            return False
+        if job.owner_uid in busy:
+            self._again = True
+            return False
+        busy.add(job.owner_uid)
+        return True
 
     def _files_of(self, job: Finished) -> Callable[[], list[str]]:
         return lambda: retention_files.remove_job_files(self.cfg, job.id, job.name, job.spec_file)
@@ -188,12 +195,8 @@ class Retention:
             if total <= cap:
                 break
             total -= found.log_bytes[job.id]
-            if job.id in self._removing or job.id in self._capping:
+            if not self._may_start(job, busy):
                 continue
-            if job.owner_uid in busy:
-                self._again = True
-                continue
-            busy.add(job.owner_uid)
             self._capping[job.id] = job
             self.lanes.submit(job.owner_uid, "retention-logs", self._logs_of(job), FILES_DEADLINE_SECONDS,
                               self._logs_removed(job, found.log_bytes[job.id]))

@@ -83,7 +83,7 @@ def remove_logs(cfg: DaemonConfig, job_id: int, name: str) -> list[str]:
     removed = []
     try:
         for i, entry in enumerate(_log_dir_names(name, job_id)):
-            if i > 1 and not _exists(base, entry):
+            if i > 1 and not fsafe.lexists_at(base, entry):
                 break  # NAME.job-ID.N are made in order: the first missing one ends them
             trash = _take_away(base, entry, job_id)
             if trash is not None:
@@ -206,11 +206,3 @@ def _sweep_rejected(cfg: DaemonConfig, before: float) -> int:
     finally:
         os.close(rfd)
     return removed
-
-
-def _exists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
-        return False
