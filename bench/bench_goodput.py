@@ -150,13 +150,15 @@ class StepLog:
     def series(self, start: float, most: int = 400) -> list[list[float]]:
         """[seconds since `start`, step] per sample, for bench/figures.py's step-over-time picture:
         every drop of the counter and its neighbours kept, other samples thinned to about `most`."""
+        if not self.samples:
+            return []
         keep = {0, len(self.samples) - 1}
         for i in range(1, len(self.samples)):
             if self.samples[i][1] < self.samples[i - 1][1]:
                 keep |= {i - 1, i}
         stride = max(1, len(self.samples) // most)
         keep |= set(range(0, len(self.samples), stride))
-        return [[round(self.samples[i][0] - start, 2), self.samples[i][1]] for i in sorted(keep) if self.samples]
+        return [[round(self.samples[i][0] - start, 2), self.samples[i][1]] for i in sorted(keep)]
 
 
 class HeartbeatWatch(threading.Thread):

@@ -27,15 +27,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_goodput import CHECKPOINT_EVERY  # noqa: E402
 from benchlib import RESULTS  # noqa: E402
 
 from spx.daemon.cli.plot import PALETTE, Box, Plot, bars, nice_top  # noqa: E402
 from spx.daemon.cli.svg import Svg  # noqa: E402
 from spx.daemon.state.phases import ALL_PHASES  # noqa: E402
 
-# bench_goodput.py's checkpoint interval (its CHECKPOINT_EVERY; that module needs torch's harness to
-# import, so the number is repeated here and checked by tests/unit/test_bench_figures.py).
-GOODPUT_CHECKPOINT_EVERY = 100
 LAUNCHER_COLOURS = {"spx": PALETTE[0], "torchrun": PALETTE[1]}
 PHASE_ROW = re.compile(r"^\s+(?P<group>.+?) phase (?P<phase>\S+) \(from (?P<origin>.+)\)$")
 # The recovery bench's groups of phase rows, and the bar each becomes.
@@ -44,7 +42,7 @@ RECOVERY_GROUPS = {"bare torchrun cold": "torchrun cold start", "spx cold": "spx
 RENAMED_PHASES = {"gpus_free": "placed"}
 
 
-def goodput_series(row: dict[str, Any], checkpoint_every: int = GOODPUT_CHECKPOINT_EVERY) -> tuple[list[tuple[float, float]], bool]:
+def goodput_series(row: dict[str, Any], checkpoint_every: int = CHECKPOINT_EVERY) -> tuple[list[tuple[float, float]], bool]:
     """(points, measured): the row's recorded heartbeat samples, else its reconstruction from the kill log."""
     if row.get("steps"):
         return [(float(t), float(s)) for t, s in row["steps"]], True

@@ -5,7 +5,6 @@ phases as stacked bars whose tops are the recorded medians; the same results giv
 from __future__ import annotations
 
 import json
-import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -75,9 +74,13 @@ def test_recovery_bars_stack_each_phase_on_the_one_before():
     assert len([r for r in root.iter(f"{NS}rect") if r.get("class") == "bar"]) == 2 * 4
 
 
-def test_the_checkpoint_interval_is_the_goodput_benchs():
-    source = (BENCH / "bench_goodput.py").read_text()
-    assert int(re.search(r"^CHECKPOINT_EVERY = (\d+)$", source, re.M).group(1)) == figures.GOODPUT_CHECKPOINT_EVERY
+def test_the_goodput_bench_records_its_step_samples_for_the_figure():
+    import bench_goodput as g
+
+    samples = [(100.0 + t, step, "running") for t, step in enumerate([0, 5, 10, 15, 3, 8, 12, 20])]
+    assert g.StepLog(samples).series(100.0, most=4) == [[0, 0], [2, 10], [3, 15], [4, 3], [6, 12], [7, 20]]
+    assert g.StepLog(samples).series(100.0, most=2) == [[0, 0], [3, 15], [4, 3], [7, 20]]  # the drop kept
+    assert g.StepLog().series(0.0) == []
 
 
 def test_draw_all_writes_the_figures_of_the_results_there(tmp_path):
