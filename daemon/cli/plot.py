@@ -180,8 +180,13 @@ def bars(svg: Svg, box: Box, categories: list[str], stacks: list[tuple[str, list
                 svg.text(box.left + slot * (i + 0.5), (low + high) / 2 + 4, tick_label(values[i]),
                          text_anchor="middle", fill="white", font_size=10)
             base += values[i]
-        svg.text(box.left + slot * (i + 0.5), box.bottom + 16, category, text_anchor="middle", font_size=10,
-                 class_="tick x")
+        if len(category) * 5.5 < slot:  # 10 px text: about 5.5 px a character
+            svg.text(box.left + slot * (i + 0.5), box.bottom + 16, category, text_anchor="middle", font_size=10,
+                     class_="tick x")
+        else:  # too long for its slot: slanted, ending under the bar
+            x, y = box.left + slot * (i + 0.5), box.bottom + 12
+            svg.text(x, y, category, text_anchor="end", font_size=10, class_="tick x",
+                     transform=f"rotate(-30 {num(x)} {num(y)})")
     if len(stacks) > 1:  # listed top to bottom, as the segments are stacked
         for k, (label, _) in reversed(list(enumerate(stacks))):
             plot.legend_entries.append(("bar", (colours or PALETTE)[k % len(colours or PALETTE)], label))

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from spx.daemon.cli.job_story import Account, Story, account, story
-from spx.daemon.cli.report_chart import draw
+from spx.daemon.cli.report_chart import SHOWN_SECONDS, draw
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,11 +50,12 @@ def table(doc: dict, acc: Account, st: Story) -> str:
     lines = [head, f"wall {duration(acc.wall)}   goodput {goodput}   ({source})", ""]
     with_gpu = acc.gpu_seconds is not None
     lines.append(f"  {'cause':<18} {'seconds':>10} {'share':>7}" + (f" {'GPU-seconds':>12}" if with_gpu else ""))
-    for cause, seconds in sorted(acc.seconds.items(), key=lambda cs: (-cs[1], cs[0])):
+    spent = {cause: seconds for cause, seconds in acc.seconds.items() if seconds >= SHOWN_SECONDS}
+    for cause, seconds in sorted(spent.items(), key=lambda cs: (-cs[1], cs[0])):
         share = f"{seconds / acc.wall:.1%}" if acc.wall > 0 else "—"
         gpu = f" {(acc.gpu_seconds or {}).get(cause, 0.0):>12.1f}" if with_gpu else ""
         lines.append(f"  {cause:<18} {seconds:>10.1f} {share:>7}{gpu}")
-    if not acc.seconds:
+    if not spent:
         lines.append("  (nothing recorded yet)")
     if gpus and not with_gpu:
         lines.append(f"  GPU-seconds: seconds × {gpus} GPU(s)")

@@ -12,6 +12,8 @@ WIDTH, HEIGHT = 880.0, 640.0
 STEP_COLOUR, FAILURE_COLOUR, RECOVERY_COLOUR, SAVE_COLOUR = PALETTE[0], PALETTE[1], PALETTE[4], PALETTE[2]
 # The account's causes that are no loss: left out of the badput bars.
 NOT_BADPUT = ("productive",)
+# A cause with less time than this is left out of the table and the bars (the ledger lists every cause).
+SHOWN_SECONDS = 0.05
 
 
 def time_unit(seconds: float) -> tuple[float, str]:
@@ -44,12 +46,13 @@ def draw(name: str, story: Story, account: Account) -> str:
     plot.markers([(t(f.time), f.step or 0.0) for f in story.failures], "failure", "failure", FAILURE_COLOUR,
                  titles=[f"attempt {f.attempt}: {f.reason or f.reason_class}" for f in story.failures])
     plot.legend()
-    lost = sorted(((c, s) for c, s in account.seconds.items() if c not in NOT_BADPUT and s > 0),
+    badput = sum(s for c, s in account.seconds.items() if c not in NOT_BADPUT)
+    lost = sorted(((c, s) for c, s in account.seconds.items() if c not in NOT_BADPUT and s >= SHOWN_SECONDS),
                   key=lambda cs: (-cs[1], cs[0]))
-    box = Box(80, 460, 760, 130)
+    box = Box(80, 460, 760, 120)
     if lost:
         bars(svg, box, [c for c, _ in lost], [("seconds", [s for _, s in lost])], "seconds",
-             f"badput: {sum(s for _, s in lost):.1f} s of {account.wall:.1f} s")
+             f"badput: {badput:.1f} s of {account.wall:.1f} s")
     else:
         svg.text(box.left, box.top, "badput: none", font_size=14, font_weight="bold", class_="title")
     return svg.render()

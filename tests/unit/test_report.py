@@ -132,7 +132,7 @@ def test_a_script_without_heartbeat_is_running_time_and_draws_no_line():
 def test_the_daemons_ledger_and_progress_records_take_over_when_present():
     doc = crashed_twice()
     doc["ledger"] = {"wall_seconds": 80.0, "gpus": 2, "goodput": 0.8,
-                     "seconds": {"productive": 64.0, "recomputed": 6.0, "restart_detect": 10.0},
+                     "seconds": {"productive": 64.0, "recomputed": 6.0, "restart_detect": 10.0, "hang": 0.0},
                      "gpu_seconds": {"productive": 128.0, "recomputed": 12.0, "restart_detect": 20.0}}
     doc["history"][0]["progress"] = {"first": [1004.5, 1], "last": [1029.0, 29], "saves": [[10, 1012.0], [20, 1020.0]]}
     acc, st = job_story.account(doc, 5000.0), job_story.story(doc, 5000.0)
@@ -141,6 +141,7 @@ def test_the_daemons_ledger_and_progress_records_take_over_when_present():
     assert st.saves == [(1012.0, 10.0), (1020.0, 20.0)]
     text = report.table(doc, acc, st)
     assert "the daemon's ledger" in text and "GPU-seconds" in text
+    assert "restart_detect" in text and "hang" not in text  # a cause with no time is left out of the table
     root = parse(report_chart.draw("train", st, acc))
     assert len([c for c in root.iter(f"{NS}circle") if c.get("class") == "marker save"]) == 2
 
@@ -166,7 +167,7 @@ def test_the_picture_has_the_step_line_one_marker_per_failure_and_the_recoveries
     titles = [t.text for t in root.iter(f"{NS}text") if t.get("class") == "title"]
     assert titles[0].startswith('a <b> & "c", goodput') and "&lt;b&gt;" in text
     assert {b.get("data-category") for b in root.iter(f"{NS}rect") if b.get("class") == "bar"} == {
-        c for c, s in acc.seconds.items() if c != "productive" and s > 0}
+        c for c, s in acc.seconds.items() if c != "productive" and s >= report_chart.SHOWN_SECONDS}
     assert report_chart.draw(doc["name"], st, acc) == text  # the same data, the same bytes
 
 
