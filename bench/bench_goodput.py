@@ -147,6 +147,19 @@ class StepLog:
             prev = step
         return total + prev
 
+    def series(self, start: float, most: int = 400) -> list[list[float]]:
+        """[seconds since `start`, step] per sample, for bench/figures.py's step-over-time picture:
+        every drop of the counter and its neighbours kept, other samples thinned to about `most`."""
+        if not self.samples:
+            return []
+        keep = {0, len(self.samples) - 1}
+        for i in range(1, len(self.samples)):
+            if self.samples[i][1] < self.samples[i - 1][1]:
+                keep |= {i - 1, i}
+        stride = max(1, len(self.samples) // most)
+        keep |= set(range(0, len(self.samples), stride))
+        return [[round(self.samples[i][0] - start, 2), self.samples[i][1]] for i in sorted(keep)]
+
 
 class HeartbeatWatch(threading.Thread):
     """Poll a heartbeat file every 0.2 s; the path may be known only once the workers run."""
@@ -210,6 +223,7 @@ class Outcome:
     misses: int = 0
     unfinished_runs: int = 0
     steps: StepLog = field(default_factory=StepLog)
+    start: float = 0.0  # when the run began: the kills' `t` and the step series count from here
 
 
 class Disturber:
@@ -312,7 +326,7 @@ def run_torchrun(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
         steps = watch.stop()
     text = (work / "torchrun.log").read_text(errors="replace")
     restarts = text.count("] failed (exitcode:")  # the agent's log line for each worker group failure
-    return Outcome(wall, finished, dist.kills, restarts, dist.misses(steps), launches - 1, steps)
+    return Outcome(wall, finished, dist.kills, restarts, dist.misses(steps), launches - 1, steps, start)
 
 
 def spx_job_yaml(name: str, a: argparse.Namespace, ck: Path, tag: str) -> str:
@@ -378,7 +392,8 @@ def run_spx(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
         daemon.stop()
     wall = end - start if state == "gave up" else histories[-1]["history"][-1]["end"] - histories[0]["history"][0]["start"]
     restarts = sum(len(h["history"]) for h in histories) - 1
-    return Outcome(wall, state == "succeeded", dist.kills, restarts, dist.misses(steps), len(histories) - 1, steps)
+    return Outcome(wall, state == "succeeded", dist.kills, restarts, dist.misses(steps), len(histories) - 1, steps,
+                   start)
 
 
 RUNNERS = {"spx": run_spx, "torchrun": run_torchrun}
@@ -398,6 +413,7 @@ def row(launcher: str, d: Disturbance, o: Outcome, own_floor: float, torchrun_fl
         "steps_useful": steps, "steps_computed": computed,
         "step_goodput": round(steps / computed, 3) if computed and o.finished else None,
         "kill_log": o.kills,
+        "steps": o.steps.series(o.start),
     }
 
 

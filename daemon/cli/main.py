@@ -5,6 +5,7 @@
     spx ls [--all] [--me] [--user U] [--state S] [--json]   spx status NAME [--json] [--watch] [--timeline]
     spx history [--since 7d] [--attempts] [--json]
     spx logs NAME [-f] [--tail N] [--since T] [--rank R] [--attempt N] [--job-id ID]
+    spx report NAME [-o FILE.svg] [--json]                   (cli/report.py: the account and its picture)
     spx cancel NAME              spx doctor [--json]         spx top [--once] [--json]    spx schema
     spx hold|release NAME        spx priority NAME N         spx drain|undrain   (queue: cli/queue_cmds.py)
     spx gpus                     spx gpu release N           spx adopt DIR   (root: host loss)
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from spx.daemon.cli import colour, filters, history, logs, queue_cmds, render, submit_cmdline
 from spx.daemon.cli.client import (
@@ -131,6 +133,17 @@ def cmd_status(cfg: DaemonConfig, args: argparse.Namespace, paint: Paint) -> int
     return EXIT_FAIL if doc["state"] == "failed" else EXIT_OK
 
 
+def cmd_report(cfg: DaemonConfig, args: argparse.Namespace) -> int:
+    from spx.daemon.cli.report import run_report
+
+    doc = ask(cfg, "status", args.name)
+    assert isinstance(doc, dict)
+    try:
+        return run_report(doc, args, time.time())
+    except OSError as e:
+        raise CliError(f"cannot write the picture: {e}") from e
+
+
 def run(args: argparse.Namespace) -> int:
     if args.command == "schema":  # needs no config or daemon: the job file of this version
         return cmd_schema(args)
@@ -144,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         return cmd_status(cfg, args, paint)
     if args.command == "history":
         return history.cmd_history(cfg, args, paint)
+    if args.command == "report":
+        return cmd_report(cfg, args)
     if args.command == "logs":
         return logs.cmd_logs(cfg, args)
     if args.command == "cancel":

@@ -12,7 +12,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from spx.daemon.cli import colour, filters, history, queue_cmds, submit_cmdline
+from spx.daemon.cli import colour, filters, history, queue_cmds, report, submit_cmdline
 from spx.daemon.cli.client import EXIT_CODES
 from spx.daemon.core.version import daemon_version
 
@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.add_argument("--watch", action="store_true", help="live view, refreshing in place")
     s.add_argument("--timeline", action="store_true", help="where each attempt's (re)start spent its time")
+
+    s = _command(sub, "report", "where a job's time went: its account (goodput, time lost by cause), one line "
+                                "per failure, and a picture (SVG: step over wall time, failures, recoveries)", parents)
+    report.add_arguments(s)
 
     s = _command(sub, "history", "what each job used, as sacct shows it: start, end, elapsed, state, attempts, "
                                  "GPU-hours, peak memory", parents)

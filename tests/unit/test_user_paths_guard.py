@@ -95,6 +95,8 @@ ALLOWED: dict[str, str] = {
                              "as the invoking user (never root's daemon)",
     "cli/job_schema.py": "`spx schema --output FILE` writes where the invoking user asked, with that user's own "
                          "rights (never root's daemon)",
+    "cli/report.py": "`spx report NAME -o FILE.svg` writes the picture where the invoking user asked, with that "
+                     "user's own rights (the CLI is never the root daemon)",
     "cli/main.py": "/dev/null, put under stdout when the reader of `spx … | head` left",
 }
 
