@@ -63,6 +63,10 @@ class TrainerConfig:
     background, when the daemon gives a local dir, every rank is on this host and it has room."""
     jit_checkpoint: bool = True
     """DDP: when a peer fails, a surviving rank saves the last completed step before it exits."""
+    rank_timing_every_steps: int = 20
+    """Every this many steps, all ranks all-gather their forward time (one float each) and the
+    heartbeat carries the list, so the daemon can name a slow rank and its GPU's evidence (0: off).
+    Measured cost on the trainer bench: see bench/bench_trainer_loop.py."""
     handle_sigterm: bool = True
     """Turn SIGTERM into checkpoint + exit 75 (EXIT_PREEMPTED)."""
     debug_write_delay_seconds: float = 0.0
@@ -93,5 +97,7 @@ class TrainerConfig:
             raise ValueError(f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
         if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
             raise ValueError("checkpoint_every_steps must be >= 1 (or None to save by time only)")
+        if self.rank_timing_every_steps < 0:
+            raise ValueError(f"rank_timing_every_steps must be >= 0 (0: off), got {self.rank_timing_every_steps}")
         if self.keep < 1:
             raise ValueError(f"keep must be >= 1 (the latest complete checkpoint is never deleted), got {self.keep}")

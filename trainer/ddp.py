@@ -36,6 +36,7 @@ LossFn = Any  # Callable[[model, batch], torch.Tensor]
 
 class Trainer(TrainingLoop):
     FORMAT = "spx-ddp"
+    TIMES_FORWARD = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -95,7 +96,7 @@ class Trainer(TrainingLoop):
         # DDP all-reduces gradients in backward; skip that on all but the last micro-batch.
         sync = self.model.no_sync() if isinstance(self.model, DDP) and not boundary else contextlib.nullcontext()
         with sync:
-            with autocast_context(self.device, self.bf16):
+            with autocast_context(self.device, self.bf16), self.rank_timer.forward():
                 loss = self.loss_fn(self.model, batch)
             (loss / self._accum_steps).backward()
         return loss.detach()

@@ -22,7 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from spx.daemon.contract.worker_env import HEARTBEAT_MIN_INTERVAL_SECONDS, Heartbeat, write_heartbeat
+from spx.daemon.contract.worker_env import (
+    HEARTBEAT_MIN_INTERVAL_SECONDS,
+    MAX_RANKS_REPORTED,
+    Heartbeat,
+    write_heartbeat,
+)
 from spx.trainer import phases
 
 log = logging.getLogger("spx.trainer")
@@ -74,6 +79,7 @@ class HeartbeatWriter:
         self._window_start = time.monotonic()
         self._window_samples = 0
         self.samples_per_second = 0.0
+        self._rank_step_seconds: list[float] | None = None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -86,8 +92,12 @@ class HeartbeatWriter:
         last_checkpoint: tuple[int, float] | None,
         status: str = "running",
         force: bool = False,
+        rank_step_seconds: list[float] | None = None,
     ) -> None:
-        """Account `samples` processed since the last tick; write if the interval passed."""
+        """Account `samples` processed since the last tick; write if the interval passed.
+        `rank_step_seconds`: every rank's forward seconds per step (rank_timing.py), if gathered."""
+        if rank_step_seconds is not None:
+            self._rank_step_seconds = rank_step_seconds
         self._window_samples += samples
         now = time.monotonic()
         if not force and now - self._last_write < self.min_interval:
@@ -107,6 +117,8 @@ class HeartbeatWriter:
             last_checkpoint_time=last_checkpoint[1] if last_checkpoint else None,
             status=status,
             phases=phases.recorded() or None,
+            rank_step_seconds=[round(s, 6) for s in self._rank_step_seconds[:MAX_RANKS_REPORTED]]
+            if self._rank_step_seconds else None,
         )
         if self.placement is not None:
             where = self.placement

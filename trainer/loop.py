@@ -35,6 +35,7 @@ from spx.trainer.heartbeat import HeartbeatWriter, node_heartbeat_file
 from spx.trainer.jit import JitCheckpoint
 from spx.trainer.preemption import Preempted, StopFlag
 from spx.trainer.progress import CheckpointSchedule, Progress
+from spx.trainer.rank_timing import RankTimer
 from spx.trainer.tiers import checkpoint_bytes, has_room
 
 log = logging.getLogger("spx.trainer")
@@ -84,6 +85,9 @@ class TrainingLoop:
     """Shared machinery; subclasses implement the `_`-prefixed hooks at the bottom."""
 
     FORMAT = "spx"
+    TIMES_FORWARD = False
+    """Whether `_train_micro_batch` times its forward in `rank_timer.forward()` (rank_timing.py): a
+    forward that runs no collective (DDP's). ZeRO-3 gathers parameters in forward: not timed."""
 
     def __init__(self, config: TrainerConfig, dist_ctx: DistContext | None = None) -> None:
         config.validate()
@@ -109,6 +113,9 @@ class TrainingLoop:
             debug_write_delay_seconds=config.debug_write_delay_seconds,
         )
         self.heartbeat = HeartbeatWriter(node_heartbeat_file(config.resolved_heartbeat_file(), self.dist.local_rank))
+        self.rank_timer = RankTimer(config.rank_timing_every_steps if self.TIMES_FORWARD else 0, self.device,
+                                    self.dist.distributed,
+                                    self.dist.control_group)
         self.stop_flag = StopFlag()
         if config.handle_sigterm:
             self.stop_flag.install()
@@ -205,7 +212,9 @@ class TrainingLoop:
     def _after_step(self, loss: torch.Tensor, samples: int, on_step: StepHook | None) -> None:
         p = self.progress
         phases.mark("first_step")
-        self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=samples, last_checkpoint=self.checkpointer.last_published)
+        self.rank_timer.step_done()
+        self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=samples, last_checkpoint=self.checkpointer.last_published,
+                            rank_step_seconds=self.rank_timer.latest)
         if self.is_main and self.config.log_every_steps and p.step % self.config.log_every_steps == 0:
             log.info("step %d epoch %d loss %.4f %.1f samples/s", p.step, p.epoch, loss.item(),
                      self.heartbeat.samples_per_second)

@@ -70,6 +70,12 @@ MAX_STATUS_CHARS = 64
 # optimizer step is done. A name not listed here is dropped by the reader.
 WORKER_PHASES = ("interpreter_up", "torch_imported", "rendezvous", "checkpoint_loaded", "first_step")
 
+# Each rank's own work per step (spx.trainer: its forward seconds, a mean over the last few steps,
+# gathered from every rank), indexed by global rank, so the daemon can name a slow rank and its GPU.
+# At most this many ranks (about 10 KiB of a beat); a longer or odd list is dropped, not the beat.
+MAX_RANKS_REPORTED = 1024
+MAX_RANK_STEP_SECONDS = 86400.0
+
 
 @dataclass
 class Heartbeat:
@@ -83,6 +89,7 @@ class Heartbeat:
     Where the writer is (torch's numbering, docs/multinode.md; None where its env did not say):
     `node_rank` (GROUP_RANK) of `nnodes` (GROUP_WORLD_SIZE), and `ranks`, the node's global ranks
     [first, last] (first: RANK of its local rank 0, the writer; last: first + LOCAL_WORLD_SIZE - 1).
+    `rank_step_seconds[r]`: global rank r's own work per step (see MAX_RANKS_REPORTED); None: not reported.
     """
 
     step: int
@@ -96,6 +103,7 @@ class Heartbeat:
     node_rank: int | None = None
     nnodes: int | None = None
     ranks: list[int] | None = None
+    rank_step_seconds: list[float] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -135,6 +143,7 @@ def load_heartbeat(data: str | bytes) -> Heartbeat:
         node_rank=node_rank,
         nnodes=nnodes,
         ranks=_ranks(f),
+        rank_step_seconds=_rank_step_seconds(f.doc.get("rank_step_seconds")),
         **({"time": when} if when is not None else {}),
     )
 
@@ -159,6 +168,17 @@ def _known_phases(raw: object) -> dict[str, float] | None:
         except bounded.Garbage:
             continue
     return out or None
+
+
+def _rank_step_seconds(raw: object) -> list[float] | None:
+    """Every rank's seconds per step, each in [0, MAX_RANK_STEP_SECONDS], at most MAX_RANKS_REPORTED
+    of them; anything else is dropped (None), never the beat (its step drives hang detection)."""
+    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_RANKS_REPORTED:
+        return None
+    try:
+        return [bounded.real(v, "heartbeat", 0.0, MAX_RANK_STEP_SECONDS, name="rank_step_seconds") for v in raw]
+    except bounded.Garbage:
+        return None
 
 
 def _ranks(f: bounded.Fields) -> list[int] | None:
