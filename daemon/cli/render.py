@@ -57,6 +57,8 @@ def print_status(doc: dict, paint: Paint = PLAIN) -> None:
           f"last checkpoint {_last_checkpoint(doc)}  samples/s {_fmt(doc['samples_per_second'])}")
     if doc.get("heartbeat_problem"):
         print(f"  heartbeat unreadable: {doc['heartbeat_problem']}")
+    for s in doc.get("stragglers") or []:  # a slow rank and its GPU's evidence (service/stragglers.py)
+        print(f"  straggler: {s['text']}")
     if doc.get("node"):
         for line in node_view.describe(doc["node"], time.time()):
             print(f"  {line}")

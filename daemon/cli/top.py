@@ -134,13 +134,14 @@ def render(jobs: list[JobView], gpus: list[GpuRow], now: float, width: int, drai
     if inline and any(notes):
         table[0] = table[0].ljust(col) + "NOTE"
     lines.append(table[0])
-    for row, note in zip(table[1:], notes, strict=True):
+    for row, note, j in zip(table[1:], notes, ordered, strict=True):
         if note and inline:
             lines.append(row.ljust(col) + _clip(note, width - col))
         else:
             lines.append(row)
             if note:
                 lines.append(_clip(f"  └ {note}", width))
+        lines.extend(_clip(f"  ! {s['text']}", width) for s in j.stragglers)  # a slow rank, and why
     if not job_rows:
         lines.append("(no jobs)")
     lines.append("")

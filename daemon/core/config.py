@@ -138,6 +138,10 @@ class DaemonConfig(BaseModel):
         "series, spx_job_info's `owner` among them). /metrics has no authentication: any local user (anyone who can "
         "reach metrics_address) can read it, so job and owner names are visible to all of them. false drops every "
         "job and owner name from the scrape; GPU series stay."))
+    straggler_threshold_percent: float = Field(10.0, gt=0, le=1000, description=(
+        "A rank whose own work per step (spx.trainer's per-rank timing, in its heartbeat) is at least this much "
+        "above the median of the job's ranks is a straggler: `spx status`/`spx top` name it with its GPU's "
+        "evidence (clock, throttle reasons, temperature, power), and spx_job_straggler is set."))
     rescan_seconds: float = Field(5.0, gt=0, description="Spool rescan period, the backstop for inotify overflow.")
     submit_group: str | None = Field(None, description="If set, only root and this group's members may submit.")
     admin_group: str | None = Field(None, description="Members see and cancel every job, not only their own.")

@@ -24,23 +24,13 @@ import structlog
 from spx.daemon.exporter.metrics import JOB_LABEL, Families
 from spx.daemon.gpu import fields as F
 from spx.daemon.gpu.backend import GpuBackend, GpuDevice
+from spx.daemon.gpu.evidence import CLOCK_EVENT_REASONS, EvidenceBoard, GpuReading, reason_names
 from spx.daemon.state.views import JobView
 
 log = structlog.get_logger(__name__)
 
 ALLOCATED_STATES = frozenset({"starting", "running", "restarting"})
 
-CLOCK_EVENT_REASONS = {
-    "gpu_idle": pynvml.nvmlClocksEventReasonGpuIdle,
-    "applications_clocks_setting": pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
-    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
-    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
-    "sync_boost": pynvml.nvmlClocksEventReasonSyncBoost,
-    "sw_thermal_slowdown": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
-    "hw_thermal_slowdown": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
-    "hw_power_brake": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
-    "display_clock_setting": pynvml.nvmlClocksEventReasonDisplayClockSetting,
-}
 
 # The NVML calls of one GPU in one scrape (plus fallbacks only on drivers without the power fields).
 CALLS_PER_GPU = (
@@ -80,6 +70,7 @@ class _GpuScrape:
         self.handle = handle
         self.samples: list[tuple[str, dict[str, str], float]] = []
         self.ok = True
+        self.evidence: dict[str, object] = {}  # what a slow rank is explained with (gpu/evidence.py)
 
     def call(self, function: str, *args: Any) -> Any:
         """One NVML call; None if it failed (counted) or is unsupported (remembered, not counted)."""
@@ -111,12 +102,16 @@ class _GpuScrape:
         if util is not None:
             self.add("spx_gpu_utilization_ratio", base, util.gpu / 100.0)
             self.add("spx_gpu_memory_utilization_ratio", base, util.memory / 100.0)
-        self.add("spx_gpu_temperature_celsius", base, self.call("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU))
+        temperature = self.evidence["temperature_c"] = self.call("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU)
+        self.add("spx_gpu_temperature_celsius", base, temperature)
         for name, clock in (("spx_gpu_sm_clock_hertz", pynvml.NVML_CLOCK_SM), ("spx_gpu_memory_clock_hertz", pynvml.NVML_CLOCK_MEM)):
             mhz = self.call("nvmlDeviceGetClockInfo", clock)
             self.add(name, base, None if mhz is None else mhz * 1e6)
+            if clock == pynvml.NVML_CLOCK_SM:
+                self.evidence["sm_mhz"] = mhz
         reasons = self.call(self.c.clock_events_function)
         if reasons is not None:
+            self.evidence["reasons"] = reason_names(int(reasons))
             for reason, bit in CLOCK_EVENT_REASONS.items():
                 self.add("spx_gpu_clocks_event_active", {**base, "reason": reason}, 1.0 if reasons & bit else 0.0)
         for name, counter in (
@@ -187,10 +182,12 @@ class _GpuScrape:
         if power is None and values is not None:  # drivers before the power fields
             power = self.call("nvmlDeviceGetPowerUsage")
         self.add("spx_gpu_power_watts", base, None if power is None else power / 1000.0)
+        self.evidence["power_w"] = None if power is None else power / 1000.0
         limit = dev(F.POWER_LIMIT_MW)
         if limit is None and values is not None:
             limit = self.call("nvmlDeviceGetEnforcedPowerLimit")
         self.add("spx_gpu_power_limit_watts", base, None if limit is None else limit / 1000.0)
+        self.evidence["power_limit_w"] = None if limit is None else limit / 1000.0
         self.add("spx_gpu_ecc_errors_total", {**base, "type": "corrected"}, dev(F.ECC_CORRECTED))
         self.add("spx_gpu_ecc_errors_total", {**base, "type": "uncorrected"}, dev(F.ECC_UNCORRECTED))
         for kind, fid in F.REMAPPED.items():
@@ -212,13 +209,22 @@ class _GpuScrape:
                 if value is None and link < F.LEGACY_MAX_LINKS:
                     value = got.get((F.LEGACY_LINK_ERRORS[kind][link], 0))
                 self.add("spx_gpu_nvlink_errors_total", {**labels, "type": kind}, value)
+                if value is not None:
+                    self.evidence["link_errors"] = float(self.evidence.get("link_errors") or 0.0) + value  # type: ignore[arg-type]
+
+    def reading(self, board: EvidenceBoard) -> GpuReading:
+        """This scrape's speed evidence of the GPU, for the straggler explainer."""
+        return GpuReading(gpu=self.dev.index, time=board.clock(), sm_max_mhz=board.max_sm_mhz(self.dev.index),
+                          **self.evidence)  # type: ignore[arg-type]
 
 
 class GpuCollector:
     """Per-GPU metrics from `backend`, labelled with the job that holds each GPU (from `jobs()`)."""
 
-    def __init__(self, backend: GpuBackend, jobs: Callable[[], list[JobView]]) -> None:
+    def __init__(self, backend: GpuBackend, jobs: Callable[[], list[JobView]],
+                 board: EvidenceBoard | None = None) -> None:
         self.backend = backend
+        self.board = board  # each scrape leaves its speed evidence there (gpu/evidence.py)
         self.nvml = backend.nvml
         self.jobs = jobs
         self.errors: Counter[str] = Counter()
@@ -294,6 +300,8 @@ class GpuCollector:
                 ok = False
                 continue
             ok = ok and scrape.ok
+            if self.board is not None:
+                self.board.record(scrape.reading(self.board))
             fam.add("spx_gpu_up", base, 1)
             for name, labels, value in scrape.samples:
                 fam.add(name, labels, value)

@@ -14,19 +14,22 @@ JOB_STATES = ("queued", "starting", "running", "restarting", "succeeded", "faile
 JOB_FAMILIES = [
     "spx_job_info", "spx_job_state", "spx_job_restarts_total", "spx_job_step", "spx_job_samples_per_second",
     "spx_job_last_checkpoint_timestamp_seconds", "spx_job_gpus", "spx_job_attempts",
-    "spx_job_node_rank", "spx_job_generation",
+    "spx_job_node_rank", "spx_job_generation", "spx_job_rank_step_seconds", "spx_job_straggler",
 ]
 
 
 class JobCollector:
     """Reads `jobs()` once per scrape; which jobs it returns (e.g. live + recently ended) is the store's call."""
 
-    def __init__(self, jobs: Callable[[], list[JobView]]) -> None:
+    def __init__(self, jobs: Callable[[], list[JobView]],
+                 explain: Callable[[list[JobView]], list[JobView]] | None = None) -> None:
         self.jobs = jobs
+        self.explain = explain  # fills each view's `stragglers` (service/stragglers.py), after the GPU part read
 
     def collect(self) -> tuple[list[Any], bool]:
         fam = Families(JOB_FAMILIES)
-        for view in sorted(self.jobs(), key=lambda v: v.name):
+        views = self.jobs()
+        for view in sorted(self.explain(views) if self.explain else views, key=lambda v: v.name):
             job = {JOB_LABEL: view.name}
             fam.add("spx_job_info", {**job, "owner": view.owner}, 1)
             for state in JOB_STATES:
@@ -45,4 +48,11 @@ class JobCollector:
                 fam.add("spx_job_node_rank", job, view.node.node_rank)
             if view.node is not None and view.node.generation is not None:
                 fam.add("spx_job_generation", job, view.node.generation)
+            for rank, seconds in enumerate(view.rank_step_seconds or []):
+                fam.add("spx_job_rank_step_seconds", {**job, "rank": str(rank)}, seconds)
+            for s in view.stragglers:
+                if s["rank"] is not None:
+                    gpu = "" if s["gpu"] is None else str(s["gpu"])
+                    fam.add("spx_job_straggler", {**job, "rank": str(s["rank"]), "gpu": gpu, "cause": s["cause"]},
+                            s["slower"])
         return fam.metrics(), True

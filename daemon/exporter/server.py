@@ -27,6 +27,7 @@ from spx.daemon.exporter.metrics import Families
 from spx.daemon.exporter.quarantine_collector import QuarantineCollector, Quarantined
 from spx.daemon.exporter.queue_collector import QueueCollector
 from spx.daemon.gpu.backend import GpuBackend
+from spx.daemon.gpu.evidence import EvidenceBoard
 from spx.daemon.state.views import JobView
 
 log = structlog.get_logger(__name__)
@@ -36,6 +37,14 @@ DEFAULT_ADDRESS = "127.0.0.1:9101"
 
 class Part(Protocol):
     def collect(self) -> tuple[list[Any], bool]: ...
+
+
+class StragglerExplainer(Protocol):
+    """The daemon's straggler watch (service/stragglers.py), which sits above the exporter."""
+
+    board: EvidenceBoard | None
+
+    def annotate(self, views: list[JobView]) -> list[JobView]: ...
 
 
 class SpxCollector:
@@ -74,7 +83,7 @@ class SpxCollector:
 def build_registry(
     backend: GpuBackend, jobs: Callable[[], list[JobView]], version: str, job_labels: bool = True,
     quarantined: Callable[[], Quarantined] | None = None, drained: Callable[[], str | None] | None = None,
-    housekeeping: list[Samples] | None = None,
+    housekeeping: list[Samples] | None = None, stragglers: StragglerExplainer | None = None,
 ) -> CollectorRegistry:
     """A fresh registry with the GPU and job collectors. Starts the backend's XID thread (see module doc).
 
@@ -83,9 +92,10 @@ def build_registry(
     """
     backend.start_xid_watch()
     registry = CollectorRegistry(auto_describe=False)
-    parts: dict[str, Part] = {"gpu": GpuCollector(backend, jobs if job_labels else _no_jobs)}
-    if job_labels:
-        parts["job"] = JobCollector(jobs)
+    board = stragglers.board if stragglers is not None else None
+    parts: dict[str, Part] = {"gpu": GpuCollector(backend, jobs if job_labels else _no_jobs, board)}
+    if job_labels:  # after "gpu": its scrape leaves the GPU evidence a straggler is explained with
+        parts["job"] = JobCollector(jobs, stragglers.annotate if stragglers is not None else None)
     if quarantined is not None:  # the daemon's store (spx_gpu_quarantined); not the standalone exporter
         parts["quarantine"] = QuarantineCollector(backend, quarantined)
     if drained is not None:  # the daemon's store (spx_queue_drained); not the standalone exporter

@@ -3,6 +3,9 @@
     backend (which NVML, and the scheduler's questions: idle, computing, healthy) ← fields (the
     field-values request the collector reads) · gate (which GPUs may be given to an attempt; the
     quarantine) ← health (the checks a GPU must pass)
+    · evidence (each GPU's latest speed readings: clock, throttle reasons, temperature, power, link
+    errors; the collector's scrapes fill it) ← straggler (a slow rank named, its GPU found, its
+    cause given from that evidence)
     · xid (the XID event thread) · fake (the fixture-driven fake NVML) ← fake_api (its pynvml
     functions by subject: identity, readings, health, events) ← fake_state (its devices, faults and
     test hooks; the wrapper every call goes through) ← fake_sim (its devices and event sets),

@@ -148,6 +148,10 @@ class DeviceReadings(FakeNvmlState):
         return self._dev(handle).clock_mhz(clock_type)
 
     @nvml_call
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
+        return self._dev(handle).max_clock_mhz(clock_type)
+
+    @nvml_call
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         return self._dev(handle).clock_event_reasons()
 

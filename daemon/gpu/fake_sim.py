@@ -102,7 +102,21 @@ class FakeDevice:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
     def clock_event_reasons(self) -> int:
-        return 0 if self.busy else int(pynvml.nvmlClocksEventReasonGpuIdle)
+        """Idle when no process computes; busy, the fixture's `clock_event_reasons_busy` (pynvml's
+        names without the prefix, e.g. ["HwThermalSlowdown"]: a throttled GPU, for straggler tests)."""
+        if not self.busy:
+            return int(pynvml.nvmlClocksEventReasonGpuIdle)
+        mask = 0
+        for name in self.spec.get("clock_event_reasons_busy", []):
+            mask |= int(getattr(pynvml, f"nvmlClocksEventReason{name}"))
+        return mask
+
+    def max_clock_mhz(self, clock_type: int) -> int:
+        if clock_type in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            return int(self.spec.get("sm_clock_max_mhz", 1980))
+        if clock_type == pynvml.NVML_CLOCK_MEM:
+            return int(self.spec["memory_clock_mhz"])
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
     def pcie_kib_per_s(self, counter: int) -> int:
         if counter not in (pynvml.NVML_PCIE_UTIL_TX_BYTES, pynvml.NVML_PCIE_UTIL_RX_BYTES):

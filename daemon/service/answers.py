@@ -16,11 +16,13 @@ from collections.abc import Callable
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.users import is_admin
 from spx.daemon.gpu.backend import GpuBackend
+from spx.daemon.gpu.evidence import EvidenceBoard
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.run.queue_control import QueueControl
 from spx.daemon.run.snapshot import Snapshot
 from spx.daemon.service.gpu_rows import gpu_rows
 from spx.daemon.service.requests import find_job
+from spx.daemon.service.stragglers import StragglerWatch
 from spx.daemon.state import accounting, jobviews
 from spx.daemon.state.store import Store
 
@@ -34,6 +36,8 @@ class Answers:
         self.adopter = adopter
         self.queue_control = queue
         self.snapshot = snapshot
+        self.stragglers = StragglerWatch(EvidenceBoard(backend) if backend is not None and backend.nvml else None,
+                                         cfg.straggler_threshold_percent)
 
     def __call__(self, op: str, name: str | None, uid: int, arg: str | None = None) -> dict:
         if op == "accounting":
@@ -41,7 +45,8 @@ class Answers:
         return getattr(self, op.replace("-", "_"))(name, uid)
 
     def ls(self, _name: str | None, uid: int, scope: jobviews.Scope = "recent") -> dict:
-        views = jobviews.all_views(self.store, self.cfg.run_dir, self.snapshot().live_pids, scope=scope)
+        views = self.stragglers.annotate(jobviews.all_views(self.store, self.cfg.run_dir, self.snapshot().live_pids,
+                                                            scope=scope))
         admin = is_admin(uid, self.cfg.admin_group)
         return {"ok": True, "result": [v.to_json() for v in views if admin or v.owner_uid == uid]}
 
@@ -67,8 +72,8 @@ class Answers:
         snap = self.snapshot()
         tracked = snap.job(job.id)
         hosts = [dict(line) for line in tracked.gang_hosts] if tracked and tracked.gang_hosts is not None else None
-        view = jobviews.job_view(self.store, job, self.cfg.run_dir, snap.live_pids(), with_history=True,
-                                 gang_hosts=hosts)
+        view = self.stragglers.view(jobviews.job_view(self.store, job, self.cfg.run_dir, snap.live_pids(),
+                                                      with_history=True, gang_hosts=hosts))
         return {"ok": True, "result": view.to_json(with_history=True)}
 
     def gpus(self, _name: str | None, uid: int) -> dict:

@@ -104,6 +104,7 @@ class Daemon:
         self.queue = QueueControl(cfg, self.store)  # hold/release/priority/drain, and the queue's rules
         self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend)
         answers = Answers(cfg, self.store, backend, self.adopter, self.queue, self.supervisor.snapshot)
+        self.stragglers = answers.stragglers  # /metrics shares its GPU evidence board
         self.control = ControlServer(cfg.socket_path, answers, self.commands, self.wake, admin_group=cfg.admin_group)
         # Housekeeping off the loop's critical path: what ended is told to its owner (run/notify.py,
         # in lanes of its own) and, once old enough, removed (run/retention.py); both only hand work
@@ -141,7 +142,8 @@ class Daemon:
         self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
         registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
                                   quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained,
-                                  housekeeping=[self.retention.samples, self.notifications.samples])
+                                  housekeeping=[self.retention.samples, self.notifications.samples],
+                                  stragglers=self.stragglers)
         try:  # first: a daemon that cannot serve /metrics adopts no job and claims no file
             metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         except OSError as e:

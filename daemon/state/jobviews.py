@@ -71,6 +71,7 @@ def job_view(
         job_id=job.id,
         checkpoints_tracked=beat is not None,
         heartbeat_problem=found.problem,
+        rank_step_seconds=beat.rank_step_seconds if beat and not stale and job.state.value == "running" else None,
         node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat,
                        attempts[-1].generation if attempts else None, gang_hosts),
     )

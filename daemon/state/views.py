@@ -79,6 +79,13 @@ class JobView:
     # library): the daemon then sees a checkpoint only when an attempt resumes from it, so
     # `last_checkpoint_step` is the newest one resumed from and newer ones may exist on disk.
     checkpoints_tracked: bool = True
+    # Each global rank's own work per step (seconds) in the running attempt's heartbeat (spx.trainer
+    # gathers it every few steps); None when not reported.
+    rank_step_seconds: list[float] | None = None
+    # Slow ranks named and explained (gpu/straggler.py `Straggler.to_json`): the rank at least the
+    # threshold slower than the median, with its GPU's evidence; for a script without rank times,
+    # its throttled GPUs. Filled by the service, which holds the GPU evidence.
+    stragglers: list[dict] = field(default_factory=list)
 
     def to_json(self, with_history: bool = False) -> dict:
         doc = asdict(self)

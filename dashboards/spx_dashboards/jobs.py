@@ -79,6 +79,14 @@ def progress() -> list[g.Panel]:
         g.timeseries("Checkpoint interval (observed)", "Mean time between checkpoints over the last 6 h; the "
                      "stale-checkpoint alert fires at 3 × this (at least 15 min).",
                      [g.query(f"max by (spx_job) ({CKPT_INTERVAL}{{{JOB}}})", "{{spx_job}}")], unit="s", min_=0),
+        g.timeseries("Per-rank step time", "Each rank's own work per step (spx.trainer's forward time, from the "
+                     "heartbeat): one line far above the others is a straggler the whole job waits for.",
+                     [g.query(f"max by (spx_job, rank) (spx_job_rank_step_seconds{{{JOB}}})", "{{spx_job}} rank {{rank}}")],
+                     unit="s", min_=0),
+        g.timeseries("Straggler", "How much slower than the median the slowest rank is, with the cause read from "
+                     "its GPU (alert SpxJobStraggler; `spx status` says the evidence).",
+                     [g.query(f"max by (spx_job, rank, gpu, cause) (spx_job_straggler{{{JOB}}})",
+                              "{{spx_job}} rank {{rank}} GPU {{gpu}} {{cause}}")], unit="percentunit", min_=0),
     ]
 
 

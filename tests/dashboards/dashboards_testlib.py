@@ -35,7 +35,7 @@ CONTRACT_METRICS = frozenset({
     "spx_gpu_nvlink_transmit_bytes_total", "spx_gpu_nvlink_receive_bytes_total",
     "spx_gpu_nvlink_errors_total", "spx_job_info", "spx_job_state", "spx_job_restarts_total", "spx_job_step",
     "spx_job_samples_per_second", "spx_job_last_checkpoint_timestamp_seconds", "spx_job_gpus",
-    "spx_job_attempts", "spx_scrape_duration_seconds", "spx_scrape_success", "spx_nvml_errors_total",
+    "spx_job_attempts", "spx_job_rank_step_seconds", "spx_job_straggler", "spx_scrape_duration_seconds", "spx_scrape_success", "spx_nvml_errors_total",
     "spx_build_info",
 })
 PROMETHEUS_METRICS = frozenset({"up"})  # written by Prometheus itself for every target
