@@ -38,7 +38,7 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--hang-at-step", type=int, default=None, help="stop making progress at step K (first attempt only)")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="slow each step down (to watch or kill it)")
     p.add_argument("--slow-rank", type=int, default=None,
-                   help="this global rank's forward pass sleeps --slow-rank-seconds per micro-batch (a slow GPU)")
+                   help="this global rank's forward computes --slow-rank-seconds longer per micro-batch (a slow GPU)")
     p.add_argument("--slow-rank-seconds", type=float, default=0.05)
     p.add_argument("--rank-timing-every", type=int, default=20,
                    help="gather per-rank step times every K steps for the daemon (0: off)")
@@ -63,14 +63,17 @@ def trainer_config(args: argparse.Namespace) -> TrainerConfig:
 
 
 def slow_rank_loss(args: argparse.Namespace, rank: int):
-    """The loss function for `--slow-rank`: on that rank, the forward sleeps first, as a throttled
-    GPU would take longer over it (every attempt: a slow GPU stays slow); None on the others."""
+    """The loss function for `--slow-rank`: on that rank, the forward first computes for
+    `--slow-rank-seconds` of CPU time, as a throttled GPU takes longer over the same work (every
+    attempt: a slow GPU stays slow); None on the others."""
     if args.slow_rank is None or args.slow_rank != rank:
         return None
     from spx.trainer.loop import default_loss
 
     def slow_loss(model, batch):
-        time.sleep(args.slow_rank_seconds)
+        began = time.process_time()
+        while time.process_time() - began < args.slow_rank_seconds:
+            pass
         return default_loss(model, batch)
 
     return slow_loss

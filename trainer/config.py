@@ -67,6 +67,9 @@ class TrainerConfig:
     """Every this many steps, all ranks all-gather their forward time (one float each) and the
     heartbeat carries the list, so the daemon can name a slow rank and its GPU's evidence (0: off).
     Measured cost on the trainer bench: see bench/bench_trainer_loop.py."""
+    rank_timing_windows: int = 3
+    """The heartbeat carries each rank's best of its last this many windows: the daemon calls a rank
+    slow only once it was slow over all of them (rank_timing_every_steps × this steps)."""
     handle_sigterm: bool = True
     """Turn SIGTERM into checkpoint + exit 75 (EXIT_PREEMPTED)."""
     debug_write_delay_seconds: float = 0.0
@@ -97,6 +100,8 @@ class TrainerConfig:
             raise ValueError(f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
         if self.checkpoint_every_steps is not None and self.checkpoint_every_steps < 1:
             raise ValueError("checkpoint_every_steps must be >= 1 (or None to save by time only)")
+        if self.rank_timing_windows < 1:
+            raise ValueError(f"rank_timing_windows must be >= 1, got {self.rank_timing_windows}")
         if self.rank_timing_every_steps < 0:
             raise ValueError(f"rank_timing_every_steps must be >= 0 (0: off), got {self.rank_timing_every_steps}")
         if self.keep < 1:

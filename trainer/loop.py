@@ -114,8 +114,7 @@ class TrainingLoop:
         )
         self.heartbeat = HeartbeatWriter(node_heartbeat_file(config.resolved_heartbeat_file(), self.dist.local_rank))
         self.rank_timer = RankTimer(config.rank_timing_every_steps if self.TIMES_FORWARD else 0, self.device,
-                                    self.dist.distributed,
-                                    self.dist.control_group)
+                                    self.dist.distributed, self.dist.control_group, config.rank_timing_windows)
         self.stop_flag = StopFlag()
         if config.handle_sigterm:
             self.stop_flag.install()

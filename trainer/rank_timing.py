@@ -6,10 +6,12 @@ the forward pass (data to loss) of each micro-batch, where DDP runs no collectiv
 or a starved CPU makes a rank's forward slower in proportion; its wall time would not show it.
 
 On CUDA the forward is timed with CUDA events (recording one does not wait for the GPU; their
-elapsed times are read at the gather, N steps later, when they are long done). Every `every`
+elapsed times are read at the gather, N steps later, when they are long done). On CPU it is the
+process's CPU time: ranks that share cores (4 ranks on a 2-core test host) would otherwise measure
+each other's preemption, not their own work (wall time varied ±30 % per window there, measured). Every `every`
 optimizer steps each rank all-gathers one float (its mean forward seconds per step over those
 steps) over the control group, so every node's heartbeat writer holds the whole list. What the
-heartbeat reports is each rank's best of its last WINDOWS windows: a rank slow in all of them is
+heartbeat reports is each rank's best of its last `windows` windows: a rank slow in all of them is
 slow, a passing hiccup (a GC pause, a neighbour's burst) is not a straggler.
 """
 
@@ -24,21 +26,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-WINDOWS = 3
-
 
 class RankTimer:
     """This rank's forward seconds, summed per window of `every` optimizer steps (0: off)."""
 
-    def __init__(self, every: int, device: torch.device, distributed: bool, group: Any = None) -> None:
+    def __init__(self, every: int, device: torch.device, distributed: bool, group: Any = None,
+                 windows: int = 3) -> None:
         self.every = every
         self.cuda = device.type == "cuda"
         self.distributed = distributed
         self.group = group
         self.latest: list[float] | None = None
-        """Each rank's mean forward seconds per step in its best of the last WINDOWS windows (None
+        """Each rank's mean forward seconds per step in its best of the last `windows` windows (None
         before the first)."""
-        self._windows: deque[list[float]] = deque(maxlen=WINDOWS)
+        self._windows: deque[list[float]] = deque(maxlen=windows)
         self._seconds = 0.0
         self._events: list[tuple[Any, Any]] = []
         self._steps = 0
@@ -56,9 +57,9 @@ class RankTimer:
             end.record()
             self._events.append((start, end))
             return
-        began = time.perf_counter()
+        began = time.process_time()
         yield
-        self._seconds += time.perf_counter() - began
+        self._seconds += time.process_time() - began
 
     def step_done(self) -> None:
         """One optimizer step ended on every rank; every `every` of them, gather (a collective:

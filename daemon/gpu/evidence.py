@@ -35,6 +35,9 @@ CLOCK_EVENT_REASONS = {
 }
 
 MAX_AGE_SECONDS = 30.0
+# A reading of an idle GPU (before the job's workers started computing, say) tells nothing about its
+# speed under load: it is read again once this old.
+IDLE_MAX_AGE = 2.0
 
 
 @dataclass(frozen=True)
@@ -87,10 +90,10 @@ class EvidenceBoard:
 
     def latest(self, gpu: int) -> tuple[GpuReading | None, GpuReading | None]:
         """(newest reading of `gpu`, the one before it), reading it now if the newest is older than
-        `max_age` (no scrape lately); (None, None) without NVML or for a GPU that does not answer."""
+        `max_age` (no scrape lately; IDLE_MAX_AGE for a reading of an idle GPU); (None, None) without NVML or for a GPU that does not answer."""
         with self._lock:
             found, before = self._latest.get(gpu), self._before.get(gpu)
-        if found is not None and self.clock() - found.time <= self.max_age:
+        if found is not None and self.clock() - found.time <= (IDLE_MAX_AGE if "gpu_idle" in found.reasons else self.max_age):
             return found, before
         fresh = self.read(gpu)
         if fresh is None:

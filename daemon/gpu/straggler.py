@@ -94,6 +94,8 @@ def cause(now: GpuReading | None, before: GpuReading | None) -> tuple[str, str]:
         return "unknown", ""
     clock = (f"at {now.sm_mhz:.0f} of {now.sm_max_mhz:.0f} MHz" if now.sm_mhz is not None and now.sm_max_mhz
              else f"at {now.sm_mhz:.0f} MHz" if now.sm_mhz is not None else "")
+    if "gpu_idle" in now.reasons:  # nothing ran on it when read: its clock says nothing about its speed
+        return "unknown", "idle when read"
     for label, reasons, words in CAUSES:
         if now.reasons & set(reasons):
             return label, ", ".join(p for p in (clock, f"{words}{_detail(label, now)}") if p)

@@ -91,6 +91,8 @@ def test_each_cause_from_the_gpus_evidence():
         "link_errors", "at 1980 of 1980 MHz, NVLink errors +4")
     assert cause(GpuReading(gpu=0, time=0.0, sm_mhz=1200, sm_max_mhz=1980), None)[0] == "low_clock"
     assert cause(reading(), None)[0] == "unknown"
+    assert cause(GpuReading(gpu=0, time=0.0, sm_mhz=345, sm_max_mhz=1980, reasons=frozenset({"gpu_idle"})), None) == (
+        "unknown", "idle when read")
     unknown = explain(SlowRank(1, 0.2, 0.1), 0, reading(), None)
     assert unknown.text == "rank 1 is 100 % slower than the median: GPU 0 at 1980 of 1980 MHz, no throttling seen"
     assert explain(SlowRank(1, 0.2, 0.1), None, None, None).text == "rank 1 is 100 % slower than the median"
@@ -133,6 +135,11 @@ def test_the_board_reads_a_gpu_only_when_no_scrape_left_a_fresh_reading(thermal_
     reads = sum(nvml.calls.values())
     board.latest(2)
     assert sum(nvml.calls.values()) == reads
+    # A reading of an idle GPU (its workers not started yet) is read again after 2 s, not 30.
+    board.record(GpuReading(gpu=5, time=clock(), sm_mhz=345, sm_max_mhz=1980, reasons=frozenset({"gpu_idle"})))
+    assert board.latest(5)[0].time == clock.now
+    clock.now += 3
+    assert board.latest(5)[0].time == clock.now
 
 
 def test_rank_times_in_a_heartbeat_are_bounded_and_an_odd_list_costs_only_itself():
