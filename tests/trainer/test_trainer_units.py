@@ -170,3 +170,27 @@ def test_the_job_files_keep_wins_over_the_scripts(tmp_path, monkeypatch):
     monkeypatch.setenv("SPX_CHECKPOINT_KEEP", "1")
     _fit(tmp_path / "job", steps=23)
     assert [p.name for p in (tmp_path / "job").iterdir() if p.name.startswith("step-")] == ["step-000000023"]
+
+
+def test_rank_timing_reports_each_ranks_best_window_and_nothing_when_off():
+    from spx.trainer.rank_timing import RankTimer
+
+    timer = RankTimer(every=2, device=torch.device("cpu"), distributed=False, windows=3)
+    work = [0.004, 0.004, 0.002, 0.002, 0.006, 0.006, 0.008, 0.008]  # CPU seconds of each step's forward
+    latest = []
+    for seconds in work:
+        with timer.forward():
+            began = time.process_time()
+            while time.process_time() - began < seconds:
+                pass
+        timer.step_done()
+        latest.append(timer.latest)
+    assert latest[0] is None and latest[1] is not None  # the first gather: after 2 steps
+    assert latest[1][0] >= 0.004
+    assert 0.002 <= latest[3][0] < 0.004  # the best window of the last 3: the 2 ms one
+    assert 0.002 <= latest[7][0] < 0.004  # still in the last 3 windows (4, 2, 6, 8 ms: 2, 6, 8)
+    off = RankTimer(every=0, device=torch.device("cpu"), distributed=False)
+    with off.forward():
+        pass
+    off.step_done()
+    assert off.latest is None
