@@ -67,7 +67,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("spx_job_gpus", "gauge", ("spx_job",), "GPUs the job holds now."),
     Spec("spx_job_attempts", "gauge", ("spx_job",), "Attempts started for the job (1 for a job that never restarted)."),
     Spec("spx_job_rank_step_seconds", "gauge", ("spx_job", "rank"), "Each rank's own work per optimizer step (spx.trainer: its forward pass, the best of its last few windows of steps), from the job's heartbeat; absent for scripts that do not report it."),
-    Spec("spx_job_straggler", "gauge", ("spx_job", "rank", "gpu", "cause"), "How much slower than the median of the job's ranks its slowest rank is (0.14: 14 %), while at least straggler_threshold_percent; gpu = the GPU it runs on (empty: a CPU job), cause = thermal|power_brake|hw_slowdown|power_cap|sync_boost|link_errors|low_clock|unknown from that GPU's NVML evidence."),
+    Spec("spx_job_straggler", "gauge", ("spx_job", "rank", "gpu", "cause"), "How much slower than the median of the job's ranks its slowest rank is (0.14: 14 %), while at least straggler_threshold_percent; gpu = the GPU it runs on (empty: a CPU job), cause = thermal|power_brake|hw_slowdown|power_cap|sync_boost|link_errors|cpu_contention|low_clock|unknown from that GPU's NVML evidence."),
     Spec("spx_job_node_rank", "gauge", ("spx_job",), "This host's node rank in a job across hosts (torch's GROUP_RANK, from its heartbeat); absent for a one-host job."),
     Spec("spx_job_generation", "gauge", ("spx_job",), "A job across hosts: the generation (rendezvous round) its current or last attempt joined; it grows by one per restart of all hosts. Absent for a one-host job."),
     # -- daemon ----------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ Rank → GPU: the daemon set CUDA_VISIBLE_DEVICES to the job's GPUs in order, an
 rank i device i of those (spx.trainer: `local_rank % device_count`); a node's local rank is its
 global rank minus the node's first (the heartbeat's `ranks`). The cause is the first of: the GPU's
 throttle reasons (thermal, power brake, HW slowdown, power cap, sync boost), NVLink errors that grew
-between the last two readings, an SM clock under 90 % of its maximum; else "unknown".
+between the last two readings, the rank's process waiting for a CPU (run/rank_cpu.py) at least 20 %
+of its time, an SM clock under 90 % of its maximum; else "unknown".
 
 Scripts without spx.trainer report no rank times: `throttled_gpus` then names the job's GPUs whose
 clocks are held down, with the same evidence.
@@ -28,6 +29,9 @@ from spx.daemon.gpu.evidence import GpuReading
 
 DEFAULT_THRESHOLD_PERCENT = 10.0
 LOW_CLOCK_FRACTION = 0.9
+# A rank's process that spent at least this share of its time runnable but waiting for a CPU
+# (/proc/PID/schedstat, run/rank_cpu.py) is starved of CPU: the cause when its GPU shows none.
+CPU_CONTENTION_SHARE = 0.2
 
 # Throttle reasons by the cause label they give (in this order of precedence), and their words.
 CAUSES = (
@@ -116,9 +120,18 @@ def _detail(label: str, r: GpuReading) -> str:
     return ""
 
 
-def explain(slow: SlowRank, gpu: int | None, now: GpuReading | None, before: GpuReading | None) -> Straggler:
-    """The straggler `slow`, joined with its GPU's evidence."""
+def explain(slow: SlowRank, gpu: int | None, now: GpuReading | None, before: GpuReading | None,
+            cpu_wait: float | None = None) -> Straggler:
+    """The straggler `slow`, joined with its GPU's evidence and, where that shows no cause, its
+    process's share of time waiting for a CPU (`cpu_wait`; None: not known)."""
     label, evidence = cause(now, before) if gpu is not None else ("unknown", "")
+    if label in ("unknown", "low_clock") and cpu_wait is not None and cpu_wait >= CPU_CONTENTION_SHARE:
+        label = "cpu_contention"
+        evidence = ", ".join(p for p in (evidence if gpu is not None else "",
+                                         f"CPU contention (its process waited for a CPU {cpu_wait * 100:.0f} % of the time)") if p)
+        where = f"GPU {gpu} {evidence}" if gpu is not None else evidence
+        return Straggler(slow.rank, gpu, round(slow.slower, 4), label,
+                         f"rank {slow.rank} is {slow.slower * 100:.0f} % slower than the median: {where}")
     head = f"rank {slow.rank} is {slow.slower * 100:.0f} % slower than the median"
     where = f"GPU {gpu} {evidence}".rstrip() if gpu is not None else ""
     if where and label == "unknown":

@@ -18,7 +18,8 @@
     checkpoint_report (what discovery decided), local_tier (the host-local checkpoint dir), timeline
     (where a restart spent its time), lease_keeper (the job's `.spx/` lease), proctree/cgroups (the
     processes), device_filter (the attempt cgroup's device program: only its GPUs' /dev/nvidiaN
-    open), log_relay (the capped attempt log), rootcause/oom (why it ended); invalid_specs (at
+    open), rank_cpu (a rank's run-queue wait: CPU contention), log_relay (the capped attempt log),
+    rootcause/oom (why it ended); invalid_specs (at
     start: a job whose accepted spec this version refuses ends failed); notify (owners told of ends and
     restarts) → notify_send (one webhook or command, as the owner); retention (old finished jobs
     removed) → retention_files (their files).

@@ -2,7 +2,8 @@
 
 A view of a running job carries its heartbeat's per-rank step times; here the slowest rank, when it
 is `threshold_percent` above the median, is joined with its GPU's evidence from the board the
-exporter's scrapes fill (gpu/evidence.py, gpu/straggler.py). A job without rank times (a script
+exporter's scrapes fill (gpu/evidence.py, gpu/straggler.py) and, where the GPU shows no cause,
+with its process's run-queue wait (run/rank_cpu.py). A job without rank times (a script
 that does not use spx.trainer) gets its throttled GPUs instead. Each new finding is logged once.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import replace
 from spx.daemon.core.log import get_logger
 from spx.daemon.gpu.evidence import EvidenceBoard
 from spx.daemon.gpu.straggler import Straggler, explain, rank_gpu, slow_rank, throttled_gpus
+from spx.daemon.run.rank_cpu import RunQueueWait
 from spx.daemon.state.views import JobView
 
 log = get_logger()
@@ -26,9 +28,12 @@ class StragglerWatch:
         self.board = board
         self.threshold_percent = threshold_percent
         self._said: dict[str, tuple] = {}
+        self.cpu = RunQueueWait()
         self._lock = threading.Lock()
 
     def annotate(self, views: list[JobView]) -> list[JobView]:
+        """Every view explained; what is kept of processes that ended is dropped."""
+        self.cpu.forget({pid for v in views for pid in v.pids})
         return [self.view(v) for v in views]
 
     def view(self, v: JobView) -> JobView:
@@ -42,7 +47,8 @@ class StragglerWatch:
         if slow is not None:
             gpu = rank_gpu(slow.rank, v.gpus, v.node.ranks if v.node is not None else None)
             now, before = board.latest(gpu) if board is not None and gpu is not None else (None, None)
-            return [explain(slow, gpu, now, before)]
+            pid = self.cpu.rank_pid(v.pids, slow.rank)
+            return [explain(slow, gpu, now, before, self.cpu.waiting_share(pid) if pid is not None else None)]
         if v.rank_step_seconds is None and v.gpus and board is not None:
             return throttled_gpus(v.gpus, {g: board.latest(g) for g in v.gpus})
         return []

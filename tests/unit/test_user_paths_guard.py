@@ -63,6 +63,7 @@ ALLOWED: dict[str, str] = {
     "run/device_filter.py": "opens an attempt's cgroup directory (O_RDONLY|O_DIRECTORY) in the daemon's own "
                             "cgroupfs subtree, as bpf(2)'s attach target",
     "run/proctree.py": "/proc",
+    "run/rank_cpu.py": "/proc (a rank's environ and schedstat)",
     "run/oom.py": "/dev/kmsg",
     "state/store.py": "state_dir (root-only)",
     "state/backup.py": "state_dir/backup (root-only)",

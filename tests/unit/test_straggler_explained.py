@@ -149,3 +149,46 @@ def test_rank_times_in_a_heartbeat_are_bounded_and_an_odd_list_costs_only_itself
         doc = json.loads(Heartbeat(step=80).to_json()) | {"rank_step_seconds": odd}
         got = load_heartbeat(json.dumps(doc))
         assert got.step == 80 and got.rank_step_seconds is None, odd
+
+
+def test_spx_status_and_spx_top_say_the_straggler_in_one_line(thermal_host, capsys):
+    from spx.daemon.cli.render import print_status
+    from spx.daemon.cli.top import render
+    from spx.daemon.cli.top_command import job_from_json
+
+    watch = StragglerWatch(EvidenceBoard(thermal_host), threshold_percent=10.0)
+    found = watch.view(view([0.050, 0.050, 0.057, 0.050], [0, 1, 2, 3]))
+    doc = found.to_json(with_history=True)
+    print_status(doc)
+    line = "rank 2 is 14 % slower than the median: GPU 2 at 1410 of 1980 MHz, thermal slowdown (89 °C)"
+    assert f"  straggler: {line}\n" in capsys.readouterr().out
+    frame = render([job_from_json(found.to_json())], [], now=0.0, width=120)
+    assert f"  ! {line}\n" in frame
+    assert "!" not in render([job_from_json(view([0.05, 0.05], [0, 1]).to_json())], [], now=0.0, width=120)
+
+
+def test_a_rank_whose_process_waits_for_a_cpu_is_cpu_contention_when_its_gpu_shows_nothing(tmp_path: Path):
+    from spx.daemon.run.rank_cpu import RunQueueWait
+
+    for pid, rank, schedstat in ((501, None, "9 1 1"), (502, 0, "900 100 5"), (503, 1, "600 400 5")):
+        (tmp_path / str(pid)).mkdir()
+        env = b"SPX_JOB=llama\0" + (f"RANK={rank}\0".encode() if rank is not None else b"")
+        (tmp_path / str(pid) / "environ").write_bytes(env)
+        (tmp_path / str(pid) / "schedstat").write_text(schedstat + "\n")
+    cpu = RunQueueWait(tmp_path)
+    assert cpu.rank_pid([501, 502, 503], 1) == 503 and cpu.rank_pid([501, 502], 1) is None
+    assert cpu.waiting_share(503) == 0.4  # since it started
+    (tmp_path / "503" / "schedstat").write_text("700 700 9\n")
+    assert cpu.waiting_share(503) == 0.75  # since the last read: 100 ns ran, 300 waited
+    assert cpu.waiting_share(504) is None
+    fine = GpuReading(gpu=1, time=0.0, sm_mhz=1980, sm_max_mhz=1980)
+    found = explain(SlowRank(1, 0.12, 0.1), 1, fine, None, cpu_wait=0.4)
+    assert (found.cause, found.text) == ("cpu_contention", "rank 1 is 20 % slower than the median: GPU 1 at 1980 of "
+                                         "1980 MHz, CPU contention (its process waited for a CPU 40 % of the time)")
+    assert explain(SlowRank(1, 0.12, 0.1), 1, fine, None, cpu_wait=0.1).cause == "unknown"
+    throttled = GpuReading(gpu=1, time=0.0, sm_mhz=1410, sm_max_mhz=1980, reasons=frozenset({"sw_thermal_slowdown"}))
+    assert explain(SlowRank(1, 0.12, 0.1), 1, throttled, None, cpu_wait=0.4).cause == "thermal"
+    assert explain(SlowRank(1, 0.12, 0.1), None, None, None, cpu_wait=0.5).text == (
+        "rank 1 is 20 % slower than the median: CPU contention (its process waited for a CPU 50 % of the time)")
+    cpu.forget({502})
+    assert cpu.rank_pid([503], 1) == 503  # found again from its environment
