@@ -4,7 +4,10 @@ No background polling and no cache of values: what a scrape returns was read dur
 is absent. Per GPU and scrape it makes a fixed number of NVML calls whatever the link count (see
 `CALLS_PER_GPU`): one `nvmlDeviceGetFieldValues` carries all NVLink counters and the device counters
 (`spx.daemon.gpu.fields`), the rest are the reads that have no field id. Only capabilities are
-remembered (link count, memory-info version, functions that answered NOT_SUPPORTED).
+remembered (link count, memory-info version, functions that answered NOT_SUPPORTED). Each GPU's
+speed evidence (SM clock, throttle reasons, temperature, power, NVLink errors) read by a scrape is
+also left on the straggler explainer's board (gpu/evidence.py), so naming a slow rank's cause costs
+no NVML call of its own.
 
 Errors: a GPU whose memory-info read fails, or that reports GPU_IS_LOST/RESET_REQUIRED on any call,
 is exported as `spx_gpu_up 0` plus its identity, and nothing else. Any other failed read drops that
