@@ -86,8 +86,10 @@ class HeartbeatWriter:
         last_checkpoint: tuple[int, float] | None,
         status: str = "running",
         force: bool = False,
+        checkpoint_stall: float | None = None,
     ) -> None:
-        """Account `samples` processed since the last tick; write if the interval passed."""
+        """Account `samples` processed since the last tick; write if the interval passed.
+        `checkpoint_stall`: seconds the loop has waited on checkpoint saves so far."""
         self._window_samples += samples
         now = time.monotonic()
         if not force and now - self._last_write < self.min_interval:
@@ -107,6 +109,7 @@ class HeartbeatWriter:
             last_checkpoint_time=last_checkpoint[1] if last_checkpoint else None,
             status=status,
             phases=phases.recorded() or None,
+            checkpoint_stall_seconds=None if checkpoint_stall is None else round(checkpoint_stall, 3),
         )
         if self.placement is not None:
             where = self.placement

@@ -113,6 +113,7 @@ class TrainingLoop:
         if config.handle_sigterm:
             self.stop_flag.install()
         self.progress = Progress()
+        self._checkpoint_stall = 0.0  # seconds the loop waited on saves (the heartbeat reports it)
         self._accum_steps = config.grad_accum_steps
         self.jit = JitCheckpoint(
             enabled=config.jit_checkpoint and type(self)._replicated_state is not TrainingLoop._replicated_state,
@@ -184,14 +185,14 @@ class TrainingLoop:
                     self._preempt()
                 if schedule.due_by_steps(p.step) or time_due:
                     self._beat(status="checkpointing")  # the daemon's hang clock allows for the save
-                    self._save(blocking=not cfg.async_checkpoint)
+                    self._stalled_save(blocking=not cfg.async_checkpoint)
                     schedule.saved(now)
                     saved_step = p.step
         error = self.checkpointer.wait()
         if error is not None:
             log.error("the last periodic checkpoint failed: %r", error)
         if cfg.save_final and saved_step != p.step:
-            self._save(blocking=True)
+            self._stalled_save(blocking=True)
         self._beat(status="finished")
         log.info("training finished at step %d (epoch %d)", p.step, p.epoch)
         return FitResult(p.step, p.epoch, resumed_from, self.checkpointer.failures)
@@ -205,7 +206,8 @@ class TrainingLoop:
     def _after_step(self, loss: torch.Tensor, samples: int, on_step: StepHook | None) -> None:
         p = self.progress
         phases.mark("first_step")
-        self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=samples, last_checkpoint=self.checkpointer.last_published)
+        self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=samples, last_checkpoint=self.checkpointer.last_published,
+                            checkpoint_stall=self._checkpoint_stall)
         if self.is_main and self.config.log_every_steps and p.step % self.config.log_every_steps == 0:
             log.info("step %d epoch %d loss %.4f %.1f samples/s", p.step, p.epoch, loss.item(),
                      self.heartbeat.samples_per_second)
@@ -215,14 +217,22 @@ class TrainingLoop:
     def _beat(self, status: str) -> None:
         p = self.progress
         self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=0, last_checkpoint=self.checkpointer.last_published,
-                            status=status, force=True)
+                            status=status, force=True, checkpoint_stall=self._checkpoint_stall)
+
+    def _stalled_save(self, *, blocking: bool, after_pending: bool = False) -> None:
+        """`_save`, its time (and that of waiting for the save still in flight, `after_pending`)
+        counted as the loop's checkpoint stall: the daemon's goodput ledger reports it."""
+        began = time.monotonic()
+        if after_pending:
+            self.checkpointer.wait()
+        self._save(blocking=blocking)
+        self._checkpoint_stall += time.monotonic() - began
 
     def _preempt(self) -> None:
         """SIGTERM reached every rank at this step: checkpoint it, say so, exit 75."""
         step = self.progress.step
         log.warning("preempted at step %d: writing a checkpoint before exiting", step)
-        self.checkpointer.wait()
-        self._save(blocking=True)
+        self._stalled_save(blocking=True, after_pending=True)
         self._beat(status="preempted")
         raise Preempted(step)
 

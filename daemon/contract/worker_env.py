@@ -68,6 +68,8 @@ class Heartbeat:
     Where the writer is (torch's numbering, docs/multinode.md; None where its env did not say):
     `node_rank` (GROUP_RANK) of `nnodes` (GROUP_WORLD_SIZE), and `ranks`, the node's global ranks
     [first, last] (first: RANK of its local rank 0, the writer; last: first + LOCAL_WORLD_SIZE - 1).
+    `checkpoint_stall_seconds`: the seconds this attempt's training loop has waited on checkpoint
+    saves so far (None: not reported), the goodput ledger's `checkpoint` time.
     """
 
     step: int
@@ -81,6 +83,7 @@ class Heartbeat:
     node_rank: int | None = None
     nnodes: int | None = None
     ranks: list[int] | None = None
+    checkpoint_stall_seconds: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -120,6 +123,7 @@ def load_heartbeat(data: str | bytes) -> Heartbeat:
         node_rank=node_rank,
         nnodes=nnodes,
         ranks=_ranks(f),
+        checkpoint_stall_seconds=_optional_real(f.doc.get("checkpoint_stall_seconds")),
         **({"time": when} if when is not None else {}),
     )
 
@@ -144,6 +148,14 @@ def _known_phases(raw: object) -> dict[str, float] | None:
         except bounded.Garbage:
             continue
     return out or None
+
+
+def _optional_real(raw: object) -> float | None:
+    """A lenient seconds field: a number in [0, MAX_TIME], else None."""
+    try:
+        return None if raw is None else bounded.real(raw, "heartbeat", 0.0, bounded.MAX_TIME)
+    except bounded.Garbage:
+        return None
 
 
 def _ranks(f: bounded.Fields) -> list[int] | None:

@@ -63,6 +63,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("spx_job_attempts", "gauge", ("job",), "Attempts started for the job (1 for a job that never restarted)."),
     Spec("spx_job_node_rank", "gauge", ("job",), "This host's node rank in a job across hosts (torch's GROUP_RANK, from its heartbeat); absent for a one-host job."),
     Spec("spx_job_generation", "gauge", ("job",), "A job across hosts: the generation (rendezvous round) its current or last attempt joined; it grows by one per restart of all hosts. Absent for a one-host job."),
+    Spec("spx_job_seconds_total", "counter", ("job", "cause"), "The job's wall time since it was submitted, by where it went (its goodput ledger: productive, recomputed, checkpoint, hang, restart_*, backoff, queued, daemon, running, ...); the causes sum to its wall time. The running attempt's productive seconds turn recomputed if it fails past its last checkpoint."),
+    Spec("spx_host_gpu_seconds_total", "counter", ("cause",), "The host's GPU-seconds since the daemon started, by where they went: the jobs' ledger causes times their GPUs, quarantined GPUs, idle GPUs; the causes sum to GPUs times the daemon's uptime."),
     # -- daemon ----------------------------------------------------------------------------------
     Spec("spx_scrape_duration_seconds", "gauge", ("collector",), "Time this scrape spent in the collector."),
     Spec("spx_scrape_success", "gauge", ("collector",), "1 if the collector read everything it tried in this scrape, 0 if any read failed."),

@@ -16,7 +16,8 @@
     cgroup, user, exec) → workers; exit_wake (the loop wakes when a launcher exits);
     rendezvous (torchrun's meeting point, across hosts); attempt_files (the attempt's files, safely),
     checkpoint_report (what discovery decided), local_tier (the host-local checkpoint dir), timeline
-    (where a restart spent its time), lease_keeper (the job's `.spx/` lease), proctree/cgroups (the
+    (where a restart spent its time), progress_log (each attempt's progress from its heartbeats, for
+    the goodput ledger), lease_keeper (the job's `.spx/` lease), proctree/cgroups (the
     processes), device_filter (the attempt cgroup's device program: only its GPUs' /dev/nvidiaN
     open), log_relay (the capped attempt log), rootcause/oom (why it ended); invalid_specs (at
     start: a job whose accepted spec this version refuses ends failed).

@@ -47,6 +47,7 @@ from spx.daemon.service.status_line import format_status
 from spx.daemon.state import jobviews
 from spx.daemon.state.backup import Backups
 from spx.daemon.state.db import StoreUnavailable
+from spx.daemon.state.ledger_view import HostAccount
 from spx.daemon.state.store import Store
 from spx.daemon.state.views import JobView
 
@@ -137,7 +138,8 @@ class Daemon:
 
         self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
         registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
-                                  quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained)
+                                  quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained,
+                                  host_account=HostAccount(self.store, time.time()))
         try:  # first: a daemon that cannot serve /metrics adopts no job and claims no file
             metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         except OSError as e:

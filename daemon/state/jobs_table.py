@@ -229,6 +229,23 @@ class JobsTable:
         ).fetchall()
         return [_job(r) for r in rows]
 
+    def ended_ids_since(self, since: float) -> list[int]:
+        """The ids of the jobs that ended at or after `since` (their terminal event's time)."""
+        rows = self._db.conn.execute(
+            f"SELECT DISTINCT job_id FROM events WHERE kind IN ({_TERMINAL_SQL}) AND time >= ? AND job_id IS NOT NULL"
+            " ORDER BY job_id", (since,)).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def allocated_and_ended(self, job_id: int) -> tuple[float | None, float | None]:
+        """When the job's GPUs were first allocated (its first `starting` event) and when it ended
+        (its terminal event); None for what has not happened: the ends of its queued and whole life."""
+        row = self._db.conn.execute(
+            "SELECT MIN(CASE WHEN kind = 'starting' THEN time END),"
+            f" MAX(CASE WHEN kind IN ({_TERMINAL_SQL}) THEN time END) FROM events WHERE job_id = ?",
+            (job_id,),
+        ).fetchone()
+        return (row[0], row[1]) if row is not None else (None, None)
+
     def spec_files(self) -> set[str]:
         """Every job's `spec_file`: the accepted copies intake has recorded."""
         return {r[0] for r in self._db.conn.execute("SELECT spec_file FROM jobs").fetchall()}

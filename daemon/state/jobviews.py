@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from spx.daemon.state import ledger_view
 from spx.daemon.state import phases as timeline
 from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.node_view import node_view
@@ -73,6 +74,7 @@ def job_view(
         heartbeat_problem=found.problem,
         node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat,
                        attempts[-1].generation if attempts else None, gang_hosts),
+        ledger=ledger_view.job_ledger(store, job, attempts, time.time()).to_json(),
     )
 
 

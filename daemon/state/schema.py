@@ -65,6 +65,8 @@ TABLES = (
     phases TEXT,
     checkpoint_discovery TEXT,
     generation INTEGER,
+    progress TEXT,
+    backoff REAL,
     UNIQUE (job_id, number)
 )""",
     # Written once, when the store is created: a store without it was not made whole (integrity.py).
@@ -128,7 +130,17 @@ def _version_1(db: sqlite3.Connection) -> None:
     db.execute(_CREATED)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1,)
+def _version_2(db: sqlite3.Connection) -> None:
+    """The goodput ledger's facts (state/goodput.py): an attempt's progress record (its first beat,
+    last progress, saves and checkpoint stall: state/attempt_progress.py) and the backoff decided at
+    its end. Attempts recorded before have neither: their time is `running`/`unknown` in the ledger."""
+    have = {r[1] for r in db.execute("PRAGMA table_info(attempts)").fetchall()}
+    for column, decl in (("progress", "TEXT"), ("backoff", "REAL")):
+        if column not in have:  # a version-0 store without the table got it from `TABLES` in version 1
+            db.execute(f"ALTER TABLE attempts ADD COLUMN {column} {decl}")
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2)
 VERSION = len(MIGRATIONS)
 
 

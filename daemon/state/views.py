@@ -76,6 +76,9 @@ class JobView:
     # library): the daemon then sees a checkpoint only when an attempt resumes from it, so
     # `last_checkpoint_step` is the newest one resumed from and newer ones may exist on disk.
     checkpoints_tracked: bool = True
+    # Where every second of the job's life went, by cause (state/goodput.py `Ledger.to_json`):
+    # wall_seconds, gpus, goodput, seconds and gpu_seconds by cause. None where not computed.
+    ledger: dict | None = None
 
     def to_json(self, with_history: bool = False) -> dict:
         doc = asdict(self)
