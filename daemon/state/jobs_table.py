@@ -230,10 +230,10 @@ class JobsTable:
         return [_job(r) for r in rows]
 
     def ended_ids_since(self, since: float) -> list[int]:
-        """The ids of the jobs that ended at or after `since` (their terminal event's time)."""
+        """The ids of the jobs in a terminal state whose last change was at or after `since` (as
+        `ended_since`, without reading their specs)."""
         rows = self._db.conn.execute(
-            f"SELECT DISTINCT job_id FROM events WHERE kind IN ({_TERMINAL_SQL}) AND time >= ? AND job_id IS NOT NULL"
-            " ORDER BY job_id", (since,)).fetchall()
+            f"SELECT id FROM jobs WHERE state IN ({_TERMINAL_SQL}) AND updated >= ? ORDER BY id", (since,)).fetchall()
         return [int(r[0]) for r in rows]
 
     def allocated_and_ended(self, job_id: int) -> tuple[float | None, float | None]:

@@ -88,11 +88,14 @@ TABLES = (
     detail TEXT
 )""",
 )
+# A job's events by kind: its ledger (state/ledger_view.py) reads them on every `spx ls` and scrape.
+_EVENTS_BY_JOB = "CREATE INDEX IF NOT EXISTS events_job ON events(job_id, kind)"
 INDEXES = (
     # Names are unique among live jobs only: a finished job's name may be reused.
     "CREATE UNIQUE INDEX IF NOT EXISTS jobs_live_name ON jobs(name) WHERE state NOT IN ('succeeded', 'failed', 'cancelled')",
     "CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name, id)",
     "CREATE INDEX IF NOT EXISTS jobs_uid ON jobs(uid)",
+    _EVENTS_BY_JOB,
 )
 _CREATED = "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', datetime('now'))"
 
@@ -133,11 +136,13 @@ def _version_1(db: sqlite3.Connection) -> None:
 def _version_2(db: sqlite3.Connection) -> None:
     """The goodput ledger's facts (state/goodput.py): an attempt's progress record (its first beat,
     last progress, saves and checkpoint stall: state/attempt_progress.py) and the backoff decided at
-    its end. Attempts recorded before have neither: their time is `running`/`unknown` in the ledger."""
+    its end, and the index of a job's events its ledger reads. Attempts recorded before have neither
+    record: their time is `running`/`unknown` in the ledger."""
     have = {r[1] for r in db.execute("PRAGMA table_info(attempts)").fetchall()}
     for column, decl in (("progress", "TEXT"), ("backoff", "REAL")):
         if column not in have:  # a version-0 store without the table got it from `TABLES` in version 1
             db.execute(f"ALTER TABLE attempts ADD COLUMN {column} {decl}")
+    db.execute(_EVENTS_BY_JOB)
 
 
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2)
