@@ -5,12 +5,13 @@ lost show as recomputed time."""
 from __future__ import annotations
 
 import sys
+import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import EXAMPLES, Daemon
+from harness import EXAMPLES, Daemon, wait_for
 
 PY = sys.executable
 
@@ -57,3 +58,39 @@ def test_a_job_that_crashed_once_has_a_ledger_summing_to_its_wall_time_with_reco
     host = {dict(labels)["cause"]: v for labels, v in metrics["spx_host_gpu_seconds"].items()}
     assert host["productive"] == pytest.approx(ledger["gpu_seconds"]["productive"], abs=0.01)
     assert host["idle"] > 0
+
+
+def test_a_job_adopted_across_a_daemon_kill9_lost_no_steps_and_has_no_daemon_time(tmp_path):
+    """A script that beats a step every 0.2 s runs on while the daemon is killed and restarted: its
+    adopted attempt's progress record is carried on, so the outage is productive time, not daemon
+    time, and nothing is recomputed."""
+    release = tmp_path / "release"
+    script = tmp_path / "beats.py"
+    script.write_text(
+        "import os, time\nfrom spx.daemon.contract.worker_env import Heartbeat, write_heartbeat\n"
+        "step, left = 0, 5\n"
+        "while left:\n"
+        "    time.sleep(0.2)\n    step += 1\n"
+        f"    left -= os.path.exists({str(release)!r})\n"
+        "    write_heartbeat(os.environ['SPX_HEARTBEAT_FILE'], Heartbeat(step=step))\n")
+    d = Daemon(tmp_path / "root").start()
+    try:
+        d.drop("a.yaml", f"name: adopted\nlauncher: python\nscript: {script}\npython: {PY}\n")
+        wait_for(lambda: ((d.job("adopted") or {}).get("step") or 0) >= 5, 60, "steps")
+        d.kill9()
+        time.sleep(2)  # the outage: the job trains on with no daemon
+        d.start()
+        d.wait_event("adopted_after_restart", job="adopted")
+        release.touch()
+        d.wait_state("adopted", {"succeeded", "failed"}, 60)
+        st = d.status("adopted")
+    finally:
+        d.stop()
+    assert st["state"] == "succeeded" and len(st["history"]) == 1, st
+    ledger, wall = st["ledger"], st["history"][-1]["end"] - st["submitted"]
+    seconds = ledger["seconds"]
+    assert abs(sum(seconds.values()) - wall) <= 0.01 * wall, (wall, ledger)
+    assert seconds["daemon"] == 0 and seconds["recomputed"] == 0 and seconds["unknown"] == 0, ledger
+    # Its training from the first beat (before the kill) to the last (after the restart) is kept.
+    assert seconds["productive"] >= 2, ledger
+    assert seconds["startup"] < seconds["productive"], ledger
