@@ -17,7 +17,7 @@ T = 60 s only). Each launcher runs:
 - spot reclaim: at half the undisturbed wall time, SIGTERM to the launcher's process group (torchrun
   and its workers), as a cloud's shutdown delivers it to every process. The workers checkpoint and
   exit 75. Under spx the daemon sees a "preempted" attempt and relaunches it at once (on a real
-  reclaim the host goes; the replacement host resumes from the same volume: README "Host loss").
+  reclaim the host goes; the replacement host resumes from the same volume: docs/host-loss.md).
   Bare torchrun just exits; the bench relaunches the same command at once (a user's retry loop, or
   the replacement host's start), which flatters torchrun: no human delay is charged.
 

@@ -7,8 +7,8 @@ bench/results/<name>.json with benchlib (`bench_foo.py` → `foo.json`). The tab
 goal: bench | goal | value | target | met, under the machine the figures came from; a benchmark
 that wrote no result in this run shows as an error line. bench/results/summary.json holds the same
 (machine, each bench's exit code, seconds and goals). `--no-run` only renders the results already
-there; `--markdown` renders the table as Markdown (the README's Benchmarks section is made so).
-`--readme README.md` also puts the Markdown table between the README's bench-table markers.
+there; `--markdown` renders the table as Markdown (docs/benchmarks.md's table is made so).
+`--readme docs/benchmarks.md` also puts the Markdown table between that file's bench-table markers.
 `--quick` gives each benchmark its short form: `--quick` where the script has one, else QUICK_ARGS.
 Exit status: 1 if a benchmark failed to write its result, else 0 (unmet goals are in the table).
 """
@@ -37,7 +37,7 @@ QUICK_ARGS = {
     "trainer_loop": ["--steps", "50", "--rounds", "1"],
 }
 HEADER = ("bench", "goal", "value", "target", "met")
-README_BEGIN = "<!-- bench-table: bench/run_all.py --no-run --readme README.md -->"
+README_BEGIN = "<!-- bench-table: bench/run_all.py --no-run --readme docs/benchmarks.md -->"
 README_END = "<!-- /bench-table -->"
 
 
@@ -102,24 +102,38 @@ def machine_line(m: dict[str, Any]) -> str:
             f"Linux {m['kernel']}")
 
 
+def where_measured(entries: list[dict[str, Any]]) -> list[str]:
+    """One line per machine the results came from: the machine, when its results were written and
+    which benchmarks they are. Results are kept per benchmark, so a table re-rendered with --no-run
+    can hold figures written on different machines and days; each line says which are whose."""
+    by_machine: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        if e.get("result"):
+            by_machine.setdefault(json.dumps(e["result"]["machine"], sort_keys=True), []).append(e)
+    if not by_machine:
+        return [f"{machine_line(machine())}; no results"]
+    lines = []
+    for key, found in sorted(by_machine.items(), key=lambda kv: min(e["result"]["when"] for e in kv[1])):
+        whens = sorted(e["result"]["when"] for e in found)
+        span = whens[0] if whens[0] == whens[-1] else f"{whens[0]} – {whens[-1]}"
+        lines.append(f"{machine_line(json.loads(key))}; measured {span}: {', '.join(e['bench'] for e in found)}")
+    return lines
+
+
 def render(entries: list[dict[str, Any]], markdown: bool) -> str:
     rows = table_rows(entries)
-    machines = {json.dumps(e["result"]["machine"], sort_keys=True) for e in entries if e.get("result")}
-    where = [machine_line(json.loads(m)) for m in sorted(machines)] or [machine_line(machine())]
-    whens = sorted(e["result"]["when"] for e in entries if e.get("result"))
-    span = f"{whens[0]} – {whens[-1]}" if whens else "no results"
+    where = where_measured(entries)
     if markdown:
         lines = [f"| {' | '.join(HEADER)} |", "|" + "---|" * len(HEADER)]
         lines += [f"| {' | '.join(r)} |" for r in rows]
         lines.append("")
-        lines += [f"Machine: {w}; measured {span}." for w in where]
+        lines += [f"Machine: {w}." for w in where]
         return "\n".join(lines)
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(HEADER)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(HEADER, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines += [f"machine: {w}" for w in where]
-    lines.append(f"measured: {span}")
     return "\n".join(lines)
 
 
@@ -144,7 +158,7 @@ def write_summary(entries: list[dict[str, Any]], results: Path) -> Path:
 
 
 def update_readme(path: Path, table: str) -> None:
-    """Replace what lies between the README's bench-table markers with `table`."""
+    """Replace what lies between the bench-table markers of the document at `path` with `table`."""
     text = path.read_text()
     head, sep, rest = text.partition(README_BEGIN)
     _, sep2, tail = rest.partition(README_END)
@@ -159,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="each benchmark's short form")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     ap.add_argument("--no-run", action="store_true", help="render the results already in bench/results")
-    ap.add_argument("--readme", type=Path, help="also write the Markdown table into this README's bench-table markers")
+    ap.add_argument("--readme", type=Path, help="also write the Markdown table between the bench-table markers of this file (docs/benchmarks.md)")
     ap.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
     ap.add_argument("--bench-dir", type=Path, default=BENCH, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

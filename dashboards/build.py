@@ -4,7 +4,7 @@ checked in so it can be imported without running anything.
     python dashboards/build.py           # rewrite dashboards/*.json
     python dashboards/build.py --check   # exit 1 if a checked-in file differs from what the code builds
 
-tests/dashboards/test_dashboards_static.py runs the check, so an edit to the JSON by hand fails CI.
+tests/dashboards/test_dashboards_schema.py runs the check, so an edit to the JSON by hand fails CI.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@
 Starts the daemon rooted in .demo/root with the fake 8×H100 backend, submits the example DDP job
 (2 workers on 2 GPUs, a checkpoint every 10 steps), kills one worker with `kill -9` partway, and
 shows the crash being detected, the resume from the last checkpoint, the job finishing, `spx
-status`, some of `/metrics`, and where the logs are. Ctrl-C stops everything it started.
+status`, some of `/metrics`, and where the logs are. Ctrl-C stops everything it started. The demo's
+daemon ends with the demo; what it prints last is how to run one yourself, in the foreground of one
+terminal, and `spx` from the venv in a second (the README's try section, whose lines they are).
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ def follow_until_done(killed: list[bool], metrics_url: str | None, snapshot: lis
 
 def show_metrics(text: str) -> None:
     """The lines an operator looks at first: the job's state, step and restarts, its GPUs (with the
-    `job` label), and the fixture's one NVLink link that is down."""
+    `spx_job` label), and the fixture's one NVLink link that is down."""
     wanted = ("spx_job_state{", "spx_job_restarts_total{", "spx_job_step{", "spx_job_samples_per_second{",
               "spx_gpu_utilization_ratio{", "spx_gpu_memory_used_bytes{", 'spx_gpu_nvlink_up{gpu="3",link="7"')
     for line in text.splitlines():
@@ -163,7 +165,7 @@ def show_metrics(text: str) -> None:
             continue
         if line.startswith("spx_job_state{") and not line.endswith(" 1.0"):
             continue  # one line per possible state; show the current one
-        if line.startswith("spx_gpu_") and "nvlink" not in line and 'job="' not in line:
+        if line.startswith("spx_gpu_") and "nvlink" not in line and 'spx_job="' not in line:
             continue  # GPUs not allocated to the job
         print("    " + line)
 
@@ -192,8 +194,8 @@ def main() -> int:
         log2 = ROOT / "log" / JOB / "attempt-2.log"
         digest = [line for line in log2.read_text().splitlines() if "final_state_sha256=" in line] if log2.exists() else []
         print()
-        say(f"logs: {ROOT / 'log' / JOB}/attempt-N.log (spx --root {ROOT} logs {JOB} --attempt 2); "
-            f"checkpoints: {ROOT / 'checkpoints' / pwd.getpwuid(os.getuid()).pw_name / JOB}")
+        say(f"logs: {shown(ROOT / 'log' / JOB)}/attempt-N.log; "
+            f"checkpoints: {shown(ROOT / 'checkpoints' / pwd.getpwuid(os.getuid()).pw_name / JOB)}")
         if digest:
             say(f"final model state hash (rank 0): {digest[-1].split('final_state_sha256=')[-1][:16]}…")
         return 0 if doc["state"] == "succeeded" and doc["attempts"] >= 2 else 1
@@ -202,8 +204,34 @@ def main() -> int:
         return 130
     finally:
         daemon.stop()
-        say("daemon stopped; nothing left running")
+        say("the demo's daemon is stopped; nothing it started is left running")
+
+
+def shown(path: Path) -> str:
+    """`path` as the user can type it: relative to where they ran the demo when it is below it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+NEXT_STEPS = """
+Try it yourself (README.md, "Try it in 2 minutes"), in the checkout:
+
+  terminal 1 - the daemon; it stays in the foreground, printing its log, until Ctrl-C:
+    .venv/bin/spx-trainer --root ./spx-root --gpu-backend fake
+
+  terminal 2 - spx is in .venv: activate it, and say which daemon to talk to:
+    . .venv/bin/activate
+    export SPX_ROOT=$PWD/spx-root
+    spx submit examples/jobs/ddp-crash-resume.yaml
+    spx ls
+    spx logs ddp-crash-resume -f
+"""
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status == 0:
+        print(NEXT_STEPS)
+    sys.exit(status)

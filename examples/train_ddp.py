@@ -1,9 +1,9 @@
-"""The seed's DDP training script, on spx.trainer.
+"""A DDP training script on spx.trainer.
 
     torchrun --nproc_per_node=2 --nnodes=1 examples/train_ddp.py --batch_size 8 --gradient_checkpointing
     spx submit examples/jobs/ddp-crash-resume.yaml      # the same, supervised by the daemon
 
-Compared with the seed it resumes exactly (model, optimizer, scheduler, every rank's RNG and data
+Unlike a plain DDP loop it resumes exactly (model, optimizer, scheduler, every rank's RNG and data
 position), checkpoints atomically in the background, checkpoints and exits 75 on SIGTERM, writes
 the daemon's heartbeat, and runs on CPU (gloo) as well as GPUs (nccl, bf16). Rank 0 prints
 `final_state_sha256=<hex>` at the end, so two runs can be compared bitwise.

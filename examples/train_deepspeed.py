@@ -1,9 +1,9 @@
-"""The seed's DeepSpeed ZeRO-3 script, on spx.trainer.
+"""A DeepSpeed ZeRO-3 training script on spx.trainer.
 
     deepspeed --num_gpus=2 examples/train_deepspeed.py --deepspeed --deepspeed_config examples/ds_config.json
     spx submit examples/jobs/deepspeed-zero3.yaml      # the same, supervised by the daemon
 
-`examples/ds_config.json` is the seed's config unchanged (ZeRO-3, optimizer and parameters
+`examples/ds_config.json` is a plain DeepSpeed config (ZeRO-3, optimizer and parameters
 offloaded to CPU, bf16, micro-batch 1 × 8 accumulation steps); it runs on GPUs and, with
 DeepSpeed's CPU accelerator and gloo, on CPU. Checkpoints are DeepSpeed's own sharded ones inside
 the spx layout, written by every rank and published by rank 0 once all are done.

@@ -6,7 +6,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from spx.daemon.contract.worker_env import ENV_CHECKPOINT_DIR, ENV_HEARTBEAT_FILE, ENV_LOCAL_CHECKPOINT_DIR
+from spx.daemon.contract.worker_env import (
+    ENV_CHECKPOINT_DIR,
+    ENV_HEARTBEAT_FILE,
+    ENV_LOCAL_CHECKPOINT_DIR,
+    checkpoint_keep,
+)
 
 
 @dataclass
@@ -37,7 +42,8 @@ class TrainerConfig:
     checkpoint_every_seconds: float | None = None
     """Also checkpoint when this much time has passed since the last one (agreed across ranks)."""
     keep: int = 3
-    """Complete checkpoints to keep; older ones are deleted after a newer one is published."""
+    """Complete checkpoints to keep; older ones are deleted after a newer one is published. A job
+    file's `checkpoints.keep` (SPX_CHECKPOINT_KEEP, set by the daemon only when the file sets it) wins."""
     async_checkpoint: bool = True
     """Write periodic checkpoints in the background (the loop pays only the host copy)."""
     save_final: bool = True
@@ -73,6 +79,9 @@ class TrainerConfig:
         """Where each rank's per-step state for a JIT checkpoint goes: the daemon's host-local
         checkpoint dir (RAM) if it gave one, else the checkpoint dir itself."""
         return Path(os.environ.get(ENV_LOCAL_CHECKPOINT_DIR) or self.resolved_checkpoint_dir())
+
+    def resolved_keep(self) -> int:
+        return checkpoint_keep(os.environ) or self.keep
 
     def resolved_heartbeat_file(self) -> str | None:
         return os.environ.get(ENV_HEARTBEAT_FILE) or self.heartbeat_file

@@ -1,4 +1,4 @@
-"""Each node's heartbeat file (README.md, "What the workers get (the contract)"): its daemon's view
+"""Each node's heartbeat file (docs/job-spec.md, "What the workers get (the contract)"): its daemon's view
 of progress.
 
 The daemon detects hangs by watching `step` move and exports samples/s and the last checkpoint as

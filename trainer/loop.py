@@ -103,7 +103,7 @@ class TrainingLoop:
             world_size=self.dist.world_size,
             token=token,
             fmt=self.FORMAT,
-            keep=config.keep,
+            keep=config.resolved_keep(),
             checksums=config.checksums,
             publish_timeout_seconds=config.publish_timeout_seconds,
             debug_write_delay_seconds=config.debug_write_delay_seconds,
@@ -285,9 +285,9 @@ class TrainingLoop:
         except OSError as exc:
             log.warning("local checkpoint dir %s unusable (%r): checkpoints go to %s", local_dir, exc, self.checkpointer.dir)
             return None
-        if not has_room(local_dir, need, self.config.keep):
+        if not has_room(local_dir, need, self.checkpointer.keep):
             log.warning("local checkpoint dir %s lacks room for %d checkpoints of %d MiB: checkpoints go to %s",
-                        local_dir, self.config.keep + 1, need >> 20, self.checkpointer.dir)
+                        local_dir, self.checkpointer.keep + 1, need >> 20, self.checkpointer.dir)
             return None
         log.info("checkpoints go to %s first, replicated to %s", local_dir, self.checkpointer.dir)
         return str(local_dir)

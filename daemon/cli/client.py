@@ -6,13 +6,26 @@ with the exit status to leave with; and, when no daemon answers, root's read-onl
 from __future__ import annotations
 
 import os
+import time
 
 from spx.daemon.cli import queue_cmds
 from spx.daemon.cli.socket_hint import not_running_message
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.service import control
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNCONFIRMED = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 130, 141  # 128 + SIGINT, 128 + SIGPIPE: what a shell reports for those
+# The one table of `spx`'s exit statuses: `spx --help` shows it, docs/cli.md repeats it.
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "done (`status`: the job has not failed; `doctor`: no check failed)"),
+    (EXIT_FAIL, "refused or failed: no such job (or not yours), not allowed, no daemon answering, the daemon "
+                "rejected the job file, `status` of a failed job, a failed `doctor` check, a refused `adopt`"),
+    (EXIT_USAGE, "usage: unknown command or option, an invalid job file or command line, a bad value"),
+    (EXIT_UNCONFIRMED, "`submit --json/--parsable`: the job file is in the spool but no daemon took it in time "
+                       "(no job id yet; it is queued when a daemon runs)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+    (EXIT_PIPE_CLOSED, "its output was closed early (`spx status NAME | head`): stopped quietly"),
+)
 
 
 class CliError(Exception):
@@ -28,18 +41,19 @@ def ask(cfg: DaemonConfig, op: str, name: str | None = None, arg: str | None = N
     except TimeoutError as e:  # something listens there but did not answer whole in time
         raise CliError(f"{e}; the daemon may be overloaded (see its log)") from e
     except OSError:
-        return _ask_store(cfg, op, name)
+        return _ask_store(cfg, op, name, arg)
     if not reply.get("ok"):
         raise CliError(reply.get("error", "request failed"), reply.get("code", EXIT_FAIL))
     return reply["result"]
 
 
-def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
+def _ask_store(cfg: DaemonConfig, op: str, name: str | None, arg: str | None = None) -> object:
     if op in ("cancel", "gpu-release", *queue_cmds.COMMANDS, "queue") or not os.access(cfg.store_path, os.R_OK):
         raise CliError(not_running_message(cfg))
     if op == "gpus":
         return []  # the GPUs a daemon uses: none while it is not running
-    from spx.daemon.state import jobviews  # only on this fallback path: keeps `spx` quick to start
+    # Imported only on this fallback path: keeps `spx` quick to start.
+    from spx.daemon.state import accounting, jobviews
     from spx.daemon.state.db import StoreRefused
     from spx.daemon.state.store import Store
 
@@ -48,6 +62,8 @@ def _ask_store(cfg: DaemonConfig, op: str, name: str | None) -> object:
     except StoreRefused as e:  # a store a newer version wrote: say so, not a traceback
         raise CliError(str(e)) from None
     try:
+        if op == "accounting":
+            return [u.to_json() for u in accounting.usage_since(store, float(arg or 0), time.time())]
         if op in ("ls", "history"):
             return [v.to_json() for v in jobviews.all_views(store, cfg.run_dir, scope="all" if op == "history" else "recent")]
         job = store.jobs.by_name(name or "")

@@ -1,11 +1,14 @@
 """What `spx ls` (a table of jobs), `spx status` (one job and its attempts) and `spx gpus` print:
-text for a person, from the daemon's JSON answers (`--json` prints those as they are).
+text for a person, from the daemon's JSON answers (`--json` prints those as they are). State words
+are painted by `colour.Paint` when it is on (a terminal), after padding, so columns line up.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
+from spx.daemon.cli.colour import PLAIN, Paint
 from spx.daemon.contract import checkpoint_discovery
 from spx.daemon.core.causes import NOT_FAILURES
 from spx.daemon.state import node_view
@@ -22,19 +25,34 @@ def _fmt(v: object) -> str:
     return "-" if v is None or v == [] else ",".join(map(str, v)) if isinstance(v, list) else str(v)
 
 
-def print_table(jobs: list[dict]) -> None:
-    now = time.time()
-    rows = [("NAME", "JOB", "STATE", "ATTEMPTS", "STEP", "CKPT", "CKPT AGE", "GPUS", "REASON")]
-    for j in jobs:
-        rows.append((j["name"], str(j.get("job_id", "-")), j["state"], str(j["attempts"]), _fmt(j["step"]), _fmt(j["last_checkpoint_step"]),
-                     _ago(j.get("last_checkpoint_time"), now), _fmt(j["gpus"]), j["reason"] or ""))
+STATE_COLUMN = 2
+
+
+def table_lines(rows: Sequence[tuple[str, ...]], paint: Paint = PLAIN, state_column: int | None = STATE_COLUMN) -> list[str]:
+    """Columns padded to their widest cell (the last one left as it is), the state column painted."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+    lines = []
+    for n, r in enumerate(rows):
+        cells = [c.ljust(w) for c, w in zip(r, widths, strict=False)]
+        if n and state_column is not None:
+            cells[state_column] = paint.state(cells[state_column], r[state_column])
+        lines.append("  ".join(cells) + "  " + r[-1])
+    return lines
 
 
-def print_status(doc: dict) -> None:
-    print(f"{doc['name']}: {doc['state']}" + (f" ({doc['reason']})" if doc["reason"] else ""))
+def print_table(jobs: list[dict], paint: Paint = PLAIN) -> None:
+    now = time.time()
+    rows = [("NAME", "JOB", "STATE", "USER", "ATTEMPTS", "STEP", "CKPT", "CKPT AGE", "GPUS", "REASON")]
+    for j in jobs:
+        rows.append((j["name"], str(j.get("job_id", "-")), j["state"], str(j.get("owner") or j.get("owner_uid", "-")),
+                     str(j["attempts"]), _fmt(j["step"]), _fmt(j["last_checkpoint_step"]),
+                     _ago(j.get("last_checkpoint_time"), now), _fmt(j["gpus"]), j["reason"] or ""))
+    for line in table_lines(rows, paint):
+        print(line)
+
+
+def print_status(doc: dict, paint: Paint = PLAIN) -> None:
+    print(f"{doc['name']}: {paint.state(doc['state'])}" + (f" ({doc['reason']})" if doc["reason"] else ""))
     print(f"  owner {doc['owner']}  gpus {_fmt(doc['gpus'])}  step {_fmt(doc['step'])}  "
           f"last checkpoint {_last_checkpoint(doc)}  samples/s {_fmt(doc['samples_per_second'])}")
     if doc.get("heartbeat_problem"):

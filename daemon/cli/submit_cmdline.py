@@ -82,7 +82,7 @@ def gpus_option(text: str) -> int | list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `spx submit [OPTIONS] -- COMMAND`."""
-    parser.usage = ("spx submit [--fresh] FILE\n       spx submit [--name N] [--gpus G] [--checkpoints DIR] "
+    parser.usage = ("spx submit [--fresh] [--check] [--parsable | --json] FILE\n       spx submit [--name N] [--gpus G] [--checkpoints DIR] "
                     "[--dry-run] [--fresh] -- torchrun|deepspeed|python …")
     parser.add_argument("--name", help="with -- COMMAND: the job's name (default: the script's, e.g. train)")
     parser.add_argument("--gpus", type=gpus_option,
@@ -300,7 +300,9 @@ def render(data: dict[str, Any], command: list[str], notes: list[str], cwd: Path
     """The job file: a header saying how it was made, then the fields in a reader's order."""
     header = [f"spx submit -- {shlex.join(command)}", f"translated in {cwd} by `spx submit --`:",
               *(f"  {n}" for n in notes)]
-    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, allow_unicode=True, width=100)
+    # Block style throughout: a file a user edits (adds a key to) as the README says; flow style
+    # would print a job without lists as one `{name: …, launcher: …}` line.
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True, width=100)
     return "".join(f"# {_printable(line)}\n" for line in header) + body
 
 

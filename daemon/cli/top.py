@@ -5,14 +5,16 @@
 
 `render()` is pure (jobs, GPU rows, time, width → text) so the layout is unit-tested; `run_top()`
 owns the terminal: home the cursor, overwrite each line, clear what is left, hide the cursor while
-it runs and give it back on Ctrl-C. The GPU rows come from the daemon (`service/gpu_rows.py`): the
-GPUs it uses, with its allocation.
+it runs and give it back on Ctrl-C, SIGTERM or SIGHUP. The GPU rows come from the daemon
+(`service/gpu_rows.py`): the GPUs it uses, with its allocation.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
@@ -193,6 +195,7 @@ def run_top(
         return 0
     frames = 0
     out.write(HIDE_CURSOR + CLEAR_ALL)
+    restore = _exit_on_terminate()
     try:
         while max_frames is None or frames < max_frames:
             size = shutil.get_terminal_size((120, 40))
@@ -209,6 +212,27 @@ def run_top(
     except KeyboardInterrupt:
         pass
     finally:
+        restore()
         out.write(SHOW_CURSOR)
         out.flush()
     return 0
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # as a shell reports a process the signal killed
+
+
+def _exit_on_terminate() -> Callable[[], None]:
+    """While the live view runs, SIGTERM and SIGHUP (`kill`, a closed terminal) exit through the
+    `finally` that gives the cursor back, instead of killing spx with the cursor hidden. Returns
+    what puts the previous handlers back. Signal handlers belong to the main thread: elsewhere
+    (a caller's thread) nothing is changed."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    before = {sig: signal.signal(sig, _terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+    def restore() -> None:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+    return restore

@@ -1,4 +1,4 @@
-"""The environment contract between the daemon and the workers it launches (README.md, "What the
+"""The environment contract between the daemon and the workers it launches (docs/job-spec.md, "What the
 workers get (the contract)").
 
 Both sides import this module: the daemon to set the variables, `spx.trainer` to read them. It is
@@ -33,8 +33,23 @@ ENV_ATTEMPT_ID = "SPX_ATTEMPT_ID"
 # spx.trainer publishes a checkpoint only while the lease is still at it (contract/fencing.py). Set
 # for one-host jobs; unset for a job across hosts and for a script run by hand.
 ENV_FENCE = "SPX_FENCE"
+# The job file's `checkpoints.keep`, set only when the file sets it: then it wins over the script's own
+# `TrainerConfig(keep=…)` (whoever submits decides how much disk the job holds); unset, the script's
+# choice stands.
+ENV_CHECKPOINT_KEEP = "SPX_CHECKPOINT_KEEP"
+MAX_CHECKPOINT_KEEP = 1000
 ENV_NAMES = (ENV_JOB, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_HEARTBEAT_FILE, ENV_ATTEMPT_ID,
-             ENV_LOCAL_CHECKPOINT_DIR, ENV_FENCE)
+             ENV_LOCAL_CHECKPOINT_DIR, ENV_FENCE, ENV_CHECKPOINT_KEEP)
+
+def checkpoint_keep(env: dict[str, str] | os._Environ[str]) -> int | None:
+    """SPX_CHECKPOINT_KEEP as a number of checkpoints (1 to MAX_CHECKPOINT_KEEP), or None when it
+    is unset or not such a number (the script's own `keep` then stands)."""
+    raw = env.get(ENV_CHECKPOINT_KEEP, "").strip()
+    if not raw.isdigit() or len(raw) > 4:
+        return None
+    keep = int(raw)
+    return keep if 1 <= keep <= MAX_CHECKPOINT_KEEP else None
+
 
 # A worker that checkpointed on SIGTERM exits with this code (EX_TEMPFAIL: "try again later"), and
 # says so in its heartbeat, because torchrun reports every non-zero worker exit as its own exit 1.

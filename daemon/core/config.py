@@ -1,18 +1,19 @@
 """Daemon configuration: where everything lives and how the daemon behaves.
 
 Loaded from `/etc/spx/config.yaml` (or `--config`), then overridden by command-line flags. `--root DIR`
-(or `SPX_ROOT`) relocates every path under DIR so anyone can try the daemon without root (README.md, "Use").
+(or `SPX_ROOT`) relocates every path under DIR so anyone can try the daemon without root (README.md, "Try it in 2 minutes").
 Unknown keys are an error: a typo in a config must not silently fall back to a default.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_CONFIG_FILE = Path("/etc/spx/config.yaml")
 GpuBackendKind = Literal["auto", "nvml", "fake", "none"]
@@ -58,6 +59,47 @@ class UserWork(BaseModel):
         "done); past it the standby is discarded and the attempt launches cold."))
 
 
+def check_root_only_above(path: Path) -> None:
+    """A ConfigError unless every existing directory above `path` is owned by root (or the daemon's own
+    uid) and writable by no one else (a sticky directory is fine: others cannot rename root's entries in
+    it): a user who can rename a directory above it could put their own in its place, and decide what
+    its reader (dcgm-exporter) is told."""
+    owners = {0, os.geteuid()}
+    for parent in path.resolve().parents:
+        try:
+            st = os.stat(parent)
+        except OSError as e:
+            raise ConfigError(f"{path}: {parent}: {e.strerror}") from e
+        if not stat.S_ISDIR(st.st_mode):
+            raise ConfigError(f"{path}: {parent} is not a directory")
+        open_to_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+        if st.st_uid not in owners or open_to_others:
+            raise ConfigError(f"{path}: {parent} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
+                              "only root may be able to write the directories above it (chown root, chmod go-w)")
+
+
+def _absolute(path: Path | None) -> Path | None:
+    if path is not None and not path.is_absolute():
+        raise ValueError(f"{path} is not an absolute path")
+    return path
+
+
+class MetricsSettings(BaseModel):
+    """Config `metrics:` — what the daemon tells other monitoring on the host. (`metrics_address` and
+    `metrics_job_labels`, about its own /metrics, are top-level keys.)"""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dcgm_job_mapping_dir: Path | None = Field(None, description=(
+        "dcgm-exporter's --hpc-job-mapping-dir: the daemon writes there one file per GPU a job holds, named by the "
+        "GPU's index and holding the job's name, and removes it when the job leaves the GPU, so dcgm-exporter "
+        "labels that GPU's series hpc_job=NAME (docs/metrics.md). The daemon owns the directory: it is made "
+        "root-owned 0755 (anything else at that name is moved aside), and every directory above it must be "
+        "writable by root alone (checked at the daemon's start and by --check). null: no mapping files."))
+
+    _abs = field_validator("dcgm_job_mapping_dir")(_absolute)
+
+
 class DaemonConfig(BaseModel):
     """Everything the daemon reads at start-up. Paths are absolute."""
 
@@ -72,9 +114,10 @@ class DaemonConfig(BaseModel):
     fake_gpus: Path | None = Field(None, description="Fixture for --gpu-backend fake (default: bundled 8×H100).")
     metrics_address: str = Field("127.0.0.1:9101", description="HOST:PORT of /metrics; loopback by default.")
     metrics_job_labels: bool = Field(True, description=(
-        "Name jobs in /metrics (the `job` label on GPU series, and the per-job spx_job_* series). /metrics has "
-        "no authentication: any local user (anyone who can reach metrics_address) can read it, so job names are "
-        "visible to all of them. false drops every job name from the scrape; GPU series stay."))
+        "Name jobs and their owners in /metrics (the `spx_job` label on GPU series, and the per-job spx_job_* "
+        "series, spx_job_info's `owner` among them). /metrics has no authentication: any local user (anyone who can "
+        "reach metrics_address) can read it, so job and owner names are visible to all of them. false drops every "
+        "job and owner name from the scrape; GPU series stay."))
     rescan_seconds: float = Field(5.0, gt=0, description="Spool rescan period, the backstop for inotify overflow.")
     submit_group: str | None = Field(None, description="If set, only root and this group's members may submit.")
     admin_group: str | None = Field(None, description="Members see and cancel every job, not only their own.")
@@ -119,6 +162,23 @@ class DaemonConfig(BaseModel):
         "GPUs one user's jobs may hold at once: {gpus_per_user: 4, users: {alice: 8}, groups: {ml: 6}}. A user's own "
         "entry wins, else the largest of their groups', else gpus_per_user (null: no limit). A job over its owner's "
         "limit waits (the reason says so), never fails; other users' jobs pass it."))
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings, description=(
+        "What the daemon tells other monitoring: {dcgm_job_mapping_dir: /run/dcgm-job-map} writes dcgm-exporter's "
+        "job-mapping files."))
+
+    @model_validator(mode="after")
+    def _job_names_public_or_not(self) -> DaemonConfig:
+        if self.metrics.dcgm_job_mapping_dir is not None and not self.metrics_job_labels:
+            raise ValueError("metrics.dcgm_job_mapping_dir puts job names into dcgm-exporter's metrics, which "
+                             "metrics_job_labels: false keeps private: set one or the other")
+        return self
+
+    def check_host(self) -> None:
+        """What only the daemon checks, on the host as it is now, at its start and in --check (a ConfigError
+        if wrong): `spx`, run by users, loads the same config and must not trip on a directory they
+        cannot search."""
+        if self.metrics.dcgm_job_mapping_dir is not None:
+            check_root_only_above(self.metrics.dcgm_job_mapping_dir)
 
     @classmethod
     def rooted(cls, root: Path, **overrides: object) -> DaemonConfig:
@@ -176,5 +236,6 @@ def load_config(
         return DaemonConfig(**{**data, **overrides})
     except ValidationError as e:
         where = f"{path}: " if path else ""
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" if err["loc"] else err["msg"]
+                             for err in e.errors())
         raise ConfigError(f"{where}invalid config: {problems}") from e

@@ -1,4 +1,4 @@
-"""The job spec: one YAML file = one job (README.md, "The job spec").
+"""The job spec: one YAML file = one job (docs/job-spec.md).
 
 Parsing is defensive because the daemon runs as root and the file comes from a user. Contract:
 `parse_spec` returns a JobSpec or raises SpecError, for every input text, and every number in a
@@ -58,8 +58,10 @@ AbsPath = Annotated[Path, Field(description="An absolute path without '..'.")]
 
 class Checkpoints(_Strict):
     dir: AbsPath | None = Field(None, description="Where this job's checkpoints live; default CHECKPOINTS_ROOT/OWNER/NAME.")
-    keep: int = Field(
-        3, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted after a newer one completes."
+    keep: int | None = Field(
+        None, ge=1, le=1000, description="Complete checkpoints kept by spx.trainer (SPX_CHECKPOINT_KEEP): older ones "
+        "are deleted after a newer one is published; unset, the script's own TrainerConfig(keep) stands (default 3). "
+        "A script that saves its own way keeps what it keeps."
     )
     pattern: str | None = Field(
         None, description="Glob for scripts with their own naming (`ckpt.pt`, `checkpoint-*/`); default: the step-*/ layout."
@@ -98,7 +100,7 @@ class Data(_Strict):
 
 
 class JobSpec(_Strict):
-    """A validated job. Field descriptions are the reference in the README."""
+    """A validated job. Field descriptions are the reference in docs/job-spec.md."""
 
     name: str = Field(description="[a-z0-9][a-z0-9-_.]{0,62}; unique among live jobs.")
     launcher: Literal["torchrun", "deepspeed", "python"] = "torchrun"
@@ -273,7 +275,7 @@ def submitted_text(text: str, base_dir: Path, source: str, fresh: bool = False) 
         return text
     header = (f"# spx submit {source}{' --fresh' if fresh else ''}: relative {'/'.join(SUBMIT_RELATIVE_FIELDS)} "
               f"resolved against {base_dir}\n")
-    return header + yaml.safe_dump(resolved, sort_keys=False, default_flow_style=None, allow_unicode=True)
+    return header + yaml.safe_dump(resolved, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 def parse_spec(text: str, base_dir: Path | None = None) -> JobSpec:
@@ -316,5 +318,5 @@ def _problem(root: yaml.Node, err: Any) -> tuple[int | None, str, str]:
     field = ".".join(str(p) for p in loc)
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        msg = "unknown field (check the spelling; see the job spec reference in the README)"
+        msg = "unknown field (check the spelling; every field is in docs/job-spec.md)"
     return line_of(root, loc), field, msg

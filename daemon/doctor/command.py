@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,10 @@ def run_doctor(
     staging: Sequence[tuple[Path | None, Path]] = (),
     worker_python: str | None = None,
     out: Any = None,
+    mark: Callable[[str, str], str] | None = None,
 ) -> int:
-    """Print the report for this host and `cfg`'s paths; 1 if any check failed.
+    """Print the report for this host and `cfg`'s paths; 1 if any check failed. `mark(text, status)`
+    colours each verdict in the text report (the CLI's, on a terminal); JSON is never marked.
 
     Under `--root` (paths that are not the system defaults) the spool and state dirs must belong to
     the user running the daemon, not root.
@@ -46,5 +48,6 @@ def run_doctor(
         checks = run_checks(ctx)
     finally:
         backend.close()
-    out.write(json.dumps(to_json(checks), indent=1) + "\n" if as_json else render_text(checks))
+    out.write(json.dumps(to_json(checks), indent=1) + "\n" if as_json
+              else render_text(checks, mark) if mark else render_text(checks))
     return exit_code(checks)

@@ -365,11 +365,17 @@ def run_checks(ctx: DoctorContext, only: Sequence[str] | None = None) -> list[Ch
     return checks
 
 
-def render_text(checks: list[Check]) -> str:
+def _unmarked(text: str, _status: str) -> str:
+    return text
+
+
+def render_text(checks: list[Check], mark: Callable[[str, str], str] = _unmarked) -> str:
+    """The report for a person; `mark(text, status)` may colour each verdict's symbol (the CLI's,
+    on a terminal)."""
     width = max((len(c.name) for c in checks), default=0)
     lines = []
     for c in checks:
-        lines.append(f"{SYMBOL[c.status]} {c.name:<{width}}  {c.detail}")
+        lines.append(f"{mark(SYMBOL[c.status], c.status)} {c.name:<{width}}  {c.detail}")
         if c.status != "ok":
             lines.append(f"  {' ' * width}  fix: {c.fix}")
     counts = {s: sum(c.status == s for c in checks) for s in STATUSES}

@@ -21,7 +21,7 @@ from typing import Any
 import pynvml
 import structlog
 
-from spx.daemon.exporter.metrics import Families
+from spx.daemon.exporter.metrics import JOB_LABEL, Families
 from spx.daemon.gpu import fields as F
 from spx.daemon.gpu.backend import GpuBackend, GpuDevice
 from spx.daemon.state.views import JobView
@@ -130,9 +130,9 @@ class _GpuScrape:
             if proc.usedGpuMemory is None:
                 continue
             labels = {**base, "pid": str(proc.pid)}
-            labels.pop("job", None)
+            labels.pop(JOB_LABEL, None)
             if proc.pid in pid_jobs:
-                labels["job"] = pid_jobs[proc.pid]
+                labels[JOB_LABEL] = pid_jobs[proc.pid]
             self.add("spx_gpu_process_memory_used_bytes", labels, proc.usedGpuMemory)
 
     def _memory(self, base: dict[str, str]) -> None:
@@ -277,7 +277,7 @@ class GpuCollector:
         for device in self.backend.devices():
             base = {"gpu": str(device.index), "uuid": device.uuid}
             if device.index in gpu_jobs:
-                base["job"] = gpu_jobs[device.index]
+                base[JOB_LABEL] = gpu_jobs[device.index]
             fam.add("spx_gpu_info", {**base, "name": device.name, "pci_bus_id": device.pci_bus_id,
                                      "driver": self.backend.driver_version}, 1)
             # XID counts are the daemon's own event counts, not a read of the GPU: kept when it is down

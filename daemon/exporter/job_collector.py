@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from spx.daemon.exporter.metrics import Families
+from spx.daemon.exporter.metrics import JOB_LABEL, Families
 from spx.daemon.state.views import JobView
 
 # Every state a job can be in (state/states.py); spx_job_state has one series per state, 1 for the current.
 JOB_STATES = ("queued", "starting", "running", "restarting", "succeeded", "failed", "cancelled")
 
 JOB_FAMILIES = [
-    "spx_job_state", "spx_job_restarts_total", "spx_job_step", "spx_job_samples_per_second",
+    "spx_job_info", "spx_job_state", "spx_job_restarts_total", "spx_job_step", "spx_job_samples_per_second",
     "spx_job_last_checkpoint_timestamp_seconds", "spx_job_gpus", "spx_job_attempts",
     "spx_job_node_rank", "spx_job_generation", "spx_job_seconds_total",
 ]
@@ -27,7 +27,8 @@ class JobCollector:
     def collect(self) -> tuple[list[Any], bool]:
         fam = Families(JOB_FAMILIES)
         for view in sorted(self.jobs(), key=lambda v: v.name):
-            job = {"job": view.name}
+            job = {JOB_LABEL: view.name}
+            fam.add("spx_job_info", {**job, "owner": view.owner}, 1)
             for state in JOB_STATES:
                 fam.add("spx_job_state", {**job, "state": state}, 1 if view.state == state else 0)
             for reason, count in sorted(view.restarts_by_reason.items()):

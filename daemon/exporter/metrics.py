@@ -11,7 +11,11 @@ from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
-GPU = ("gpu", "uuid")  # + "job" while the GPU is allocated to a starting/running/restarting job
+# The job a series belongs to. Not `job`: Prometheus gives every series of a target the scrape job's
+# name in `job` (and `instance`), and alert routing, `up{job=...}` and recording rules rely on it; an
+# exporter that set `job` itself would need `honor_labels: true`, which lets it overwrite target labels.
+JOB_LABEL = "spx_job"
+GPU = ("gpu", "uuid")  # + "spx_job" while the GPU is allocated to a starting/running/restarting job
 
 
 @dataclass(frozen=True)
@@ -48,22 +52,23 @@ SPECS: tuple[Spec, ...] = (
     Spec("spx_gpu_remapped_rows", "gauge", (*GPU, "type"), "Row remapper: rows remapped for correctable|uncorrectable errors; pending|failure are 0/1 flags."),
     Spec("spx_gpu_xid_errors_total", "counter", (*GPU, "xid"), "XID critical-error events seen by the daemon's NVML event thread since it started."),
     Spec("spx_gpu_quarantined", "gauge", ("gpu", "uuid", "reason"), "1 while the health gate has the GPU quarantined (never allocated until `spx gpu release`), with the reason; 0 (reason empty) otherwise."),
-    Spec("spx_gpu_process_memory_used_bytes", "gauge", (*GPU, "pid", "job"), "Device memory used by one compute process; job = the job whose attempt owns the pid (absent if none)."),
+    Spec("spx_gpu_process_memory_used_bytes", "gauge", (*GPU, "pid", "spx_job"), "Device memory used by one compute process; spx_job = the job whose attempt owns the pid (absent if none)."),
     Spec("spx_gpu_nvlink_up", "gauge", (*GPU, "link"), "1 if the NVLink link is active (or in low-power sleep), 0 if inactive."),
     Spec("spx_gpu_nvlink_transmit_bytes_total", "counter", (*GPU, "link"), "NVLink data payload transmitted on the link."),
     Spec("spx_gpu_nvlink_receive_bytes_total", "counter", (*GPU, "link"), "NVLink data payload received on the link."),
     Spec("spx_gpu_nvlink_errors_total", "counter", (*GPU, "link", "type"), "NVLink errors on the link; type crc_flit|crc_data|replay|recovery (only the types the GPU reports)."),
     # -- per job ---------------------------------------------------------------------------------
-    Spec("spx_job_state", "gauge", ("job", "state"), "1 for the job's current state, 0 for the others."),
-    Spec("spx_job_restarts_total", "counter", ("job", "reason"), "Relaunches of the job, by the class of failure that caused them."),
-    Spec("spx_job_step", "gauge", ("job",), "Last global optimizer step in the job's heartbeat."),
-    Spec("spx_job_samples_per_second", "gauge", ("job",), "Training throughput in the job's last heartbeat."),
-    Spec("spx_job_last_checkpoint_timestamp_seconds", "gauge", ("job",), "Unix time of the job's latest complete checkpoint."),
-    Spec("spx_job_gpus", "gauge", ("job",), "GPUs the job holds now."),
-    Spec("spx_job_attempts", "gauge", ("job",), "Attempts started for the job (1 for a job that never restarted)."),
-    Spec("spx_job_node_rank", "gauge", ("job",), "This host's node rank in a job across hosts (torch's GROUP_RANK, from its heartbeat); absent for a one-host job."),
-    Spec("spx_job_generation", "gauge", ("job",), "A job across hosts: the generation (rendezvous round) its current or last attempt joined; it grows by one per restart of all hosts. Absent for a one-host job."),
-    Spec("spx_job_seconds_total", "counter", ("job", "cause"), "The job's wall time since it was submitted, by where it went (its goodput ledger: productive, recomputed, checkpoint, hang, restart_*, backoff, queued, daemon, running, ...); the causes sum to its wall time. The running attempt's productive seconds turn recomputed if it fails past its last checkpoint."),
+    Spec("spx_job_info", "info", ("spx_job", "owner"), "The job's owner (user name), for routing its alerts to them; always 1."),
+    Spec("spx_job_state", "gauge", ("spx_job", "state"), "1 for the job's current state, 0 for the others."),
+    Spec("spx_job_restarts_total", "counter", ("spx_job", "reason"), "Relaunches of the job, by the class of failure that caused them."),
+    Spec("spx_job_step", "gauge", ("spx_job",), "Last global optimizer step in the job's heartbeat."),
+    Spec("spx_job_samples_per_second", "gauge", ("spx_job",), "Training throughput in the job's last heartbeat."),
+    Spec("spx_job_last_checkpoint_timestamp_seconds", "gauge", ("spx_job",), "Unix time of the job's latest complete checkpoint."),
+    Spec("spx_job_gpus", "gauge", ("spx_job",), "GPUs the job holds now."),
+    Spec("spx_job_attempts", "gauge", ("spx_job",), "Attempts started for the job (1 for a job that never restarted)."),
+    Spec("spx_job_node_rank", "gauge", ("spx_job",), "This host's node rank in a job across hosts (torch's GROUP_RANK, from its heartbeat); absent for a one-host job."),
+    Spec("spx_job_generation", "gauge", ("spx_job",), "A job across hosts: the generation (rendezvous round) its current or last attempt joined; it grows by one per restart of all hosts. Absent for a one-host job."),
+    Spec("spx_job_seconds_total", "counter", ("spx_job", "cause"), "The job's wall time since it was submitted, by where it went (its goodput ledger: productive, recomputed, checkpoint, hang, restart_*, backoff, queued, daemon, running, ...); the causes sum to its wall time. The running attempt's productive seconds turn recomputed if it fails past its last checkpoint."),
     Spec("spx_host_gpu_seconds_total", "counter", ("cause",), "The host's GPU-seconds since the daemon started, by where they went: the jobs' ledger causes times their GPUs, quarantined GPUs, idle GPUs; the causes sum to GPUs times the daemon's uptime."),
     # -- daemon ----------------------------------------------------------------------------------
     Spec("spx_scrape_duration_seconds", "gauge", ("collector",), "Time this scrape spent in the collector."),
@@ -89,7 +94,7 @@ def family_name(spec: Spec) -> str:
 class Families:
     """Fresh metric families for one collect(), keyed by exposed name, emitted in table order.
 
-    Samples may carry different label sets within one family (a GPU's `job` label exists only while
+    Samples may carry different label sets within one family (a GPU's `spx_job` label exists only while
     it is allocated), which the typed *MetricFamily helpers do not allow.
     """
 

@@ -80,7 +80,7 @@ def build_registry(
     """A fresh registry with the GPU and job collectors. Starts the backend's XID thread (see module doc).
 
     `job_labels=False` (config `metrics_job_labels`) keeps job names out of the scrape, which any local
-    user can read: the GPU collector is told of no jobs (no `job` label) and the per-job part is left out.
+    user can read: the GPU collector is told of no jobs (no `spx_job` label) and the per-job part is left out.
     """
     backend.start_xid_watch()
     registry = CollectorRegistry(auto_describe=False)

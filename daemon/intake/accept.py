@@ -27,20 +27,16 @@ from spx.daemon.contract.checkpoint_layout import fsync_dir
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Lanes, Outcome
 from spx.daemon.core.log import get_logger
-from spx.daemon.core.spec import JobSpec, SpecError, parse_spec, root_made
+from spx.daemon.core.spec import JobSpec, SpecError, parse_spec
+from spx.daemon.intake.access import ACCESS_CHECK_TIMEOUT_SECONDS, access_problem
 from spx.daemon.intake.claim_queue import ClaimQueue
 from spx.daemon.intake.dependencies import dependency_problem
 from spx.daemon.intake.spool import Accepted, Claimed, Rejected, SpoolClaimer, SpoolWatcher, parse_claimed
 from spx.daemon.state.jobs_table import DuplicateJob
 from spx.daemon.state.store import Store
-from spx.daemon.userfs import as_user
-from spx.daemon.userfs.fsafe import UserPathError
 
 log = get_logger()
 
-# The checks as the owner run in the owner's lane: one that outlives this (a hung mount in the user's
-# tree, a helper the user stopped) rejects the job; the lane answers it overdue a little later.
-ACCESS_CHECK_TIMEOUT_SECONDS = 5.0
 CHECK_DEADLINE_SECONDS = 2 * ACCESS_CHECK_TIMEOUT_SECONDS
 
 
@@ -93,7 +89,7 @@ class Intake:
         # A job without `checkpoints.dir` gets its owner's own default (checkpoints_root/OWNER/NAME).
         verdict = dataclasses.replace(verdict, spec=verdict.spec.with_checkpoint_dir(
             self.cfg.checkpoints_root, claimed.owner, claimed.owner_uid))
-        problem = self.access_problem(verdict.spec, verdict.owner_uid)
+        problem = access_problem(self.cfg.checkpoints_root, verdict.spec, verdict.owner_uid)
         return Rejected(claimed.name, problem, claimed.owner_uid) if problem else verdict
 
     def _checked(self, claimed: Claimed, outcome: Outcome) -> None:
@@ -150,46 +146,6 @@ class Intake:
         fsync_dir(self.jobs_dir)
         self.claimer.remove(acc.name)
         self._record(spec, acc.owner_uid, acc.owner, copy, acc.name)
-        return None
-
-    def access_problem(self, spec: JobSpec, uid: int) -> str | None:
-        """What the owner cannot do that the job needs, decided by the kernel for the owner — a
-        process with their uid, gid and supplementary groups (`as_user`) — never guessed by root:
-        enter the workdir, read the script (and DeepSpeed config) there, read the staging source,
-        write (or create) the staging target and the checkpoint dir. An existing checkpoint dir must
-        be theirs, root's jobs included (else a reused job name would resume from another user's
-        checkpoints); below checkpoints_root, the daemon makes `OWNER` (or a one-component dir)
-        for them, and an existing one must be theirs too."""
-        try:
-            user = as_user.owner(uid)
-        except UserPathError as e:
-            return e.strerror
-        ckpt_dir = spec.checkpoint_dir(self.cfg.checkpoints_root)
-        checks: list[tuple[str, str, str]] = [
-            ("checkpoints.dir", str(ckpt_dir), "owned"),
-            ("workdir", str(spec.workdir or user.home), "enter-dir"),
-        ]
-        below_root = root_made(self.cfg.checkpoints_root, ckpt_dir, user.name, user.uid)
-        if below_root is not None and below_root != ckpt_dir:
-            checks.append(("checkpoints.dir", str(below_root), "owned"))
-        workdir = spec.workdir or Path(user.home)
-        if spec.script:  # relative to the workdir, as the launch runs it
-            checks.append(("script", str(workdir / spec.script), "read-file"))
-        if spec.deepspeed_config:
-            checks.append(("deepspeed_config", str(workdir / spec.deepspeed_config), "read-file"))
-        if below_root is None:
-            checks.append(("checkpoints.dir", str(ckpt_dir), "write-or-create"))
-        if spec.data.stage is not None:
-            checks.append(("data.stage.from", str(spec.data.stage.source), "read-tree"))
-            checks.append(("data.stage.to", str(spec.data.stage.to), "write-or-create"))
-        try:
-            problems = as_user.check_access(user, [(path, what) for _f, path, what in checks],
-                                            ACCESS_CHECK_TIMEOUT_SECONDS)
-        except UserPathError as e:
-            return f"cannot check access as {user.name}: {e.strerror}"
-        for (field, _path, _what), problem in zip(checks, problems, strict=True):
-            if problem:
-                return f"{field}: {problem} (checked as {user.name})"
         return None
 
     def _record(self, spec: JobSpec, uid: int, owner: str, copy: Path, spool_name: str) -> None:

@@ -37,6 +37,7 @@ from spx.daemon.core.log import get_logger
 from spx.daemon.core.spec import JobSpec
 from spx.daemon.intake import job_record
 from spx.daemon.intake.accept import Intake
+from spx.daemon.intake.access import access_problem
 from spx.daemon.intake.adopt_scan import Found, Refused, scan
 from spx.daemon.state.jobs_table import DuplicateJob
 from spx.daemon.state.store import Store
@@ -121,7 +122,8 @@ class Adopter:
             return {**base, "result": "held", "detail": _held(lease)}
         spec = found.record.spec
         spec = spec.model_copy(update={"checkpoints": spec.checkpoints.model_copy(update={"dir": found.dir})})
-        problem = self.intake.claimer.owner_allowed(found.owner_uid) or self.intake.access_problem(spec, found.owner_uid)
+        problem = (self.intake.claimer.owner_allowed(found.owner_uid)
+                   or access_problem(self.cfg.checkpoints_root, spec, found.owner_uid))
         if problem:
             return {**base, "result": "refused", "detail": problem}
         try:

@@ -1,4 +1,4 @@
-"""Every file the daemon touches for one attempt, made safe (README.md, "What root does with user
+"""Every file the daemon touches for one attempt, made safe (docs/security.md, "What root does with user
 paths, and how").
 
 Where each lives and who makes it:

@@ -64,6 +64,7 @@ class AttemptHandles:
     exit_reported: bool = False
     standby_age: float | None = None  # seconds its launcher waited as a standby (None: launched cold)
     spawned_wall: float = 0.0  # when this daemon spawned it (0: adopted; any heartbeat is then its own)
+    memory_peak: int | None = None  # its cgroup's memory.peak, read as the cgroup is removed (stored at its end)
 
     @property
     def procs(self) -> proctree.AttemptProcesses:
@@ -125,6 +126,11 @@ class AttemptRuntime:
         """The store row of the job's attempt `number`, if it has one."""
         h = self.handles.get(job_id)
         return h.row_id if h is not None and h.number == number else None
+
+    def memory_peak(self, job_id: int, number: int) -> int | None:
+        """Attempt `number`'s memory.peak, where its cgroup was measured before removal."""
+        h = self.handles.get(job_id)
+        return h.memory_peak if h is not None and h.number == number else None
 
     def attempt_over(self, job_id: int, number: int) -> None:
         """The attempt's end is recorded: nothing of it is ours to poll (its relay drains on its own)."""
@@ -219,6 +225,8 @@ class AttemptRuntime:
     def remove_cgroup(self, job: JobRow, a: RemoveCgroup) -> None:
         h = self.handles.get(job.id)
         if h is not None and h.cgroup is not None:
+            # Read before it goes: the kernel's high-water mark of the attempt's memory (`spx history`).
+            h.memory_peak = cgroups.memory_peak(h.cgroup)
             if not cgroups.remove(h.cgroup):  # the sweep retries it
                 log.warning("attempt_cgroup_not_removed", job=job.name, attempt=h.number, cgroup=str(h.cgroup))
             h.cgroup = None

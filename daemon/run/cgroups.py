@@ -108,6 +108,21 @@ class CgroupTree:
         self.supervisor.mkdir(exist_ok=True)
         self.attempts.mkdir(exist_ok=True)
 
+    def enable_memory_accounting(self) -> str | None:
+        """Enable the memory controller down to the attempt cgroups (after `enter`: a cgroup with
+        processes of its own cannot enable controllers for its children), so each attempt's
+        `memory.peak` exists (`spx history`). None when done, else why not: the attempts run on
+        unmeasured (a host whose memory controller is bound to cgroup v1, one not delegated)."""
+        for cg in (self.root, self.attempts):
+            try:
+                if "memory" not in (_read(cg / "cgroup.controllers") or "").split():
+                    return f"no memory controller in {cg}/cgroup.controllers"
+                if "memory" not in (_read(cg / "cgroup.subtree_control") or "").split():
+                    (cg / "cgroup.subtree_control").write_text("+memory")
+            except OSError as e:
+                return f"cannot enable memory in {cg}/cgroup.subtree_control: {e.strerror}"
+        return None
+
     def enter(self, pid: int) -> None:
         """Move `pid` (the daemon, all its threads) into the supervisor leaf."""
         (self.supervisor / "cgroup.procs").write_text(str(pid))
@@ -145,7 +160,9 @@ def manage(mode: CgroupMode, own: Path | None, mountinfo: str, daemon_pid: int) 
         try:
             tree.prepare()
             tree.enter(daemon_pid)
-            return tree, f"{own} is {'delegated' if mode == 'auto' else 'ours (cgroups: on)'}"
+            unmeasured = tree.enable_memory_accounting()
+            memory = f"; attempts' memory.peak not measured: {unmeasured}" if unmeasured else ""
+            return tree, f"{own} is {'delegated' if mode == 'auto' else 'ours (cgroups: on)'}{memory}"
         except OSError as e:
             why_not = f"cannot manage sub-cgroups of {own}: {e}"
     if mode == "on":
@@ -177,6 +194,19 @@ def _read(interface_file: Path) -> str | None:
 def procs(cgroup: Path) -> list[int]:
     """Pids in the cgroup itself (the kernel lists no zombies); empty once it is gone."""
     return [int(p) for p in (_read(cgroup / "cgroup.procs") or "").split()]
+
+
+def memory_peak(cgroup: Path) -> int | None:
+    """The cgroup's `memory.peak` (bytes, the kernel's high-water mark of its memory: Linux 5.19+),
+    or None where it has none (no memory controller there, an older kernel, the cgroup gone)."""
+    try:
+        text = _read(cgroup / "memory.peak")
+    except OSError:
+        return None
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def populated(cgroup: Path) -> bool:

@@ -116,7 +116,7 @@ class Executor:
         return answer if isinstance(answer, list) else []
 
     def _finish(self, job: JobRow, s: TrackedJob, a: act.FinishAttempt) -> None:
-        row = self.writes.finish(job, a)
+        row = self.writes.finish(job, a, self.runtime.memory_peak(job.id, a.number))
         if a.state.terminal:
             local_tier.remove(self.cfg, job)  # host RAM; the persistent copy outlives the job
         self.timeline.phase(row, "end_recorded")

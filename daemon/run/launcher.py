@@ -148,6 +148,7 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
         worker_env.ENV_HEARTBEAT_FILE: str(ctx.heartbeat_file),
         **({worker_env.ENV_LOCAL_CHECKPOINT_DIR: str(ctx.local_checkpoint_dir)} if ctx.local_checkpoint_dir else {}),
         **({worker_env.ENV_FENCE: str(ctx.fence)} if ctx.fence is not None else {}),
+        **({worker_env.ENV_CHECKPOINT_KEEP: str(spec.checkpoints.keep)} if spec.checkpoints.keep is not None else {}),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(ctx.port),
     }

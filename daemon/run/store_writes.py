@@ -49,14 +49,16 @@ class StoreWrites:
         if row is not None:
             self.store.attempts.exited(row, a.code, a.signal, a.stop_cause, self.wall())
 
-    def finish(self, job: JobRow, a: FinishAttempt) -> int | None:
-        """The attempt's row ended and the job moved, together; returns the row ended (None: none)."""
+    def finish(self, job: JobRow, a: FinishAttempt, memory_peak: int | None = None) -> int | None:
+        """The attempt's row ended and the job moved, together; returns the row ended (None: none).
+        `memory_peak`: the attempt cgroup's, where it was measured."""
         now = a.ended_wall if a.ended_wall is not None else self.wall()
         row = self.rows(job.id, a.number) if a.number else None
         attempt_fields: dict[str, object] = {}
         if row is not None:
             attempt_fields = {"end": now, "exit_code": a.exit_code, "signal": a.signal, "reason": a.reason,
                               "reason_class": a.reason_class, "max_step": a.max_step, "root_cause": a.root_cause,
+                              "memory_peak": memory_peak,
                               "backoff": a.backoff_remaining if a.state is JobState.RESTARTING else None}
         job_fields: dict[str, object] = {"backoff_level": a.backoff_level, "no_progress_streak": a.no_progress_streak,
                                          "backoff_remaining": a.backoff_remaining}

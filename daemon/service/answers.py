@@ -1,5 +1,5 @@
-"""The control socket's reads (`spx ls`, `history`, `status`, `gpus`, `queue`, `adopt`), answered on
-the client's own thread.
+"""The control socket's reads (`spx ls`, `history`, `accounting`, `status`, `gpus`, `queue`, `adopt`),
+answered on the client's own thread.
 
 Each reads the store through that thread's own connection and the snapshot the supervisor
 published at the end of its last turn (run/snapshot.py), never the loop's live objects; the request
@@ -9,6 +9,8 @@ jobs unless they are an admin.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 
 from spx.daemon.core.config import DaemonConfig
@@ -19,7 +21,7 @@ from spx.daemon.run.queue_control import QueueControl
 from spx.daemon.run.snapshot import Snapshot
 from spx.daemon.service.gpu_rows import gpu_rows
 from spx.daemon.service.requests import find_job
-from spx.daemon.state import jobviews
+from spx.daemon.state import accounting, jobviews
 from spx.daemon.state.store import Store
 
 
@@ -33,7 +35,9 @@ class Answers:
         self.queue_control = queue
         self.snapshot = snapshot
 
-    def __call__(self, op: str, name: str | None, uid: int) -> dict:
+    def __call__(self, op: str, name: str | None, uid: int, arg: str | None = None) -> dict:
+        if op == "accounting":
+            return self.accounting(uid, arg)
         return getattr(self, op.replace("-", "_"))(name, uid)
 
     def ls(self, _name: str | None, uid: int, scope: jobviews.Scope = "recent") -> dict:
@@ -43,6 +47,18 @@ class Answers:
 
     def history(self, name: str | None, uid: int) -> dict:
         return self.ls(name, uid, scope="all")
+
+    def accounting(self, uid: int, since: str | None) -> dict:
+        """`spx history`: what each job live or changed since `since` (Unix seconds; none: all) used."""
+        try:
+            start = float(since) if since else 0.0
+        except ValueError:
+            start = math.nan
+        if not math.isfinite(start):
+            return {"ok": False, "error": f"since must be Unix seconds, not {(since or '')[:40]!r}", "code": 2}
+        admin = is_admin(uid, self.cfg.admin_group)
+        return {"ok": True, "result": [u.to_json() for u in accounting.usage_since(self.store, start, time.time())
+                                       if admin or u.owner_uid == uid]}
 
     def status(self, name: str | None, uid: int) -> dict:
         job = find_job(self.store, name or "", uid, self.cfg.admin_group)

@@ -67,13 +67,13 @@ def peer_uid(conn: socket.socket) -> int:
 
 class ControlServer:
     """Serves requests until `stop()`, which also ends and joins every connection's thread.
-    `answer(op, name, uid)` returns the reply to a read request (ls, history, status, gpus), and to
+    `answer(op, name, uid, arg)` returns the reply to a read request (ls, history, status, gpus, …), and to
 "adopt" (root only; `name` is the directory), which queues jobs through the main loop itself."""
 
     def __init__(
         self,
         path: Path,
-        answer: Callable[[str, str | None, int], dict],
+        answer: Callable[[str, str | None, int, str | None], dict],
         commands: queue.SimpleQueue,
         wake: queue.SimpleQueue,
         admin_group: str | None = None,
@@ -193,7 +193,7 @@ class ControlServer:
         if requests.REQUESTS[op].on_loop:  # a change: made by the main loop
             return self._to_loop(Command(op, name or "", uid, arg))
         try:
-            return self._answer(op, name, uid)
+            return self._answer(op, name, uid, arg)
         except Exception as e:
             log.exception("control_answer_failed", op=op, uid=uid)
             return {"ok": False, "error": f"the daemon could not answer {op}: {e}", "code": 1}

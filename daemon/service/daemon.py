@@ -31,6 +31,7 @@ from spx.daemon.gpu.backend import GpuBackend, XidEvent
 from spx.daemon.gpu.gate import GpuGate
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt import Adopter
+from spx.daemon.lifecycle.record import Phase
 from spx.daemon.run import cgroups, proctree
 from spx.daemon.run.device_filter import DeviceFilters
 from spx.daemon.run.invalid_specs import fail_invalid_specs
@@ -41,6 +42,7 @@ from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service import handover, reload
 from spx.daemon.service.answers import Answers
 from spx.daemon.service.control import Command, ControlServer
+from spx.daemon.service.dcgm_mapping import DcgmJobMapping
 from spx.daemon.service.requests import REQUESTS, Target, error, find_job
 from spx.daemon.service.sd_notify import Notifier
 from spx.daemon.service.status_line import format_status
@@ -111,6 +113,8 @@ class Daemon:
         answers = Answers(cfg, self.store, backend, self.adopter, self.queue, self.supervisor.snapshot)
         self.control = ControlServer(cfg.socket_path, answers, self.commands, self.wake, admin_group=cfg.admin_group)
         self.metrics: MetricsServer | None = None
+        mapping_dir = cfg.metrics.dcgm_job_mapping_dir  # dcgm-exporter's labels: the jobs on the GPUs
+        self.dcgm_mapping = DcgmJobMapping(mapping_dir) if mapping_dir is not None else None
         # The changes users ask for (service/requests.py says who may), made here on the loop.
         self._changes: dict[str, Callable[..., dict]] = {
             "cancel": lambda job, by, _arg: {"ok": True, "result": self.supervisor.cancel(job, by)},
@@ -196,6 +200,7 @@ class Daemon:
         stop_deadline = None
         turn = 0
         watchdog_every = self.notifier.watchdog_interval or 5.0
+        dcgm_mapping = self.dcgm_mapping
         while True:
             now = time.monotonic()
             self._test_wedge_hook()
@@ -209,6 +214,8 @@ class Daemon:
             self._stage("supervise", self.supervisor.tick)
             if not self.stopping:
                 self._stage("schedule", self.placement.turn)
+            if dcgm_mapping is not None:
+                self._stage("dcgm_mapping", lambda: dcgm_mapping.show(self._gpu_holders()))
             if now >= next_reap:
                 self._stage("reap", lambda: proctree.reap_orphans(self.supervisor.child_pids()))
                 self._stage("sweep", self.supervisor.sweep_cgroups)
@@ -289,6 +296,11 @@ class Daemon:
             while True:
                 time.sleep(3600)
 
+    def _gpu_holders(self) -> dict[int, str]:
+        """GPU → the job holding it, from the supervisor's ledgers (a job that ended holds none)."""
+        return {g: s.job.name for s in self.supervisor.records.values() if s.phase is not Phase.DONE
+                for g in s.ledger.gpus}
+
     def _gpu_faults(self) -> None:
         """Fatal XIDs on GPUs of tracked jobs: the gate quarantines each GPU; the attempt on it stops
         (class gpu-fault: restarted on healthy GPUs)."""
@@ -349,6 +361,8 @@ class Daemon:
         self.leases.stop()
         if self.metrics is not None:
             self.metrics.shutdown()
+        if self.dcgm_mapping is not None:
+            self.dcgm_mapping.close()
         self.backend.close()
         self.store.close()
 

@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.root, gpu_backend=args.gpu_backend, fake_gpus=args.fake_gpus,
                           metrics_address=args.metrics_address)
+        cfg.check_host()
         backend = open_backend(cfg.gpu_backend, cfg.fake_gpus, fake_scope=cfg.run_dir)
         # Before any thread starts: the daemon moves itself into its supervisor leaf here.
         cgroup_tree, why = cgroups.manage_own(cfg.cgroups)
@@ -116,6 +117,11 @@ def _helper(args: argparse.Namespace) -> int:
         done, what = handover.request_reload(cfg.run_dir, args.reload, RELOAD_WAIT_SECONDS)
         (log.info if done else log.error)("reload_done" if done else "reload_failed", detail=what)
         return 0 if done else 1
+    try:
+        cfg.check_host()
+    except ConfigError as e:
+        log.error("cannot_start", error=str(e))
+        return 2
     log.info("check_ok", version=daemon_version(), config=str(args.config) if args.config else None)
     return 0
 

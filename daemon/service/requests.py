@@ -51,6 +51,8 @@ class Request:
 REQUESTS: dict[str, Request] = {
     "ls": Request(Who.ANYONE, on_loop=False, target=Target.NONE),
     "history": Request(Who.ANYONE, on_loop=False, target=Target.NONE),
+    # `spx history`: what each job used (its `arg`: since when, Unix seconds).
+    "accounting": Request(Who.ANYONE, on_loop=False, target=Target.NONE),
     "gpus": Request(Who.ANYONE, on_loop=False, target=Target.NONE),
     "queue": Request(Who.ANYONE, on_loop=False, target=Target.NONE),
     "status": Request(Who.OWNER, on_loop=False),

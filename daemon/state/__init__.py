@@ -7,8 +7,9 @@
     schema (every table and column, numbered migrations, `PRAGMA user_version`) · integrity (is the
     store whole and ours) · backup (scheduled online backups) · views (snapshot types) ← jobviews
     (store + heartbeats → views), node_view (a job's share on this host, across hosts), phases (the
-    names of a restart's phases) · goodput (the pure ledger: a job's every second by cause, the
-    host's GPU-seconds) ← ledger_view (the store's facts → ledgers) ← attempt_progress (an attempt's
+    names of a restart's phases), accounting (what each job used: elapsed, GPU-hours, peak memory;
+    `spx history`) · goodput (the pure ledger: a job's every second by cause, the host's
+    GPU-seconds) ← ledger_view (the store's facts → ledgers) ← attempt_progress (an attempt's
     progress record from its heartbeats)
 
 Second stage of the flow spool → intake → state → run → workers. Intake adds jobs; the run package

@@ -41,6 +41,7 @@ class AttemptRow:
     phases: str | None = None       # JSON {phase: Unix seconds}: where its (re)start spent its time (run/timeline.py)
     checkpoint_discovery: str | None = None  # JSON: the layout found, what was skipped and why (checkpoint_discovery)
     generation: int | None = None   # a job across hosts: the round it joined (run/gang.py)
+    memory_peak: int | None = None  # bytes: its cgroup's memory.peak at the end (None: not measured)
     progress: str | None = None     # JSON: what its heartbeats said of its progress (state/attempt_progress.py)
     backoff: float | None = None    # seconds of backoff decided at its end (the goodput ledger's `backoff`)
 
@@ -48,7 +49,7 @@ class AttemptRow:
 _COLUMNS = frozenset(AttemptRow.__dataclass_fields__)
 # What an attempt's end may write.
 _END_FIELDS = frozenset({"end", "exit_code", "signal", "reason", "reason_class", "max_step", "root_cause",
-                         "backoff"})
+                         "memory_peak", "backoff"})
 # Attempt classes that are not the job's own fault: a daemon stop or restart, a lost attempt, a
 # peer host's restart, a cancel, a daemon error, a failed launch.
 _NOT_THE_JOBS_FAULT = "('daemon-restart', 'lost', 'peer-restart', 'cancelled', 'daemon-error', 'launch')"
@@ -156,6 +157,17 @@ class AttemptsTable:
         """Every attempt of the job, first to last."""
         rows = self._db.conn.execute("SELECT * FROM attempts WHERE job_id = ? ORDER BY number", (job_id,)).fetchall()
         return [_attempt(r) for r in rows]
+
+    def for_jobs(self, job_ids: list[int]) -> dict[int, list[AttemptRow]]:
+        """Every attempt of each of these jobs, first to last (one query, for `spx history`)."""
+        found: dict[int, list[AttemptRow]] = {j: [] for j in job_ids}
+        for chunk in (job_ids[i:i + 500] for i in range(0, len(job_ids), 500)):  # SQLite's bound-variable limit
+            rows = self._db.conn.execute(
+                f"SELECT * FROM attempts WHERE job_id IN ({','.join('?' * len(chunk))}) ORDER BY job_id, number",
+                chunk).fetchall()
+            for r in rows:
+                found[r["job_id"]].append(_attempt(r))
+        return found
 
     def open_for(self, job_id: int) -> AttemptRow | None:
         """The job's attempt that has not ended, if any."""

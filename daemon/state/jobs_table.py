@@ -222,6 +222,14 @@ class JobsTable:
         ).fetchone()
         return _job(row) if row else None
 
+    def active_since(self, since: float) -> list[JobRow]:
+        """Jobs that are live, or whose last change was at or after `since` (wall clock), oldest first:
+        what `spx history --since` covers."""
+        rows = self._db.conn.execute(
+            f"SELECT * FROM jobs WHERE state NOT IN ({_TERMINAL_SQL}) OR updated >= ? ORDER BY id", (since,)
+        ).fetchall()
+        return [_job(r) for r in rows]
+
     def ended_since(self, since: float) -> list[JobRow]:
         """Jobs in a terminal state whose last change was at or after `since` (wall clock)."""
         rows = self._db.conn.execute(

@@ -65,6 +65,7 @@ TABLES = (
     phases TEXT,
     checkpoint_discovery TEXT,
     generation INTEGER,
+    memory_peak INTEGER,
     progress TEXT,
     backoff REAL,
     UNIQUE (job_id, number)
@@ -134,6 +135,13 @@ def _version_1(db: sqlite3.Connection) -> None:
 
 
 def _version_2(db: sqlite3.Connection) -> None:
+    """`attempts.memory_peak`: the attempt cgroup's `memory.peak` in bytes, read when the cgroup is
+    removed (`spx history`); NULL where it was not measured (unmanaged cgroups, attempts before)."""
+    if "memory_peak" not in {r[1] for r in db.execute("PRAGMA table_info(attempts)").fetchall()}:
+        db.execute("ALTER TABLE attempts ADD COLUMN memory_peak INTEGER")
+
+
+def _version_3(db: sqlite3.Connection) -> None:
     """The goodput ledger's facts (state/goodput.py): an attempt's progress record (its first beat,
     last progress, saves and checkpoint stall: state/attempt_progress.py) and the backoff decided at
     its end, and the index of a job's events its ledger reads. Attempts recorded before have neither
@@ -145,7 +153,7 @@ def _version_2(db: sqlite3.Connection) -> None:
     db.execute(_EVENTS_BY_JOB)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3)
 VERSION = len(MIGRATIONS)
 
 

@@ -2,7 +2,7 @@
 
 The daemon runs as root; every path inside a spool, log, run, checkpoint, staging or work directory
 may have been swapped by a user for a symlink, a FIFO, a huge file or a hard link to a root-only
-file, at any moment. The rules here (README.md, "What root does with user paths, and how"):
+file, at any moment. The rules here (docs/security.md, "What root does with user paths, and how"):
 
 - walk from a trusted directory fd (a directory the daemon's config names, opened normally), one
   component at a time with `O_NOFOLLOW|O_DIRECTORY`: no component below the trusted base is a link;

@@ -1,10 +1,9 @@
 """What the three dashboards share: template variables, label selectors, colours.
 
-Label model (see docs/dashboards.md): the scrape config uses `honor_labels: true`, so a per-GPU series
-carries `job="<spx job>"` while the GPU is allocated and the scrape job's `job="spx-trainer"` while
-it is idle. Panels therefore never print the raw `job` label of a GPU series: per-GPU panels aggregate
-it away (`max by (gpu)`), and attribution comes from `instance_gpu:spx_gpu_job:info`, whose `job` label
-exists only when a `spx_job_state` series for that job exists.
+Label model (see docs/dashboards.md): the exporter names the spx job in `spx_job`, never in `job`,
+which stays the scrape job's (`job="spx-trainer"` on every series, as Prometheus sets it). A per-GPU
+series carries `spx_job` only while a job holds the GPU; an idle GPU has none. Per-GPU panels
+aggregate it away (`max by (gpu)`), so a GPU that moves between jobs stays one line.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ TAG = "spx-trainer"
 # Selectors with the template variables in them; every panel filters through one of these.
 HOST = 'instance=~"$instance"'
 GPU = f'{HOST}, gpu=~"$gpu"'
-JOB = f'{HOST}, job=~"$job"'
+JOB = f'{HOST}, spx_job=~"$spx_job"'
 LINK = f'{GPU}, link=~"$link"'
 
 # Rows of the GPU × link matrix in link order (H100 SXM has 18; more links still show, unordered).
@@ -27,7 +26,7 @@ ACTIVE = g.value_map({"1": ("active", "orange"), "0": ("-", "transparent")})
 
 JOB_STATES = ["queued", "starting", "running", "restarting", "succeeded", "failed", "cancelled"]
 JOB_STATE_COLOURS = ["text", "blue", "green", "orange", "dark-green", "red", "purple"]
-# instance_job:spx_job_state:code numbers the states 1..7 in JOB_STATES order (recording rules).
+# instance_spx_job:spx_job_state:code numbers the states 1..7 in JOB_STATES order (recording rules).
 JOB_STATE_CODES = g.value_map({str(i + 1): (s, c) for i, (s, c) in enumerate(zip(JOB_STATES, JOB_STATE_COLOURS, strict=True))})
 
 
@@ -38,16 +37,15 @@ def instance_variable(multi: bool = False) -> dict:
 
 
 def job_variable() -> dict:
-    # spx_job_state exists only for real spx jobs, never for the scrape job's "spx-trainer".
-    # "All" is ".*" so that idle GPUs (job="spx-trainer") stay selected.
-    return g.query_variable("job", "Job", 'label_values(spx_job_state{instance=~"$instance"}, job)',
+    # "All" is ".*", which also matches a series without the label, so idle GPUs stay selected.
+    return g.query_variable("spx_job", "Job", 'label_values(spx_job_state{instance=~"$instance"}, spx_job)',
                             multi=True, include_all=True, all_value=".*")
 
 
 def gpu_variable() -> dict:
-    # Filtered by $job: picking a job narrows the GPUs to the ones it holds.
+    # Filtered by $spx_job: picking a job narrows the GPUs to the ones it holds.
     return g.query_variable("gpu", "GPU",
-                            'label_values(spx_gpu_info{instance=~"$instance", job=~"$job"}, gpu)',
+                            'label_values(spx_gpu_info{instance=~"$instance", spx_job=~"$spx_job"}, gpu)',
                             multi=True, include_all=True, numeric_sort=True)
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 from . import grafana as g
 from .common import ACTIVE, GPU, HOST, TAG, UP_DOWN, standard_variables
 
-ATTRIBUTION = "instance_gpu:spx_gpu_job:info"
 PERF_LIMITING = "hw_slowdown|hw_thermal_slowdown|sw_thermal_slowdown|hw_power_brake|sw_power_cap"
 RED_IF_ANY = g.steps(("green", None), ("red", 1))
 
 
 def _per_gpu(metric: str, extra: str = "") -> str:
-    # `max by (gpu)` drops the job label, so a GPU that moves between jobs stays one line.
+    # `max by (gpu)` drops the spx_job label, so a GPU that moves between jobs stays one line.
     return f"max by (gpu) ({metric}{{{GPU}{extra}}})"
 
 
@@ -23,7 +22,7 @@ def overview() -> list[g.Panel]:
         g.stat("GPUs down", "GPUs reporting spx_gpu_up 0 (NVML errors; see alert SpxGpuDown).",
                [g.query(f"count(spx_gpu_up{{{HOST}}} == 0) or vector(0)")], w=3, thresholds=RED_IF_ANY),
         g.stat("GPUs allocated", "GPUs held by a spx job right now.",
-               [g.query(f'count({ATTRIBUTION}{{{HOST}, job!=""}}) or vector(0)')], w=3),
+               [g.query(f'count(spx_gpu_info{{{HOST}, spx_job!=""}}) or vector(0)')], w=3),
         g.stat("Power draw", "Sum of the selected GPUs' power draw.",
                [g.query(f"sum(spx_gpu_power_watts{{{GPU}}})")], unit="watt", w=3),
         g.stat("Energy (time range)", "Energy used by the selected GPUs over the dashboard's time range.",
@@ -52,7 +51,7 @@ def gpu_table() -> list[g.Panel]:
         g.unit_override("SM clock", "hertz"),
     ]
     targets = [
-        g.query(f"max by (gpu, name, uuid, pci_bus_id, job) ({ATTRIBUTION}{{{GPU}}})", table=True),
+        g.query(f"max by (gpu, name, uuid, pci_bus_id, spx_job) (spx_gpu_info{{{GPU}}})", table=True),
         g.query(_per_gpu("spx_gpu_up"), table=True),
         g.query(_per_gpu("spx_gpu_utilization_ratio"), table=True),
         g.query(_per_gpu("spx_gpu_memory_used_bytes"), table=True),
@@ -62,16 +61,16 @@ def gpu_table() -> list[g.Panel]:
         g.query(_per_gpu("spx_gpu_temperature_celsius"), table=True),
         g.query(_per_gpu("spx_gpu_sm_clock_hertz"), table=True),
     ]
-    order = ["gpu", "job", "name", "uuid", "pci_bus_id", *[c for c in columns.values() if c != "info"]]
+    order = ["gpu", "spx_job", "name", "uuid", "pci_bus_id", *[c for c in columns.values() if c != "info"]]
     return [
         g.row("GPUs"),
-        g.table("GPUs and their jobs", "One row per GPU. The job column is empty for an idle GPU: it is "
-                "filled only for jobs the daemon reports (spx_job_state), never from the scrape job's name.",
+        g.table("GPUs and their jobs", "One row per GPU. The spx_job column names the job that holds the GPU; "
+                "it is empty for an idle GPU.",
                 targets, transformations=g.merged(columns, ["Value #A"], order), overrides=overrides, h=9),
         g.state_timeline("Job on each GPU", "Which spx job held each GPU over time; 'idle' when none.",
-                         [g.query(f"max by (gpu, job) ({ATTRIBUTION}{{{GPU}, job!=\"\"}}) or "
-                                  f"label_replace(0 * max by (gpu) ({ATTRIBUTION}{{{GPU}, job=\"\"}}), "
-                                  f"\"job\", \"idle\", \"job\", \"\")", "GPU {{gpu}} · {{job}}")],
+                         [g.query(f"max by (gpu, spx_job) (spx_gpu_info{{{GPU}, spx_job!=\"\"}}) or "
+                                  f"label_replace(0 * max by (gpu) (spx_gpu_info{{{GPU}, spx_job=\"\"}}), "
+                                  f"\"spx_job\", \"idle\", \"spx_job\", \"\")", "GPU {{gpu}} · {{spx_job}}")],
                          mappings=g.value_map({"1": ("held", "green"), "0": ("idle", "text")}), h=8),
     ]
 
@@ -169,8 +168,8 @@ def processes() -> list[g.Panel]:
     return [
         g.row("Processes"),
         g.table("Compute processes", "Processes with a CUDA context on each GPU and the job they belong to.",
-                [g.query(f"max by (gpu, pid, job) (spx_gpu_process_memory_used_bytes{{{GPU}}})", table=True)],
-                transformations=g.merged(columns, [], ["gpu", "pid", "job", "Memory used"]),
+                [g.query(f"max by (gpu, pid, spx_job) (spx_gpu_process_memory_used_bytes{{{GPU}}})", table=True)],
+                transformations=g.merged(columns, [], ["gpu", "pid", "spx_job", "Memory used"]),
                 overrides=[g.unit_override("Memory used", "bytes")], no_value="No compute processes", h=7),
     ]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from . import grafana as g
 from .common import JOB, JOB_STATE_CODES, TAG, standard_variables
 
-STATE = "instance_job:spx_job_state:code"
-CKPT_AGE = "instance_job:spx_job_checkpoint_age:seconds"
-CKPT_INTERVAL = "instance_job:spx_job_checkpoint_interval:avg6h"
-# GPU series of allocated GPUs only: idle GPUs carry the scrape job's name, which has no spx_job_state.
-ON_JOB_GPUS = "and on (instance, job) spx_job_state"
+STATE = "instance_spx_job:spx_job_state:code"
+CKPT_AGE = "instance_spx_job:spx_job_checkpoint_age:seconds"
+CKPT_INTERVAL = "instance_spx_job:spx_job_checkpoint_interval:avg6h"
+# GPU series of held GPUs only: "All" (".*") also matches an idle GPU, which has no spx_job.
+JOB_GPUS = f'{JOB}, spx_job!=""'
 
 
 def _count_state(state: str) -> str:
@@ -36,14 +36,14 @@ def overview() -> list[g.Panel]:
 
 def job_table() -> list[g.Panel]:
     columns = {"A": "State", "B": "GPUs", "C": "Attempts", "D": "Step", "E": "Samples/s",
-               "F": "Checkpoint age", "G": "Restarts", "H": "GPU util (mean)"}
+               "F": "Checkpoint age", "G": "Restarts", "H": "GPU util (mean)", "I": "info"}
     overrides = [
         g.unit_override("State", "short", {"mappings": JOB_STATE_CODES,
                                            "custom.cellOptions": {"type": "color-background"}}),
         g.unit_override("Checkpoint age", "s"),
         g.unit_override("GPU util (mean)", "percentunit"),
     ]
-    by_job = "max by (instance, job)"
+    by_job = "max by (instance, spx_job)"
     targets = [
         g.query(f"{by_job} ({STATE}{{{JOB}}})", table=True),
         g.query(f"{by_job} (spx_job_gpus{{{JOB}}})", table=True),
@@ -51,16 +51,18 @@ def job_table() -> list[g.Panel]:
         g.query(f"{by_job} (spx_job_step{{{JOB}}})", table=True),
         g.query(f"{by_job} (spx_job_samples_per_second{{{JOB}}})", table=True),
         g.query(f"{by_job} ({CKPT_AGE}{{{JOB}}})", table=True),
-        g.query(f"sum by (instance, job) (spx_job_restarts_total{{{JOB}}})", table=True),
-        g.query(f"avg by (instance, job) (spx_gpu_utilization_ratio{{{JOB}}} {ON_JOB_GPUS})", table=True),
+        g.query(f"sum by (instance, spx_job) (spx_job_restarts_total{{{JOB}}})", table=True),
+        g.query(f"avg by (instance, spx_job) (spx_gpu_utilization_ratio{{{JOB_GPUS}}})", table=True),
+        g.query(f"max by (instance, spx_job, owner) (spx_job_info{{{JOB}}})", table=True),  # the owner column
     ]
     return [
-        g.table("Jobs", "One row per job the daemon reports. Checkpoint age is the time since the last "
-                "complete checkpoint (alert SpxJobCheckpointStale).", targets,
-                transformations=g.merged(columns, [], ["job", "instance", *columns.values()]),
+        g.table("Jobs", "One row per job the daemon reports, with its owner. Checkpoint age is the time since "
+                "the last complete checkpoint (alert SpxJobCheckpointStale).", targets,
+                transformations=g.merged(columns, ["Value #I"], ["spx_job", "owner", "instance",
+                                                                 *[c for c in columns.values() if c != "info"]]),
                 overrides=overrides, h=8),
         g.state_timeline("State over time", "Job state as the daemon reports it.",
-                         [g.query(f"max by (instance, job) ({STATE}{{{JOB}}})", "{{job}} @ {{instance}}")],
+                         [g.query(f"max by (instance, spx_job) ({STATE}{{{JOB}}})", "{{spx_job}} @ {{instance}}")],
                          mappings=JOB_STATE_CODES, h=7),
     ]
 
@@ -69,14 +71,14 @@ def progress() -> list[g.Panel]:
     return [
         g.row("Progress and checkpoints"),
         g.timeseries("Step", "Global optimizer step from the job's heartbeat (alert SpxJobHung when it stops "
-                     "moving while running).", [g.query(f"max by (job) (spx_job_step{{{JOB}}})", "{{job}}")]),
+                     "moving while running).", [g.query(f"max by (spx_job) (spx_job_step{{{JOB}}})", "{{spx_job}}")]),
         g.timeseries("Samples per second", "Throughput from the job's heartbeat.",
-                     [g.query(f"max by (job) (spx_job_samples_per_second{{{JOB}}})", "{{job}}")], min_=0),
+                     [g.query(f"max by (spx_job) (spx_job_samples_per_second{{{JOB}}})", "{{spx_job}}")], min_=0),
         g.timeseries("Time since last checkpoint", "Age of the latest complete checkpoint.",
-                     [g.query(f"max by (job) ({CKPT_AGE}{{{JOB}}})", "{{job}}")], unit="s", min_=0),
+                     [g.query(f"max by (spx_job) ({CKPT_AGE}{{{JOB}}})", "{{spx_job}}")], unit="s", min_=0),
         g.timeseries("Checkpoint interval (observed)", "Mean time between checkpoints over the last 6 h; the "
                      "stale-checkpoint alert fires at 3 × this (at least 15 min).",
-                     [g.query(f"max by (job) ({CKPT_INTERVAL}{{{JOB}}})", "{{job}}")], unit="s", min_=0),
+                     [g.query(f"max by (spx_job) ({CKPT_INTERVAL}{{{JOB}}})", "{{spx_job}}")], unit="s", min_=0),
     ]
 
 
@@ -85,13 +87,13 @@ def restarts() -> list[g.Panel]:
         g.row("Restarts"),
         g.bargauge("Restarts by reason (since submission)", "crash, signal, oom, hang, preempted, daemon-restart, "
                    "gpu-fault: why each relaunch happened.",
-                   [g.query(f"sum by (job, reason) (spx_job_restarts_total{{{JOB}}})", "{{job}} · {{reason}}")],
+                   [g.query(f"sum by (spx_job, reason) (spx_job_restarts_total{{{JOB}}})", "{{spx_job}} · {{reason}}")],
                    w=8),
         g.timeseries("Restarts", "Relaunches per interval by reason (alert SpxJobCrashLooping).",
-                     [g.query(f"sum by (job, reason) (increase(spx_job_restarts_total{{{JOB}}}[$__rate_interval]))",
-                              "{{job}} · {{reason}}")], bars=True, min_=0, w=8),
+                     [g.query(f"sum by (spx_job, reason) (increase(spx_job_restarts_total{{{JOB}}}[$__rate_interval]))",
+                              "{{spx_job}} · {{reason}}")], bars=True, min_=0, w=8),
         g.timeseries("Attempts", "Attempts started per job.",
-                     [g.query(f"max by (job) (spx_job_attempts{{{JOB}}})", "{{job}}")], min_=0, w=8),
+                     [g.query(f"max by (spx_job) (spx_job_attempts{{{JOB}}})", "{{spx_job}}")], min_=0, w=8),
     ]
 
 
@@ -99,15 +101,15 @@ def resources() -> list[g.Panel]:
     return [
         g.row("GPUs held"),
         g.timeseries("GPUs held", "GPUs allocated to each job, summed over its hosts.",
-                     [g.query(f"sum by (job) (spx_job_gpus{{{JOB}}})", "{{job}}")], min_=0, w=6),
+                     [g.query(f"sum by (spx_job) (spx_job_gpus{{{JOB}}})", "{{spx_job}}")], min_=0, w=6),
         g.timeseries("GPU utilization (mean over the job's GPUs)", "Mean utilization of the GPUs each job holds.",
-                     [g.query(f"avg by (job) (spx_gpu_utilization_ratio{{{JOB}}} {ON_JOB_GPUS})", "{{job}}")],
+                     [g.query(f"avg by (spx_job) (spx_gpu_utilization_ratio{{{JOB_GPUS}}})", "{{spx_job}}")],
                      unit="percentunit", min_=0, max_=1, w=6),
         g.timeseries("GPU memory used", "Device memory used on the GPUs each job holds.",
-                     [g.query(f"sum by (job) (spx_gpu_memory_used_bytes{{{JOB}}} {ON_JOB_GPUS})", "{{job}}")],
+                     [g.query(f"sum by (spx_job) (spx_gpu_memory_used_bytes{{{JOB_GPUS}}})", "{{spx_job}}")],
                      unit="bytes", min_=0, w=6),
         g.timeseries("GPU power", "Power drawn by the GPUs each job holds.",
-                     [g.query(f"sum by (job) (spx_gpu_power_watts{{{JOB}}} {ON_JOB_GPUS})", "{{job}}")],
+                     [g.query(f"sum by (spx_job) (spx_gpu_power_watts{{{JOB_GPUS}}})", "{{spx_job}}")],
                      unit="watt", min_=0, w=6),
     ]
 

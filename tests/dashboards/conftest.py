@@ -35,7 +35,7 @@ def _wait_for_enough_data(prom: Prometheus) -> None:
     def ready() -> bool:
         return bool(
             prom.query('count_over_time(up{job="spx-trainer"}[1m]) >= 10')
-            and prom.query("instance_job:spx_job_checkpoint_interval:avg6h")
+            and prom.query("instance_spx_job:spx_job_checkpoint_interval:avg6h")
             and prom.query("instance_gpu_link:spx_gpu_nvlink_transmit_bytes:rate1m")
         )
 

@@ -7,7 +7,7 @@ The stack is `spx-trainer --gpu-backend fake` (tests/harness.py) with one job, "
 attempt (so restarts by reason have data), is relaunched by the daemon and then trains slowly,
 checkpointing every couple of seconds. The fixture is the bundled one with one NVML call failing on
 GPU 7, so the NVML-error series exist as on a host with a flaky call. Prometheus runs with
-dashboards/prometheus.yml's scrape config (honor_labels, job name spx-trainer) at a 1 s scrape and
+dashboards/prometheus.yml's scrape config (job name spx-trainer, no honor_labels) at a 1 s scrape and
 rule interval, with our rules loaded; the alerting rules are loaded with every `for:` set to 0 s,
 so that an alert whose condition holds fires within seconds.
 """

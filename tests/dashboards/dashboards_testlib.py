@@ -33,7 +33,7 @@ CONTRACT_METRICS = frozenset({
     "spx_gpu_pcie_receive_bytes_per_second", "spx_gpu_ecc_errors_total", "spx_gpu_remapped_rows",
     "spx_gpu_xid_errors_total", "spx_gpu_process_memory_used_bytes", "spx_gpu_nvlink_up",
     "spx_gpu_nvlink_transmit_bytes_total", "spx_gpu_nvlink_receive_bytes_total",
-    "spx_gpu_nvlink_errors_total", "spx_job_state", "spx_job_restarts_total", "spx_job_step",
+    "spx_gpu_nvlink_errors_total", "spx_job_info", "spx_job_state", "spx_job_restarts_total", "spx_job_step",
     "spx_job_samples_per_second", "spx_job_last_checkpoint_timestamp_seconds", "spx_job_gpus",
     "spx_job_attempts", "spx_scrape_duration_seconds", "spx_scrape_success", "spx_nvml_errors_total",
     "spx_build_info",

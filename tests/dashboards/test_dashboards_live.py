@@ -37,9 +37,9 @@ from harness import wait_for
 from spx.daemon.gpu.fake import DEFAULT_FIXTURE
 
 # Template variables as Grafana would fill them: everything, then one job and its GPUs.
-ALL = {"gpu": ".*", "job": ".*", "link": ".*"}
+ALL = {"gpu": ".*", "spx_job": ".*", "link": ".*"}
 # The second set proves each panel filters on the right label names (".*" matches a missing label).
-ONE_JOB = {"gpu": "(0|1)", "job": JOB, "link": "(0|7)"}
+ONE_JOB = {"gpu": "(0|1)", "spx_job": JOB, "link": "(0|7)"}
 RANGES = {"__rate_interval": "30s", "__interval": "5s", "__range": "5m", "datasource": "prometheus"}
 
 
@@ -85,8 +85,8 @@ def test_every_variable_query_returns_values(stack):
             series = prom.query(substitute(m.group("selector"), values))
             found = {s["metric"].get(m.group("label")) for s in series} - {None}
             assert found, f"{name}: variable {var} has no values: {definition}"
-            if var == "job":
-                assert found == {JOB}, f"the job variable must list spx jobs only, not the scrape job: {found}"
+            if var == "spx_job":
+                assert found == {JOB}, f"the job variable must list spx jobs only: {found}"
             if var == "gpu":
                 assert found == {str(i) for i in range(8)}
 
@@ -135,13 +135,18 @@ def test_healthy_fixture_fires_no_gpu_or_job_alert(stack):
     assert firing - expected == set()
 
 
-def test_gpu_job_attribution_only_for_real_jobs(stack):
-    """honor_labels gives an idle GPU job="spx-trainer"; the attribution series must not."""
-    _, prom = stack
-    series = prom.query("instance_gpu:spx_gpu_job:info")
-    jobs = {s["metric"]["gpu"]: s["metric"].get("job") for s in series}
+def test_the_scrape_config_without_honor_labels_keeps_target_and_job_labels_apart(stack):
+    """Prometheus' own `job` and `instance` are on every series as it set them (nothing renamed to
+    exported_*); the spx job is in `spx_job`, on the GPUs it holds only; its owner on spx_job_info."""
+    host, prom = stack
+    assert [float(s["value"][1]) for s in prom.query('up{job="spx-trainer"}')] == [1.0]
+    series = prom.query('{__name__=~"spx_.+"}')
+    assert {(s["metric"]["job"], s["metric"]["instance"]) for s in series} == {("spx-trainer", host.address)}
+    assert not prom.query('{exported_job=~".+"} or {exported_instance=~".+"}')
+    jobs = {s["metric"]["gpu"]: s["metric"].get("spx_job") for s in prom.query("spx_gpu_info")}
     assert jobs == {str(i): (JOB if i in JOB_GPUS else None) for i in range(8)}
-    assert prom.query('spx_gpu_up{gpu="4", job="spx-trainer"}'), "an idle GPU carries the scrape job's name"
+    (info,) = prom.query("spx_job_info")
+    assert (info["metric"]["spx_job"], info["metric"]["owner"]) == (JOB, host.daemon.status(JOB)["owner"])
 
 
 def test_every_metric_name_in_dashboards_exists_in_a_real_scrape(stack):
@@ -177,7 +182,7 @@ def _values(prom, expr: str) -> dict[str, float]:
 def test_promtool_finds_no_problem_in_a_scrape_of_the_daemon(stack):
     host, _ = stack
     text = host.scrape()
-    assert 'spx_gpu_nvlink_up{' in text and f'job="{JOB}"' in text
+    assert 'spx_gpu_nvlink_up{' in text and f'spx_job="{JOB}"' in text
     res = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), res.stdout + res.stderr
 
@@ -211,10 +216,10 @@ def test_prometheus_has_memory_and_utilization_for_the_8_gpus(stack):
 
 def test_the_gpus_of_the_running_job_carry_its_label(stack):
     host, prom = stack
-    labelled = {s["metric"]["gpu"] for s in prom.query(f'spx_gpu_up{{job="{JOB}"}}')}
+    labelled = {s["metric"]["gpu"] for s in prom.query(f'spx_gpu_up{{spx_job="{JOB}"}}')}
     assert labelled == {str(g) for g in JOB_GPUS}
     # Per-process GPU memory: one torchrun worker per GPU, attributed to the job and its live pids.
-    procs = prom.query(f'spx_gpu_process_memory_used_bytes{{job="{JOB}"}}')
+    procs = prom.query(f'spx_gpu_process_memory_used_bytes{{spx_job="{JOB}"}}')
     assert {s["metric"]["gpu"] for s in procs} == {str(g) for g in JOB_GPUS}
     job_pids = set(host.daemon.status(JOB)["pids"])
     assert {int(s["metric"]["pid"]) for s in procs} <= job_pids, (procs, job_pids)

@@ -86,9 +86,10 @@ def test_job_states_match_the_exporter():
 
 
 def test_metric_names_skip_functions_labels_and_strings():
-    expr = ('label_replace(0 * max by (gpu) (instance_gpu:spx_gpu_job:info{gpu=~"$gpu", job=""}), "job", "idle", "", "")'
-            ' or sum without (job) (rate(spx_gpu_nvlink_errors_total[5m] offset 10m)) and on (instance, job) up == 1')
-    assert metric_names(expr) == {"instance_gpu:spx_gpu_job:info", "spx_gpu_nvlink_errors_total", "up"}
+    expr = ('label_replace(0 * max by (gpu) (instance_spx_job:spx_job_state:code{gpu=~"$gpu", spx_job=""}), "spx_job",'
+            ' "idle", "", "") or sum without (spx_job) (rate(spx_gpu_nvlink_errors_total[5m] offset 10m))'
+            ' and on (instance, spx_job) up == 1 * on (job) group_left (owner) spx_job_info')
+    assert metric_names(expr) == {"instance_spx_job:spx_job_state:code", "spx_gpu_nvlink_errors_total", "up", "spx_job_info"}
 
 
 def test_bool_form_leaves_matchers_alone():

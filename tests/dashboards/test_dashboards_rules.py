@@ -30,10 +30,12 @@ def test_sample_prometheus_config_is_valid():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_sample_config_keeps_the_exporters_job_label():
+def test_sample_config_leaves_target_labels_to_prometheus():
+    """The exporter names its job in `spx_job`, so the scrape needs no honor_labels (with which an
+    exporter could overwrite `job` and `instance`)."""
     config = yaml.safe_load((DASHBOARDS / "prometheus.yml").read_text())
     (scrape,) = [s for s in config["scrape_configs"] if s["job_name"] == "spx-trainer"]
-    assert scrape["honor_labels"] is True
+    assert "honor_labels" not in scrape
     assert sorted(config["rule_files"]) == sorted(f"rules/{p.name}" for p in RULE_FILES)
 
 

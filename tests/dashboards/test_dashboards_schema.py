@@ -67,7 +67,7 @@ def test_template_variables(dashboards, name):
     variables = dashboards[name]["templating"]["list"]
     by_name = {v["name"]: v for v in variables}
     assert len(by_name) == len(variables), "duplicate variable names"
-    assert {"datasource", "instance", "gpu", "job"} <= set(by_name)
+    assert {"datasource", "instance", "gpu", "spx_job"} <= set(by_name)
     ds = by_name["datasource"]
     assert ds["type"] == "datasource" and ds["query"] == "prometheus"
     defined = set()
@@ -169,6 +169,6 @@ def test_job_state_codes_match_the_recording_rule():
     from spx_dashboards.common import JOB_STATES  # on sys.path once import_builder() ran
 
     _, records = load_rules()
-    (rule,) = [r for r in records if r["record"] == "instance_job:spx_job_state:code"]
+    (rule,) = [r for r in records if r["record"] == "instance_spx_job:spx_job_state:code"]
     for code, state in enumerate(JOB_STATES, start=1):
         assert f'spx_job_state{{state="{state}"}} * {code}' in rule["expr"]

@@ -85,7 +85,7 @@ def test_failing_jobs_source_keeps_gpu_metrics(make_backend):
     registry = build_registry(make_backend(), broken, "t")
     text = scrape(registry)
     assert len(samples(text, "spx_gpu_up")) == 8
-    assert all("job" not in labels for labels, _ in samples(text, "spx_gpu_up"))
+    assert all("spx_job" not in labels for labels, _ in samples(text, "spx_gpu_up"))
     assert value(text, "spx_scrape_success", collector="job") == 0
     assert value(text, "spx_build_info", version="t") == 1
 
@@ -93,10 +93,10 @@ def test_failing_jobs_source_keeps_gpu_metrics(make_backend):
 def test_job_label_only_on_allocated_states(make_backend):
     views = [job_view("a", "running", [0, 1]), job_view("b", "queued", [2]), job_view("c", "succeeded", [3])]
     text = scrape(build_registry(make_backend(), lambda: views, "t"))
-    jobs = {labels["gpu"]: labels.get("job") for labels, _ in samples(text, "spx_gpu_up")}
+    jobs = {labels["gpu"]: labels.get("spx_job") for labels, _ in samples(text, "spx_gpu_up")}
     assert jobs == {"0": "a", "1": "a", "2": None, "3": None, "4": None, "5": None, "6": None, "7": None}
-    assert value(text, "spx_job_state", job="c", state="succeeded") == 1
-    assert value(text, "spx_job_gpus", job="a") == 2
+    assert value(text, "spx_job_state", spx_job="c", state="succeeded") == 1
+    assert value(text, "spx_job_gpus", spx_job="a") == 2
 
 
 def test_a_failed_link_count_read_drops_the_links_for_that_scrape_only(make_backend):

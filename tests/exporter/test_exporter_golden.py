@@ -1,6 +1,6 @@
 """The whole /metrics of the fixture host against a golden file (node_exporter's end-to-end idea).
 
-Regenerate after an intended change with `SPX_REGEN_GOLDEN=1 pytest tests/exporter/test_golden.py`
+Regenerate after an intended change with `SPX_REGEN_GOLDEN=1 pytest tests/exporter/test_exporter_golden.py`
 and review the diff. The clock is frozen, so the fake's counters are exact; what still varies between
 runs (the worker's pid, scrape durations) is normalised.
 """

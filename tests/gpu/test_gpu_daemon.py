@@ -77,17 +77,17 @@ def test_daemon_on_nvml_runs_a_one_gpu_job_and_exports_it_on_its_gpu(tmp_path, n
                              f"a compute process on GPU {gpu}", interval=0.5)
 
         text = fetch(daemon.metrics_port)
-        assert value(text, "spx_gpu_up", gpu=gpu, job=JOB) == 1, f"GPU {gpu} does not carry job={JOB}"
-        assert [lab for lab, _ in samples(text, "spx_gpu_info") if lab.get("gpu") == gpu][0].get("job") == JOB
-        others = [lab for lab, _ in samples(text, "spx_gpu_up") if lab["gpu"] != gpu and "job" in lab]
+        assert value(text, "spx_gpu_up", gpu=gpu, spx_job=JOB) == 1, f"GPU {gpu} does not carry spx_job={JOB}"
+        assert [lab for lab, _ in samples(text, "spx_gpu_info") if lab.get("gpu") == gpu][0].get("spx_job") == JOB
+        others = [lab for lab, _ in samples(text, "spx_gpu_up") if lab["gpu"] != gpu and "spx_job" in lab]
         assert not others, f"GPUs not allocated to the job carry a job label: {others}"
-        assert (value(text, "spx_job_step", job=JOB) or 0) >= 1
+        assert (value(text, "spx_job_step", spx_job=JOB) or 0) >= 1
 
         unattributable = None
         if worker in nvml_pids:
             # CUDA_VISIBLE_DEVICES=<NVML index> put the worker on the GPU the daemon allocated.
             used = wait_for(lambda: value(fetch(daemon.metrics_port), "spx_gpu_process_memory_used_bytes",
-                                          gpu=gpu, pid=str(worker), job=JOB), 30, "the worker's memory sample")
+                                          gpu=gpu, pid=str(worker), spx_job=JOB), 30, "the worker's memory sample")
             assert used > 0
         elif opens_nvidia_device(worker) and pid_namespace_depth() > 1:
             unattributable = (f"NVML lists pids {sorted(nvml_pids)} on GPU {gpu}, the worker is pid {worker} in this "

@@ -1,4 +1,4 @@
-"""tests/hostile: every test here is a hostile probe (README.md, "Threats tested"). Each gets the
+"""tests/hostile: every test here is a hostile probe (docs/security.md, "Threats tested"). Each gets the
 `hostile` marker (`pytest -m hostile` runs them alone), and the run ends with one line, "N hostile
 probes, N held", where held = passed; skipped and failed probes are named after it
 (tests/run_summaries.py)."""

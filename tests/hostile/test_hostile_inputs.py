@@ -267,7 +267,8 @@ def test_another_users_job_name_in_metrics_only_where_the_operator_wants_it(user
         d.wait_state(secret, "running", 60)
         text = metrics_as(victim, d)
         assert (secret in text) is job_labels
-        assert ('job="' in text) is job_labels
+        assert ('spx_job="' in text) is job_labels
+        assert ('owner="' in text) is job_labels
         assert "spx_build_info" in text
         answering(d)
         d.spx("cancel", secret)

@@ -75,8 +75,8 @@ def test_a_heartbeat_of_10_to_the_400_never_stops_anyone_reading(users, base):
             assert json.loads(real_spx_as(victim, d, "status", "fine", "--json", check=True).stdout)["step"] == 7
             assert "fine" in real_spx_as(victim, d, "top", "--once", check=True).stdout
             text = metrics_as(victim, d)
-            assert 'spx_job_step{job="fine"} 7.0' in text and 'spx_job_state{job="huge",state="running"} 1.0' in text
-            assert 'spx_job_step{job="huge"}' not in text
+            assert 'spx_job_step{spx_job="fine"} 7.0' in text and 'spx_job_state{spx_job="huge",state="running"} 1.0' in text
+            assert 'spx_job_step{spx_job="huge"}' not in text
         assert not d.events("control_answer_failed") and not d.events("job_fault_contained")
         for name in ("huge", "fine"):
             d.spx("cancel", name)

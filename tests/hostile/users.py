@@ -1,4 +1,4 @@
-"""Real local users for the hostile-input tests (README.md, "Threats tested"): created with useradd
+"""Real local users for the hostile-input tests (docs/security.md, "Threats tested"): created with useradd
 when missing, removed again by whoever created them. Two users and a group: `owner` submits jobs and
 plays the attacker, `victim` has a private (0700) home, `group` holds `owner` as a supplementary
 member."""

@@ -31,7 +31,7 @@ def restarts_by_reason(d: Daemon, job: str) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=30).read().decode()
     return {s.labels["reason"]: s.value
             for fam in text_string_to_metric_families(text) if fam.name == "spx_job_restarts"
-            for s in fam.samples if s.name == "spx_job_restarts_total" and s.labels.get("job") == job}
+            for s in fam.samples if s.name == "spx_job_restarts_total" and s.labels.get("spx_job") == job}
 
 
 def test_rank_1_raising_first_is_the_root_cause_and_rank_0s_broken_connection_a_consequence(daemon):

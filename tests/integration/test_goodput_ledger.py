@@ -53,7 +53,7 @@ def test_a_job_that_crashed_once_has_a_ledger_summing_to_its_wall_time_with_reco
     assert ledger["gpu_seconds"]["productive"] == pytest.approx(2 * seconds["productive"], abs=0.01)
 
     metrics = scrape(daemon)
-    job = {labels: v for labels, v in metrics["spx_job_seconds"].items() if ("job", "goodput") in labels}
+    job = {labels: v for labels, v in metrics["spx_job_seconds"].items() if ("spx_job", "goodput") in labels}
     assert sum(job.values()) == pytest.approx(sum(seconds.values()), abs=0.01)
     host = {dict(labels)["cause"]: v for labels, v in metrics["spx_host_gpu_seconds"].items()}
     assert host["productive"] == pytest.approx(ledger["gpu_seconds"]["productive"], abs=0.01)

@@ -1,4 +1,4 @@
-"""Multi-user basics (README.md, "Security model"): workers run as the file's owner with a clean
+"""Multi-user basics (docs/security.md): workers run as the file's owner with a clean
 environment, and a user sees and cancels only their own jobs."""
 
 from __future__ import annotations

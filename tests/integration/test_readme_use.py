@@ -1,4 +1,6 @@
-"""The README's "Use" section, as a new user meets it: each command as written, from the checkout."""
+"""A new user's first minutes from a checkout, with `--root` given on each command (the README's try
+section, which sets SPX_ROOT instead, runs as written in test_readme_try.py): the daemon's fixture
+faults, a forgotten --root, an earlier job's logs, and cancelling a job while following its log."""
 
 from __future__ import annotations
 
@@ -69,11 +71,18 @@ def test_logs_of_an_earlier_job_of_a_reused_name(tmp_path):
         d.stop()
 
 
-def readme_use_commands() -> list[str]:
-    """The command lines of the README's "Use" block, as written (comments dropped)."""
-    text = (REPO / "README.md").read_text()
-    block = text.split("\n## Use\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
-    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+# The commands of a first session that gives `--root` on each (what the README showed before the try
+# section set SPX_ROOT): start, submit, list, status, follow attempt 2, cancel, top, doctor.
+FIRST_MINUTES = [
+    "spx-trainer --root ./spx-root --gpu-backend fake",
+    "spx --root ./spx-root submit examples/jobs/ddp-crash-resume.yaml",
+    "spx --root ./spx-root ls",
+    "spx --root ./spx-root status ddp-crash-resume",
+    "spx --root ./spx-root logs ddp-crash-resume --attempt 2 -f",
+    "spx --root ./spx-root cancel ddp-crash-resume",
+    "spx --root ./spx-root top",
+    "spx doctor",
+]
 
 
 def as_argv(line: str) -> list[str]:
@@ -83,21 +92,14 @@ def as_argv(line: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_every_command_of_the_readme_use_section_works_from_a_checkout(tmp_path):
+def test_first_minutes_with_root_on_each_command_from_a_checkout(tmp_path):
     """A new user's first minutes, in a scratch copy of the checkout: start the daemon, submit the
     example job (relative paths, as written), list it, see its crash and root cause, follow attempt
-    2's log while cancelling it, look at top and doctor. The one change to the README's lines: the
-    daemon's metrics listen on a free port (`--metrics-address 127.0.0.1:0`), so a test run never
-    collides with a daemon on 9101."""
+    2's log while cancelling it, look at top and doctor. The daemon's metrics listen on a free port
+    (`--metrics-address 127.0.0.1:0`), so a test run never collides with a daemon on 9101."""
     checkout = tmp_path / "checkout"
     shutil.copytree(REPO / "examples", checkout / "examples", ignore=shutil.ignore_patterns("__pycache__"))
-    lines = readme_use_commands()
-    assert [line.split()[:4] for line in lines] == [
-        ["spx-trainer", "--root", "./spx-root", "--gpu-backend"], ["spx", "--root", "./spx-root", "submit"],
-        ["spx", "--root", "./spx-root", "ls"], ["spx", "--root", "./spx-root", "status"],
-        ["spx", "--root", "./spx-root", "logs"], ["spx", "--root", "./spx-root", "cancel"],
-        ["spx", "--root", "./spx-root", "top"], ["spx", "doctor"]], lines
-    start, submit, ls, status, logs, cancel, top, doctor = lines
+    start, submit, ls, status, logs, cancel, top, doctor = FIRST_MINUTES
     env = {k: v for k, v in os.environ.items() if k != "SPX_ROOT"}
 
     def run(line: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -161,7 +161,8 @@ def test_live_view_redraws_in_place_on_a_terminal_and_shows_fetch_errors() -> No
     assert "bert" in frames[0] and "spx top: RuntimeError: daemon restarting" in frames[1] and "bert" not in frames[2]
 
 
-def test_ctrl_c_ends_the_live_view_and_restores_the_cursor() -> None:
+def _signalled_live_view(sig: signal.Signals) -> tuple[bytes, int]:
+    """A live view on a real pty, sent `sig` once two frames are drawn: what it wrote, its exit status."""
     script = textwrap.dedent(
         """
         import sys
@@ -178,20 +179,34 @@ def test_ctrl_c_ends_the_live_view_and_restores_the_cursor() -> None:
     os.close(slave)
     try:
         data = _read_pty(master, b"H100")
-        time.sleep(0.2)
         data += _read_pty(master, HOME.encode(), timeout=5)
         assert data.count(HOME.encode()) >= 2, data  # at least two frames drawn in place
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         # Keep reading while it ends: frames queued in the pty meanwhile would otherwise fill it and
         # block the final write (and so the exit) on a slow machine.
         data += _read_pty(master, SHOW_CURSOR.encode(), timeout=60)
-        assert proc.wait(timeout=30) == 0
+        code = proc.wait(timeout=30)
         data += _read_pty(master, b"\0never", timeout=0.5)  # anything after it (nothing is expected)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         os.close(master)
+    return data, code
+
+
+def test_ctrl_c_ends_the_live_view_and_restores_the_cursor() -> None:
+    data, code = _signalled_live_view(signal.SIGINT)
+    assert code == 0
+    assert data.rstrip(b"\r\n").endswith(SHOW_CURSOR.encode())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_ends_the_live_view_with_the_cursor_restored(sig: signal.Signals) -> None:
+    """`kill PID` (or the terminal closing) is not Ctrl-C: without a handler Python dies at once and
+    leaves the terminal's cursor hidden."""
+    data, code = _signalled_live_view(sig)
+    assert code == 128 + sig  # as a shell reports a process that signal ended
     assert data.rstrip(b"\r\n").endswith(SHOW_CURSOR.encode())
 
 

@@ -161,3 +161,14 @@ def test_bf16_autocast_runs_on_cpu_when_forced_and_auto_follows_the_hardware():
         assert all(p.dtype == torch.float32 for p in model.parameters()), "autocast keeps fp32 master weights"
     finally:
         trainer.close()
+
+
+def test_the_job_files_keep_wins_over_the_scripts(tmp_path, monkeypatch):
+    """Checkpoints at steps 5, 10, 15, 20 and the final 23: the script's keep (3) leaves three; the
+    job file's `checkpoints.keep: 1` (SPX_CHECKPOINT_KEEP, set by the daemon) leaves the newest only."""
+    _fit(tmp_path / "script", steps=23)
+    assert sorted(p.name for p in (tmp_path / "script").iterdir() if p.name.startswith("step-")) == [
+        "step-000000015", "step-000000020", "step-000000023"]
+    monkeypatch.setenv("SPX_CHECKPOINT_KEEP", "1")
+    _fit(tmp_path / "job", steps=23)
+    assert [p.name for p in (tmp_path / "job").iterdir() if p.name.startswith("step-")] == ["step-000000023"]

@@ -21,7 +21,7 @@ def server(tmp_path, monkeypatch):
     monkeypatch.setattr(control, "REQUEST_SECONDS", 1.5)
     calls: list[tuple[str, str | None, int]] = []
 
-    def answer(op, name, uid):
+    def answer(op, name, uid, arg=None):
         calls.append((op, name, uid))
         if name == "explode":
             raise RuntimeError("store went away")

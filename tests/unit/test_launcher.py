@@ -45,3 +45,16 @@ def test_deepspeed_gets_the_allocated_gpus_not_0_to_n():
 def test_python_module_launch():
     spec = parse_spec("name: j\nlauncher: python\nmodule: pkg.train\n")
     assert plan_launch(spec, ctx([]), default_python="/p").argv == ["/p", "-m", "pkg.train"]
+
+
+def test_checkpoints_keep_reaches_the_workers_only_when_the_job_file_sets_it():
+    """Set, the job file's `checkpoints.keep` wins over the script's own TrainerConfig(keep); unset,
+    no variable, and the script's choice stands."""
+    from spx.daemon.contract.worker_env import checkpoint_keep
+
+    unset = plan_launch(parse_spec("name: j\nscript: t.py\n"), ctx([])).env
+    assert "SPX_CHECKPOINT_KEEP" not in unset and checkpoint_keep(unset) is None
+    kept = plan_launch(parse_spec("name: j\nscript: t.py\ncheckpoints: {keep: 7}\n"), ctx([])).env
+    assert kept["SPX_CHECKPOINT_KEEP"] == "7" and checkpoint_keep(kept) == 7
+    for garbage in ("0", "-1", "1001", "3.5", "99999999999999999999", "x", ""):
+        assert checkpoint_keep({"SPX_CHECKPOINT_KEEP": garbage}) is None, garbage

@@ -76,8 +76,8 @@ def test_a_node_of_a_job_across_hosts_is_in_its_view_status_and_metrics(tmp_path
     assert "  generation 2 (rendezvous round wide-g2)\n" in out
     assert "  host node0: running in generation 2, step 3, 3 s ago\n" in out, out
     assert "  host node1: ended in generation 1, step 2, 40 s ago\n" in out, out
-    assert _node_rank_samples(view) == [({"job": "wide"}, 1.0)]
-    assert _node_rank_samples(view, "spx_job_generation") == [({"job": "wide"}, 2.0)]
+    assert _node_rank_samples(view) == [({"spx_job": "wide"}, 1.0)]
+    assert _node_rank_samples(view, "spx_job_generation") == [({"spx_job": "wide"}, 2.0)]
     store.close()
 
 

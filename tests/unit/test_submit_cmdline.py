@@ -294,10 +294,10 @@ def test_cli_usage_errors_exit_2_with_the_reason(proj, tmp_path, monkeypatch, ca
 
 
 def test_the_readme_command_lines_are_the_ones_spx_submit_takes(proj):
-    """The README's "Bring your own script" lines, as written, make the job they describe (run from
+    """The README's "From the command line" lines, as written, make the job they describe (run from
     a directory with their train.py and ds_config.json)."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("\n### Bring your own script\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    block = readme.split("\n### From the command line\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     lines = [line.split("  #", 1)[0].split() for line in block.splitlines() if line.strip()]
     assert [line[:2] for line in lines] == [["spx", "submit"]] * 3
     jobs = []

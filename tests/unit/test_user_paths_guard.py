@@ -1,5 +1,5 @@
 """Nothing in the daemon opens, creates, chowns, chmods, renames or deletes a path except through
-`spx.daemon.userfs` — or in a module whose paths are the daemon's own (README.md, "What root does
+`spx.daemon.userfs` — or in a module whose paths are the daemon's own (docs/security.md, "What root does
 with user paths, and how").
 
 An AST scan of every module under daemon/: a call that touches the file system by path is allowed
@@ -70,6 +70,9 @@ ALLOWED: dict[str, str] = {
                            "fsafe.open_root_dir, written/read/unlinked by its fd, O_NOFOLLOW); /proc/self",
     "service/control.py": "the control socket: bound and chmod-ed in run_dir, verified the daemon's own and "
                           "writable by no one else (fsafe.open_root_dir), unlink/chmod by that dir's fd",
+    "service/dcgm_mapping.py": "dcgm-exporter's job-mapping dir, verified root-owned and writable by no one else "
+                                "(fsafe.open_root_dir; the config checked the dirs above it): temp + rename, unlink by "
+                                "its fd",
     "doctor/hostprobe.py": "/proc, /sys and /etc, read on the admin's request",
     "doctor/report.py": "/proc/1/comm",
     "doctor/device_checks.py": "the daemon's device-filter record in run_dir, read on the admin's request "
@@ -83,6 +86,9 @@ ALLOWED: dict[str, str] = {
                    "(never root's daemon)",
     "cli/submit_cmdline.py": "`spx submit -- COMMAND` reads the #! line of the caller's own torchrun/deepspeed, "
                              "as the invoking user (never root's daemon)",
+    "cli/job_schema.py": "`spx schema --output FILE` writes where the invoking user asked, with that user's own "
+                         "rights (never root's daemon)",
+    "cli/main.py": "/dev/null, put under stdout when the reader of `spx … | head` left",
 }
 
 # The trainer-side readers root must not run on a user's tree itself (userfs runs them as the owner).
