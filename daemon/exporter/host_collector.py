@@ -1,5 +1,6 @@
 """`spx_host_gpu_seconds_total`: where the host's GPU time went since the daemon started — the jobs'
-goodput ledgers times their GPUs, quarantined GPUs, idle ones (state/ledger_view.py `HostAccount`)."""
+goodput ledgers times their GPUs, quarantined GPUs, idle ones (state/ledger_view.py `HostAccount`) —
+and `spx_host_unsettled_gpu_seconds`, the live jobs' time not settled yet."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ class HostCollector:
         self.wall = wall
 
     def collect(self) -> tuple[list[Any], bool]:
-        fam = Families(["spx_host_gpu_seconds_total"])
-        for cause, seconds in self.account.gpu_seconds(len(self.backend.devices()), self.wall()).items():
+        fam = Families(["spx_host_gpu_seconds_total", "spx_host_unsettled_gpu_seconds"])
+        host = self.account.gpu_seconds(len(self.backend.devices()), self.wall())
+        for cause, seconds in host.settled.items():
             fam.add("spx_host_gpu_seconds_total", {"cause": cause}, seconds)
+        fam.add("spx_host_unsettled_gpu_seconds", {}, host.unsettled)
         return fam.metrics(), True

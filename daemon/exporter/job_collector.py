@@ -14,7 +14,7 @@ JOB_STATES = ("queued", "starting", "running", "restarting", "succeeded", "faile
 JOB_FAMILIES = [
     "spx_job_info", "spx_job_state", "spx_job_restarts_total", "spx_job_step", "spx_job_samples_per_second",
     "spx_job_last_checkpoint_timestamp_seconds", "spx_job_gpus", "spx_job_attempts",
-    "spx_job_node_rank", "spx_job_generation", "spx_job_seconds_total",
+    "spx_job_node_rank", "spx_job_generation", "spx_job_seconds_total", "spx_job_unsettled_seconds",
 ]
 
 
@@ -45,6 +45,8 @@ class JobCollector:
                 fam.add("spx_job_node_rank", job, view.node.node_rank)
             if view.node is not None and view.node.generation is not None:
                 fam.add("spx_job_generation", job, view.node.generation)
-            for cause, seconds in (view.ledger or {}).get("seconds", {}).items():
-                fam.add("spx_job_seconds_total", {**job, "cause": cause}, seconds)
+            if view.ledger is not None:
+                for cause, seconds in view.ledger["seconds"].items():
+                    fam.add("spx_job_seconds_total", {**job, "cause": cause}, seconds)
+                fam.add("spx_job_unsettled_seconds", job, view.ledger["unsettled_seconds"])
         return fam.metrics(), True

@@ -3,7 +3,7 @@ the cause it went to. Pure: it reads only the facts it is given (`JobFacts`, fro
 attempt and event rows: `ledger_view.py` gathers them) and does no I/O.
 
 The job's life is cut at the instants the daemon recorded, in order; each piece between two of
-them goes to one cause, so the causes sum to the wall time exactly (a recorded instant out of order
+them goes to one cause (or is unsettled, below), so they sum to the wall time exactly (a recorded instant out of order
 is clamped to its neighbours: a piece is never negative and never counted twice). The instants:
 
     submitted ─queued─ GPUs allocated ─staging─ placed ─startup─ first beat ─productive─ kept save
@@ -11,10 +11,21 @@ is clamped to its neighbours: a piece is never negative and never counted twice)
     ─restart_detect─ failure seen ─restart_teardown─ end recorded ─backoff─ backoff over
     ─restart_placed─ placed ─restart_relaunch─ spawn ─restart_restore─ first beat ─productive─ …
 
-- `productive`: training whose steps were kept (the next attempt resumed at or after them, or the
-  attempt is the last), less `checkpoint`; `recomputed`: training past the checkpoint the next
-  attempt resumed from — its steps were trained again (the time from that save, or by
-  interpolation between the attempt's own (time, step) points, to the last progress).
+Time is *settled* into a cause only once that cause is final, so a cause's seconds never go down
+(they are Prometheus counters, `spx_job_seconds_total`); the rest is `unsettled` (a gauge):
+
+- `productive`: training whose steps were kept, less `checkpoint`: settled up to where the attempt
+  reached the step of its newest published checkpoint (`Progress.kept`) while it runs; once it
+  ended, up to the step the next attempt resumed from (never less than was settled), or all of it
+  if it ended the job successfully. `recomputed`: the rest of an ended attempt's training — past the
+  checkpoint the next attempt resumed from (its steps were trained again; the time from that save,
+  or by interpolation between the attempt's own (time, step) points, to the last progress), or past
+  the last checkpoint of a job that ended without success. A resume from before a checkpoint already
+  settled (the crash-loop fallback) trains those steps again as `productive`: settled time stays.
+- `unsettled`: a running attempt's time since it last reached a checkpointed step, and a failed
+  attempt's training past its last checkpoint until its next attempt begins (which step it resumes
+  from decides what was kept) or the job ends; an attempt's time before its first heartbeat (a
+  restore, or a script without heartbeat: told only when it ends).
 - `checkpoint`: the seconds the trainer reports its loop waited on saves, and a stop's save (SIGTERM
   after the last progress, a save of the last step published): then nothing is recomputed.
 - `hang`: from the last progress to the exit of an attempt stopped as hung.
@@ -22,16 +33,15 @@ is clamped to its neighbours: a piece is never negative and never counted twice)
   (`teardown`), GPUs being free again after the backoff (`placed`), the relaunch (`relaunch`:
   checkpoint found, launcher spawned) and the worker's start and restore until its first beat
   (`restore`); `backoff`: the delay the policy decided. `startup` is the first attempt's `relaunch`
-  and `restore`; `shutdown` an attempt's end that ended the job (final save, exit, its record).
+  and `restore` (and the time from the GPUs' allocation to it); `shutdown` the end of the attempt
+  that ended the job (its final save, exit, its record).
 - `daemon`: time lost to the daemon: an attempt found lost when the daemon came back (it lost its
   steps; an adopted attempt lost none and has no such time), the wait after a daemon stopped an
   attempt for its own stop or restart.
-- `running`: an attempt without heartbeat (the daemon cannot tell progress), and the current
-  attempt's time since its last progress (not yet known to be kept).
+- `running`: an ended attempt that never beat (the daemon could not tell its progress).
 - `queued`, `staging`; `unknown`: time the record does not place (none when everything was recorded).
 
-GPU-seconds are seconds × the job's GPUs. The current attempt's account is provisional: its
-`productive` time becomes `recomputed` if it fails past its last checkpoint.
+GPU-seconds are seconds × the job's GPUs.
 """
 
 from __future__ import annotations
@@ -47,6 +57,8 @@ CAUSES = ("productive", "recomputed", "checkpoint", "hang", "restart_detect", "r
           "queued", "staging", "unknown")
 # Attempt ends that the daemon's own outage caused: found lost when it came back (a host or daemon
 # loss), or stopped for its own stop or restart.
+# Not a cause: time whose cause is not known yet (see the module's doc).
+UNSETTLED = "unsettled"
 _LOST = frozenset({"lost", "host-lost"})
 _DAEMON_STOPS = frozenset({"daemon-stop", "daemon-restart"})
 
@@ -71,26 +83,31 @@ class AttemptFacts:
 @dataclass(frozen=True)
 class JobFacts:
     """A job's record: submitted, when GPUs were first allocated (its first 'starting' event), when
-    it ended (None: live), whether it staged, its GPUs and attempts in order."""
+    it was last placed (its latest 'starting' event: a relaunch's GPUs free, before its attempt's
+    row exists), when it ended (None: live), whether it staged and succeeded, its GPUs and attempts
+    in order."""
 
     submitted: float
     gpus: int
     attempts: tuple[AttemptFacts, ...] = ()
     allocated: float | None = None
+    placed: float | None = None
     ended: float | None = None
     staged: bool = False
+    succeeded: bool = False
 
 
 @dataclass(frozen=True)
 class Ledger:
-    seconds: dict[str, float]   # cause → seconds, every cause present (0 where none)
-    wall: float                 # the job's wall time so far; sum(seconds) equals it
+    seconds: dict[str, float]   # cause → settled seconds, every cause present (0 where none)
+    unsettled: float            # seconds not yet known kept or recomputed; with `seconds`, the wall time
+    wall: float                 # the job's wall time so far
     gpus: int
-    pieces: tuple[tuple[float, float, str], ...] = ()  # (from, to, cause), in order, covering the wall time
+    pieces: tuple[tuple[float, float, str], ...] = ()  # (from, to, cause or UNSETTLED), in order, covering it
 
     def between(self, start: float, end: float) -> dict[str, float]:
-        """Seconds by cause of the part of the job's life in [start, end]."""
-        out = dict.fromkeys(CAUSES, 0.0)
+        """Seconds by cause (and UNSETTLED) of the part of the job's life in [start, end]."""
+        out = dict.fromkeys((*CAUSES, UNSETTLED), 0.0)
         for a, b, cause in self.pieces:
             out[cause] += max(0.0, min(b, end) - max(a, start))
         return out
@@ -101,14 +118,16 @@ class Ledger:
 
     @property
     def goodput(self) -> float | None:
-        """The share of the job's time (after it was queued) that produced kept training."""
-        held = self.wall - self.seconds["queued"]
+        """The share of the job's settled time after it was queued (while it held GPUs) that
+        produced kept training: `spx:job_goodput:ratio` computes the same from the counters."""
+        held = sum(self.seconds.values()) - self.seconds["queued"]
         return self.seconds["productive"] / held if held > 0 else None
 
     def to_json(self) -> dict:
         return {"wall_seconds": round(self.wall, 3), "gpus": self.gpus,
                 "goodput": None if self.goodput is None else round(self.goodput, 4),
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+                "unsettled_seconds": round(self.unsettled, 3),
                 "gpu_seconds": {k: round(v, 3) for k, v in self.gpu_seconds.items()}}
 
 
@@ -119,7 +138,7 @@ class _Cuts:
     def __init__(self, start: float, horizon: float):
         self.at = start
         self.horizon = horizon
-        self.seconds = dict.fromkeys(CAUSES, 0.0)
+        self.seconds = dict.fromkeys((*CAUSES, UNSETTLED), 0.0)
         self.pieces: list[tuple[float, float, str]] = []
 
     def to(self, t: float | None, cause: str) -> None:
@@ -157,48 +176,76 @@ def account(job: JobFacts, now: float) -> Ledger:
         cuts.to(first_placed, "staging")
     for i, a in enumerate(attempts):
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
-        _attempt(cuts, a, nxt, first=i == 0, job_ended=job.ended is not None)
-    if not attempts:
-        cuts.to(horizon, "staging" if job.staged and job.allocated is not None else "queued")
+        _attempt(cuts, a, nxt, job, first=i == 0)
+    if not attempts:  # GPUs allocated: staging its data, or its first attempt being made
+        cuts.to(horizon, "queued" if job.allocated is None else "staging" if job.staged else "startup")
     cuts.to(horizon, "unknown")
-    return Ledger(cuts.seconds, horizon - job.submitted, job.gpus, tuple(cuts.pieces))
+    return Ledger({c: cuts.seconds[c] for c in CAUSES}, cuts.seconds[UNSETTLED], horizon - job.submitted, job.gpus,
+                  tuple(cuts.pieces))
 
 
 def _placed(a: AttemptFacts) -> float:
     return a.phases.get("placed", a.phases.get("spawn", a.start))
 
 
-def _attempt(cuts: _Cuts, a: AttemptFacts, nxt: AttemptFacts | None, *, first: bool, job_ended: bool) -> None:
+def _attempt(cuts: _Cuts, a: AttemptFacts, nxt: AttemptFacts | None, job: JobFacts, *, first: bool) -> None:
     cuts.to(_placed(a), "startup" if first else "restart_placed")
     cuts.to(a.phases.get("spawn", a.start), "startup" if first else "restart_relaunch")
+    # The attempt that ended the job: its end moved the job to its final state (one transaction, one time).
+    ends_job = nxt is None and job.ended is not None and a.end is not None and job.ended <= a.end
     p = a.progress
     if p is None or p.first is None or p.last is None:
+        if a.end is None:  # no beat yet: still restoring, or a script without heartbeat (told at its end)
+            cuts.to(cuts.horizon, UNSETTLED)
+            return
         cuts.to(_exit(a) or a.end, "running")
     else:
         cuts.to(p.first[0], "startup" if first else "restart_restore")
-        kept = kept_until(p, nxt.resumed_from_step if nxt is not None else None, last=nxt is None)
-        # The trainer's stalls, out of this attempt's training: its kept part first.
-        stall = cuts.training(kept, "productive", p.stall)
-        cuts.training(p.last[0], "recomputed", stall)
-    ends_job = nxt is None and job_ended
-    if p is not None and p.last is not None and a.end is not None:
+        _training(cuts, a, p, nxt, job, ends_job)
+        if a.end is None:
+            cuts.to(cuts.horizon, UNSETTLED)
+            return
         cuts.to(_exit(a), _tail(a, p, ends_job))
-    if a.end is None:
-        cuts.to(cuts.horizon, "running")
-        return
     if a.reason_class in _LOST or a.stop_cause == "lost":
         cuts.to(a.end, "daemon")
     cuts.to(a.phases.get("failure_seen"), "shutdown" if ends_job else "restart_detect")
     cuts.to(a.end, "shutdown" if ends_job else "restart_teardown")
-    if nxt is None:
-        if not job_ended:  # restarting now: in its backoff, or waiting for its GPUs
-            cuts.to(a.end + (a.backoff or 0.0), "backoff")
-            cuts.to(cuts.horizon, "restart_placed")
+    if ends_job:
         return
     if a.reason_class in _DAEMON_STOPS or a.stop_cause in _DAEMON_STOPS:
-        cuts.to(_placed(nxt), "daemon")
+        cuts.to(_placed(nxt) if nxt is not None else _relaunch(job, a.end) or cuts.horizon, "daemon")
     else:
         cuts.to(a.end + (a.backoff or 0.0), "backoff")
+        if nxt is None:  # waiting for its GPUs now (or it was cancelled meanwhile)
+            cuts.to(_relaunch(job, a.end) or cuts.horizon, "restart_placed")
+    if nxt is None:  # placed again: its attempt being made
+        cuts.to(cuts.horizon, "restart_relaunch")
+
+
+def _relaunch(job: JobFacts, after: float) -> float | None:
+    """When the job was placed again after its attempt ended at `after` (None: not yet)."""
+    return job.placed if job.placed is not None and job.placed >= after else None
+
+
+def _training(cuts: _Cuts, a: AttemptFacts, p: Progress, nxt: AttemptFacts | None, job: JobFacts,
+              ends_job: bool) -> None:
+    """The attempt's training, first beat → last progress: settled up to where it is known kept
+    (`p.kept`: its newest checkpoint) while it runs; once it ended, kept up to the step the next
+    attempt resumed from (never less than was settled), all of it if it ended the job successfully,
+    and the rest `recomputed`. Until then (it runs, or it failed and its next attempt has not begun)
+    the time past `p.kept` is unsettled."""
+    assert p.first is not None and p.last is not None
+    settled, stall = p.kept if p.kept is not None else (p.first[0], 0.0)
+    if a.end is None or (nxt is None and job.ended is None):
+        cuts.training(settled, "productive", stall)
+        cuts.to(p.last[0], UNSETTLED)
+        return
+    if nxt is not None:
+        kept = max(settled, kept_until(p, nxt.resumed_from_step))
+    else:
+        kept = p.last[0] if ends_job and job.succeeded else settled
+    cuts.training(kept, "productive", stall)
+    cuts.to(p.last[0], "recomputed")
 
 
 def _exit(a: AttemptFacts) -> float | None:
@@ -218,12 +265,11 @@ def _tail(a: AttemptFacts, p: Progress, ends_job: bool) -> str:
     return "shutdown" if ends_job else "restart_detect"
 
 
-def kept_until(p: Progress, resumed: int | None, *, last: bool) -> float:
+def kept_until(p: Progress, resumed: int | None) -> float:
     """When the attempt of `p` reached the step the next attempt resumed from (`resumed`; None: it
-    started afresh), or its last progress if it is the last attempt (all of it is kept so far).
-    Exact at one of its saves or points; between two, interpolated linearly in steps."""
+    started afresh). Exact at one of its saves or points; between two, interpolated linearly in steps."""
     assert p.first is not None and p.last is not None
-    if last or (resumed is not None and resumed >= p.last[1]):
+    if resumed is not None and resumed >= p.last[1]:
         return p.last[0]
     if resumed is None or resumed < p.first[1]:
         return p.first[0]
@@ -238,17 +284,26 @@ def kept_until(p: Progress, resumed: int | None, *, last: bool) -> float:
 HOST_CAUSES = (*(c for c in CAUSES if c != "queued"), "quarantined", "idle")
 
 
-def host_account(ledgers: Iterable[Ledger], gpus: int, quarantined_since: Iterable[float], start: float,
-                 end: float) -> dict[str, float]:
-    """The host's GPU-seconds in [start, end] by cause (`HOST_CAUSES`): each job's time while it
-    held GPUs × its GPUs, the quarantined GPUs' time (each since it was quarantined), and the rest of
-    the host's `gpus` × (end - start) idle."""
+@dataclass(frozen=True)
+class HostSeconds:
+    settled: dict[str, float]   # HOST_CAUSES → GPU-seconds; each only grows
+    unsettled: float            # the live attempts' GPU-seconds not yet known kept or recomputed
+
+
+def host_account(ledgers: Iterable[Ledger], gpus: int, quarantined: Iterable[tuple[float, float | None]],
+                 start: float, end: float) -> HostSeconds:
+    """The host's GPU-seconds in [start, end]: each job's time while it held GPUs × its GPUs by cause
+    (its unsettled time apart), the quarantined GPUs' time (each (since, until), None: still), and the
+    rest of the host's `gpus` × (end - start) idle. Idle time is what no job held, so it grows too."""
     out = dict.fromkeys(HOST_CAUSES, 0.0)
+    unsettled = 0.0
     for ledger in ledgers:
         for cause, seconds in ledger.between(start, end).items():
-            if cause != "queued":
+            if cause == UNSETTLED:
+                unsettled += seconds * ledger.gpus
+            elif cause != "queued":
                 out[cause] += seconds * ledger.gpus
-    for since in quarantined_since:
-        out["quarantined"] += max(0.0, end - max(since, start))
-    out["idle"] = max(0.0, gpus * max(0.0, end - start) - sum(out.values()))
-    return out
+    for since, until in quarantined:
+        out["quarantined"] += max(0.0, min(end, until if until is not None else end) - max(since, start))
+    out["idle"] = max(0.0, gpus * max(0.0, end - start) - sum(out.values()) - unsettled)
+    return HostSeconds(out, unsettled)

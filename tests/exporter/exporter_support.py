@@ -32,8 +32,9 @@ def job_view(name: str = "train-a", state: str = "running", gpus: list[int] | No
                          phases={"placed": 1_717_990_010.0, "spawn": 1_717_990_012.0,
                                  "launcher_exit": 1_717_990_498.0, "failure_seen": 1_717_990_499.0},
                          progress=Progress(first=(1_717_990_030.0, 1), last=(1_717_990_490.0, 1100),
-                                           saves=((1000, 1_717_990_450.0),))),
+                                           saves=((1000, 1_717_990_450.0),), kept=(1_717_990_450.0, 0.0))),
             AttemptFacts(start=1_717_990_520.0, resumed_from_step=1000, phases={"spawn": 1_717_990_520.0},
-                         progress=Progress(first=(1_717_990_540.0, 1001), last=(1_717_990_700.0, 1200))),
+                         progress=Progress(first=(1_717_990_540.0, 1001), last=(1_717_990_700.0, 1200),
+                                           saves=((1100, 1_717_990_650.0),), kept=(1_717_990_650.0, 0.0))),
         )), now=1_717_990_700.0).to_json(),
     )

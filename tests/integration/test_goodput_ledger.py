@@ -46,6 +46,7 @@ def test_a_job_that_crashed_once_has_a_ledger_summing_to_its_wall_time_with_reco
     seconds = ledger["seconds"]
     assert abs(sum(seconds.values()) - wall) <= 0.01 * wall, (wall, ledger)
     assert abs(ledger["wall_seconds"] - wall) <= 0.01 * wall, (wall, ledger)
+    assert ledger["unsettled_seconds"] == 0, ledger   # an ended job's every second is settled
     assert seconds["recomputed"] > 0, ledger
     assert seconds["productive"] > seconds["recomputed"], ledger
     assert seconds["restart_restore"] > 0 and seconds["restart_teardown"] >= 0, ledger

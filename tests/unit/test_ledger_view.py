@@ -32,7 +32,8 @@ def crashed_once(store: Store) -> int:
                                port=None)
     store.attempts.add_phases(one, {"placed": 110.0, "spawn": 112.0, "launcher_exit": 182.0, "failure_seen": 183.0})
     store.attempts.running(job, one, pgid=1, boot_id=None, start_ticks=None, reason="running", now=112.0)
-    store.attempts.set_progress(one, Progress(first=(120.0, 1), last=(180.0, 80), saves=((50, 150.0),)).to_json())
+    store.attempts.set_progress(one, Progress(first=(120.0, 1), last=(180.0, 80), saves=((50, 150.0),),
+                                              kept=(150.0, 0.0)).to_json())
     store.attempts.finish(job, one, JobState.RESTARTING, "exit code 1", 185.0,
                           {"end": 185.0, "reason_class": "user-code", "backoff": 5.0}, {})
     store.jobs.transition(job, JobState.STARTING, "relaunching", 192.0)
@@ -48,7 +49,7 @@ def crashed_once(store: Store) -> int:
 def test_a_finished_jobs_ledger_from_the_store_sums_to_its_wall_time(store, tmp_path):
     job = store.jobs.get(crashed_once(store))
     ledger = job_view(store, job, tmp_path / "run").to_json()["ledger"]
-    assert ledger["wall_seconds"] == 200 and ledger["gpus"] == 2
+    assert ledger["wall_seconds"] == 200 and ledger["gpus"] == 2 and ledger["unsettled_seconds"] == 0
     assert sum(ledger["seconds"].values()) == pytest.approx(200)
     assert {k: v for k, v in ledger["seconds"].items() if v} == {
         "queued": 10, "startup": 10, "productive": 30 + 92, "recomputed": 30, "restart_detect": 3,
@@ -61,9 +62,13 @@ def test_the_hosts_gpu_seconds_count_the_jobs_the_quarantined_and_the_idle(store
     crashed_once(store)
     store.host.quarantine_gpu(7, None, "XID 79", 250.0)
     account = ledger_view.HostAccount(store, since=200.0)
-    host = account.gpu_seconds(8, now=400.0)
+    host = account.gpu_seconds(8, now=400.0).settled
     assert sum(host.values()) == pytest.approx(8 * 200)
     assert host["productive"] == pytest.approx(2 * (297 - 205))
     assert host["quarantined"] == pytest.approx(150)
     assert host["idle"] == pytest.approx(1600 - 2 * 100 - 150)
-    assert account.gpu_seconds(8, now=400.0) == host  # the ended job, kept, counts the same
+    assert account.gpu_seconds(8, now=400.0).settled == host  # the ended job, kept, counts the same
+    # Released at 420: the GPU's quarantined time stays (its span ends when a scrape sees it gone).
+    store.host.release_gpu(7, "root", 420.0)
+    later = account.gpu_seconds(8, now=430.0).settled
+    assert later["quarantined"] == pytest.approx(180) and later["idle"] == pytest.approx(1600 + 240 - 200 - 180)

@@ -56,9 +56,9 @@ def test_the_first_beat_and_each_save_are_written_at_once_progress_at_most_every
     clock.now = 1.0
     log.beat(job, row, beat(2, 102.0))
     assert stored(store, job).last == (101.0, 1)             # throttled
-    log.beat(job, row, beat(3, 103.0, ckpt=(3, 103.5), stall=0.4))
-    assert stored(store, job) == Progress(first=(101.0, 1), last=(103.0, 3), saves=((3, 103.5),), stall=0.4)
-    log.beat(job, row, beat(4, 104.0))
+    log.beat(job, row, beat(4, 104.0, ckpt=(3, 103.5), stall=0.4))
+    assert stored(store, job) == Progress(first=(101.0, 1), last=(104.0, 4), saves=((3, 103.5),), kept=(103.5, 0.4))
+    log.beat(job, row, beat(4, 104.2))
     clock.now = 1.0 + WRITE_EVERY_SECONDS
     log.beat(job, row, beat(5, 105.0))
     assert stored(store, job).last == (105.0, 5)
@@ -73,7 +73,7 @@ def test_a_daemon_that_adopts_the_attempt_carries_its_stored_record_on(world):
     before.beat(job, row, beat(1, 101.0, ckpt=(1, 101.2)))
     after = ProgressLog(store, Clock())                      # a new daemon: nothing in memory
     after.beat(job, row, beat(9, 140.0, status="finished"))
-    assert stored(store, job) == Progress(first=(101.0, 1), last=(140.0, 9), saves=((1, 101.2),))
+    assert stored(store, job) == Progress(first=(101.0, 1), last=(140.0, 9), saves=((1, 101.2),), kept=(101.0, 0.0))
 
 
 def test_a_row_that_is_not_the_jobs_open_attempt_is_not_kept(world):

@@ -1,0 +1,130 @@
+"""The goodput ledger's counters never go down: a job's life (a crash past its checkpoint, a hang, a
+daemon restart with a JIT save, a success) is replayed through every quarter second, the store's
+facts at each instant built as the daemon records them (phases as they happen, the progress record
+from each heartbeat so far), and no settled cause of the job nor of the host ever decreases, while
+settled and unsettled time sum to the wall time at every instant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from spx.daemon.state.attempt_progress import Progress
+from spx.daemon.state.goodput import CAUSES, HOST_CAUSES, AttemptFacts, JobFacts, account, host_account
+
+STEP_SECONDS = 0.25   # one optimizer step
+SAVE_EVERY = 40       # steps
+SAVE_SECONDS = 1.5    # the loop's stall per save
+
+
+@dataclass
+class Script:
+    """One attempt as it happened: its recorded instants, when it trained, how it ended."""
+
+    start: float
+    phases: dict[str, float]
+    train: tuple[float, float]                  # first step → last progress
+    first_step: int
+    end: float
+    reason_class: str | None = None
+    stop_cause: str | None = None
+    backoff: float | None = None
+    stop_save: float | None = None              # a save of the last step at this time (SIGTERM/JIT)
+    beats: list[tuple[float, int, tuple[int, float] | None, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        """The heartbeats spx.trainer writes: one per step; a save every SAVE_EVERY steps stalls the
+        loop and is reported, with the stall, by the next step's beat."""
+        t, step, ckpt, stall = self.train[0], self.first_step, None, 0.0
+        while t <= self.train[1]:
+            self.beats.append((t, step, ckpt, stall))
+            if step % SAVE_EVERY == 0 and t + SAVE_SECONDS < self.train[1]:
+                t += SAVE_SECONDS
+                stall += SAVE_SECONDS
+                ckpt = (step, t)
+            t += STEP_SECONDS
+            step += 1
+        if self.stop_save is not None:
+            self.beats.append((self.stop_save, self.last_step, (self.last_step, self.stop_save), stall + 1.0))
+
+    @property
+    def last_step(self) -> int:
+        return max(step for _, step, _, _ in self.beats)
+
+    def saved_steps(self) -> list[int]:
+        return sorted({c[0] for _, _, c, _ in self.beats if c is not None})
+
+    def facts(self, now: float, resumed: int | None) -> AttemptFacts:
+        """What the store holds of this attempt at `now`."""
+        progress = Progress()
+        for t, step, ckpt, stall in self.beats:
+            if t <= now:
+                progress = progress.seen(step, t, *(ckpt or (None, None)), stall, since=self.start)
+        ended = self.end <= now
+        return AttemptFacts(
+            start=self.start, end=self.end if ended else None, resumed_from_step=resumed,
+            phases={k: v for k, v in self.phases.items() if v <= now},
+            progress=progress if progress.first is not None else None,
+            reason_class=self.reason_class if ended else None, stop_cause=self.stop_cause,
+            backoff=self.backoff if ended else None)
+
+
+def life() -> list[Script]:
+    crash = Script(12, {"placed": 10, "spawn": 12, "launcher_exit": 81, "failure_seen": 82}, (20, 79.9), 1, 84,
+                   reason_class="user-code", backoff=5.0)
+    hang = Script(92, {"placed": 90, "spawn": 92, "launcher_exit": 170, "failure_seen": 171}, (100, 150), 0, 172,
+                  reason_class="hang", stop_cause="hang", backoff=0.0)
+    stopped = Script(176, {"placed": 175, "spawn": 176, "launcher_exit": 203, "failure_seen": 203.5}, (180, 199.9),
+                     0, 204, reason_class="daemon-restart", stop_cause="daemon-restart", backoff=0.0, stop_save=201.5)
+    done = Script(232, {"placed": 230, "spawn": 232, "launcher_exit": 301, "failure_seen": 302}, (240, 299), 0, 305,
+                  stop_save=300)
+    return [crash, hang, stopped, done]
+
+
+def job_at(scripts: list[Script], now: float) -> JobFacts:
+    attempts = []
+    resumed: int | None = None
+    for script in scripts:
+        if script.start > now:
+            break
+        # Each attempt starts from the newest step its predecessor saved (as the daemon finds it).
+        shifted = Script(script.start, script.phases, script.train, (resumed or 0) + 1, script.end,
+                         script.reason_class, script.stop_cause, script.backoff,
+                         script.stop_save) if resumed is not None else script
+        attempts.append(shifted.facts(now, resumed))
+        saved = shifted.saved_steps()
+        resumed = saved[-1] if saved else resumed
+    ended = 305.0 if now >= 305 else None
+    placed = [s.phases["placed"] for s in scripts if s.phases["placed"] <= now]   # its 'starting' events
+    return JobFacts(submitted=0, gpus=4, allocated=placed[0] if placed else None, placed=max(placed, default=None),
+                    ended=ended, succeeded=ended is not None, attempts=tuple(attempts))
+
+
+def test_no_cause_of_a_job_or_its_host_ever_goes_down_and_all_sums_to_the_wall_time():
+    scripts = life()
+    before: dict[str, float] = dict.fromkeys(CAUSES, 0.0)
+    host_before: dict[str, float] = dict.fromkeys(HOST_CAUSES, 0.0)
+    instants = [i * 0.25 for i in range(0, 1300)]           # 0 → 325 s, past the job's end at 305
+    unsettled = []
+    for now in instants:
+        ledger = account(job_at(scripts, now), now)
+        unsettled.append(ledger.unsettled)
+        assert sum(ledger.seconds.values()) + ledger.unsettled == pytest.approx(ledger.wall, abs=1e-9), now
+        for cause, seconds in ledger.seconds.items():
+            assert seconds >= before[cause] - 1e-9, (now, cause, before[cause], seconds)
+        before = ledger.seconds
+        # A GPU quarantined from 50 s and released at 120 s (its span ends at the first look after).
+        quarantine = [(50.0, None)] if 50 <= now < 120 else [(50.0, 120.0)] if now >= 120 else []
+        host = host_account([ledger], gpus=8, quarantined=quarantine, start=0.0, end=now)
+        assert sum(host.settled.values()) + host.unsettled == pytest.approx(8 * now), now
+        for cause, seconds in host.settled.items():
+            assert seconds >= host_before[cause] - 1e-9, (now, cause, host_before[cause], seconds)
+        host_before = host.settled
+    assert max(unsettled) > 10       # while training between saves, and across a failure
+    final = account(job_at(scripts, 400.0), 400.0)
+    assert final.unsettled == 0 and final.wall == 305
+    # The life's causes all showed up: kept and lost training, the hang, the daemon's restart, the saves.
+    assert all(final.seconds[c] > 0 for c in ("productive", "recomputed", "hang", "daemon", "checkpoint", "backoff",
+                                               "restart_restore", "startup", "shutdown", "queued"))
+    assert final.seconds["unknown"] == 0 and final.seconds["running"] == 0
