@@ -36,6 +36,8 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     # Fault injection (tests, demo).
     p.add_argument("--crash-at-step", type=int, default=None, help="raise at step K (first attempt only)")
     p.add_argument("--hang-at-step", type=int, default=None, help="stop making progress at step K (first attempt only)")
+    p.add_argument("--no-jit-checkpoint", action="store_true",
+                   help="no JIT checkpoint when a peer fails (a restart resumes from the last periodic one)")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="slow each step down (to watch or kill it)")
     p.add_argument("--debug-write-delay", type=float, default=0.0,
                    help="hold each checkpoint's model file half-written this long (to kill mid-write)")
@@ -53,6 +55,7 @@ def trainer_config(args: argparse.Namespace) -> TrainerConfig:
         checkpoint_every_seconds=args.checkpoint_every_seconds,
         keep=args.keep,
         debug_write_delay_seconds=args.debug_write_delay,
+        jit_checkpoint=not args.no_jit_checkpoint,
     )
 
 
