@@ -184,12 +184,18 @@ def account(job: JobFacts, now: float) -> Ledger:
                   tuple(cuts.pieces))
 
 
-def _placed(a: AttemptFacts) -> float:
-    return a.phases.get("placed", a.phases.get("spawn", a.start))
+def _placed(a: AttemptFacts, job: JobFacts | None = None) -> float:
+    """When the attempt was placed: its `placed` phase; for the newest attempt whose phases are not
+    written yet (its row is, a moment before), the job's latest placement (a placement before it)."""
+    if "placed" in a.phases:
+        return a.phases["placed"]
+    if job is not None and job.placed is not None and job.placed <= a.start:
+        return job.placed
+    return a.phases.get("spawn", a.start)
 
 
 def _attempt(cuts: _Cuts, a: AttemptFacts, nxt: AttemptFacts | None, job: JobFacts, *, first: bool) -> None:
-    cuts.to(_placed(a), "startup" if first else "restart_placed")
+    cuts.to(_placed(a, job), "startup" if first else "restart_placed")
     cuts.to(a.phases.get("spawn", a.start), "startup" if first else "restart_relaunch")
     # The attempt that ended the job: its end moved the job to its final state (one transaction, one time).
     ends_job = nxt is None and job.ended is not None and a.end is not None and job.ended <= a.end
@@ -213,7 +219,7 @@ def _attempt(cuts: _Cuts, a: AttemptFacts, nxt: AttemptFacts | None, job: JobFac
     if ends_job:
         return
     if a.reason_class in _DAEMON_STOPS or a.stop_cause in _DAEMON_STOPS:
-        cuts.to(_placed(nxt) if nxt is not None else _relaunch(job, a.end) or cuts.horizon, "daemon")
+        cuts.to(_placed(nxt, job) if nxt is not None else _relaunch(job, a.end) or cuts.horizon, "daemon")
     else:
         cuts.to(a.end + (a.backoff or 0.0), "backoff")
         if nxt is None:  # waiting for its GPUs now (or it was cancelled meanwhile)

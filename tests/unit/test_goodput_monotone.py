@@ -64,7 +64,8 @@ class Script:
         ended = self.end <= now
         return AttemptFacts(
             start=self.start, end=self.end if ended else None, resumed_from_step=resumed,
-            phases={k: v for k, v in self.phases.items() if v <= now},
+            # The start phases are written a moment after the row (run/timeline.py `spawned`).
+            phases={k: v for k, v in self.phases.items() if v <= now and (now >= self.start + 0.5 or v > self.start)},
             progress=progress if progress.first is not None else None,
             reason_class=self.reason_class if ended else None, stop_cause=self.stop_cause,
             backoff=self.backoff if ended else None)
