@@ -55,10 +55,10 @@ from spx.daemon.state.attempt_progress import Progress
 CAUSES = ("productive", "recomputed", "checkpoint", "hang", "restart_detect", "restart_teardown", "backoff",
           "restart_placed", "restart_relaunch", "restart_restore", "startup", "shutdown", "daemon", "running",
           "queued", "staging", "unknown")
-# Attempt ends that the daemon's own outage caused: found lost when it came back (a host or daemon
-# loss), or stopped for its own stop or restart.
 # Not a cause: time whose cause is not known yet (see the module's doc).
 UNSETTLED = "unsettled"
+# Attempt ends that the daemon's own outage caused: found lost when it came back (a host or daemon
+# loss), or stopped for its own stop or restart.
 _LOST = frozenset({"lost", "host-lost"})
 _DAEMON_STOPS = frozenset({"daemon-stop", "daemon-restart"})
 
@@ -119,7 +119,8 @@ class Ledger:
     @property
     def goodput(self) -> float | None:
         """The share of the job's settled time after it was queued (while it held GPUs) that
-        produced kept training: `spx:job_goodput:ratio` computes the same from the counters."""
+        produced kept training: the recording rule `instance_spx_job:spx_job_goodput:ratio` computes
+        the same from the counters."""
         held = sum(self.seconds.values()) - self.seconds["queued"]
         return self.seconds["productive"] / held if held > 0 else None
 
