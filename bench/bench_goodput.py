@@ -183,6 +183,20 @@ class StepLog:
         return kept
 
 
+    def series(self, start: float, most: int = 400) -> list[list[float]]:
+        """[seconds since `start`, step] per sample, for bench/figures.py's step-over-time picture:
+        every drop of the counter and its neighbours kept, other samples thinned to about `most`."""
+        if not self.samples:
+            return []
+        keep = {0, len(self.samples) - 1}
+        for i in range(1, len(self.samples)):
+            if self.samples[i][1] < self.samples[i - 1][1]:
+                keep |= {i - 1, i}
+        stride = max(1, len(self.samples) // most)
+        keep |= set(range(0, len(self.samples), stride))
+        return [[round(self.samples[i][0] - start, 2), self.samples[i][1]] for i in sorted(keep)]
+
+
 def reached(beats: list[tuple[float, int]], step: int) -> float:
     """When a run of (time, step) beats reached `step`: interpolated between the two beats around
     it; its first beat's time if it began past it, its last beat's if it never got there."""
@@ -264,6 +278,7 @@ class Outcome:
     misses: int = 0
     unfinished_runs: int = 0
     steps: StepLog = field(default_factory=StepLog)
+    start: float = 0.0  # when the run began: the kills' `t` and the step series count from here
     jobs: list[dict[str, Any]] = field(default_factory=list)  # spx: each job's `spx status --json`
 
 
@@ -367,7 +382,7 @@ def run_torchrun(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
         steps = watch.stop()
     text = (work / "torchrun.log").read_text(errors="replace")
     restarts = text.count("] failed (exitcode:")  # the agent's log line for each worker group failure
-    return Outcome(wall, finished, dist.kills, restarts, dist.misses(steps), launches - 1, steps)
+    return Outcome(wall, finished, dist.kills, restarts, dist.misses(steps), launches - 1, steps, start)
 
 
 def spx_job_yaml(name: str, a: argparse.Namespace, ck: Path, tag: str, jit: bool = True) -> str:
@@ -434,7 +449,7 @@ def run_spx(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
     wall = end - start if state == "gave up" else histories[-1]["history"][-1]["end"] - histories[0]["history"][0]["start"]
     restarts = sum(len(h["history"]) for h in histories) - 1
     return Outcome(wall, state == "succeeded", dist.kills, restarts, dist.misses(steps), len(histories) - 1, steps,
-                   histories)
+                   start, histories)
 
 
 RUNNERS = {"spx": run_spx, "torchrun": run_torchrun}
@@ -455,6 +470,7 @@ def row(launcher: str, d: Disturbance, o: Outcome, own_floor: float, torchrun_fl
         "step_goodput": round(steps / computed, 3) if computed and o.finished else None,
         **(ledger_numbers(o) if o.jobs else {}),
         "kill_log": o.kills,
+        "steps": o.steps.series(o.start),
     }
 
 

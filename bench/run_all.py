@@ -10,6 +10,8 @@ that wrote no result in this run shows as an error line. bench/results/summary.j
 there; `--markdown` renders the table as Markdown (docs/benchmarks.md's table is made so).
 `--readme docs/benchmarks.md` also puts the Markdown table between that file's bench-table markers.
 `--quick` gives each benchmark its short form: `--quick` where the script has one, else QUICK_ARGS.
+Then bench/figures.py draws the figures of the results there (bench/results/*.svg: goodput,
+recovery, checkpoint stall), with `--no-run` too, so they are redrawn from what was recorded.
 Exit status: 1 if a benchmark failed to write its result, else 0 (unmet goals are in the table).
 """
 
@@ -27,6 +29,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 from benchlib import RESULTS, machine  # noqa: E402
+from figures import draw_all  # noqa: E402
 
 # Short forms of the benchmarks that have no --quick of their own.
 QUICK_ARGS = {
@@ -188,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         entries = [run_one(n, found[n], a.quick, a.results) for n in names]
         print(f"wrote {write_summary(entries, a.results)}")
     print(render(entries, a.markdown))
+    for path in draw_all(a.results):
+        print(f"drew {path}")
     if a.readme:
         update_readme(a.readme, render([e for e in entries if e.get("result")], markdown=True))
     return 1 if any(e["exit"] is not None and not e.get("result") for e in entries) else 0

@@ -90,3 +90,10 @@ def selects(args: argparse.Namespace, uid: int | None = None) -> Callable[[dict]
 def since_argument(text: str) -> float:
     """argparse's `type` for `--since`, against the clock now."""
     return since_seconds(text, time.time())
+
+
+def select(docs: object, args: argparse.Namespace) -> list[dict]:
+    """The entries of a daemon's list answer (`ls`, `history`, `accounting`) the filters keep."""
+    assert isinstance(docs, list)
+    keep = selects(args)
+    return [d for d in docs if keep(d)]

@@ -34,10 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_history(cfg: DaemonConfig, args: argparse.Namespace, paint: Paint = PLAIN) -> int:
-    records = ask(cfg, "accounting", arg=repr(args.since))  # argparse made even the default Unix seconds
-    assert isinstance(records, list)
-    keep = filters.selects(args)
-    records = [r for r in records if keep(r)]
+    # argparse made even the default Unix seconds
+    records = filters.select(ask(cfg, "accounting", arg=repr(args.since)), args)
     if args.json:
         print(json.dumps(records, indent=1))
     else:

@@ -3,7 +3,9 @@
     spx submit [--name N] [--gpus G] [--dry-run] -- torchrun --nproc_per_node=8 train.py …
     spx submit job.yaml [--fresh] [--check] [--parsable|--json]
     spx ls [--all] [--me] [--user U] [--state S] [--json]   spx status NAME [--json] [--watch] [--timeline]
-    spx history [--since 7d] [--attempts] [--json]           spx logs NAME [--attempt N] [--job-id ID] [-f]
+    spx history [--since 7d] [--attempts] [--json]
+    spx logs NAME [-f] [--tail N] [--since T] [--rank R] [--attempt N] [--job-id ID]
+    spx report NAME [-o FILE.svg] [--json]                   (cli/report.py: the account and its picture)
     spx cancel NAME              spx doctor [--json]         spx top [--once] [--json]    spx schema
     spx hold|release NAME        spx priority NAME N         spx drain|undrain   (queue: cli/queue_cmds.py)
     spx gpus                     spx gpu release N           spx adopt DIR   (root: host loss)
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from spx.daemon.cli import colour, filters, history, logs, queue_cmds, render, submit_cmdline
 from spx.daemon.cli.client import (
@@ -70,8 +73,13 @@ def cmd_adopt(cfg: DaemonConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(cfg: DaemonConfig, args: argparse.Namespace, paint: Paint) -> int:
+    import structlog
+
     from spx.daemon.doctor.command import run_doctor
 
+    # The GPU backend doctor opens logs as the daemon does: to stderr here, so stdout is the report
+    # alone (`spx doctor --json | jq` parses).
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     return run_doctor(cfg, as_json=args.json, mark=paint.check)
 
 
@@ -100,14 +108,13 @@ def cmd_top(cfg: DaemonConfig, args: argparse.Namespace, only: str | None = None
 
 
 def cmd_ls(cfg: DaemonConfig, args: argparse.Namespace, paint: Paint) -> int:
-    jobs = ask(cfg, "history" if args.all else "ls")
-    assert isinstance(jobs, list)
-    keep = filters.selects(args)
-    jobs = [j for j in jobs if keep(j)]
+    jobs = filters.select(ask(cfg, "history" if args.all else "ls"), args)
     if args.json:
         print(json.dumps(jobs, indent=1))
     else:
         render.print_table(jobs, paint)
+        if args.all:
+            print(render.retention_footer(cfg.retention.finished_jobs_days))
     return EXIT_OK
 
 
@@ -126,6 +133,17 @@ def cmd_status(cfg: DaemonConfig, args: argparse.Namespace, paint: Paint) -> int
     return EXIT_FAIL if doc["state"] == "failed" else EXIT_OK
 
 
+def cmd_report(cfg: DaemonConfig, args: argparse.Namespace) -> int:
+    from spx.daemon.cli.report import run_report
+
+    doc = ask(cfg, "status", args.name)
+    assert isinstance(doc, dict)
+    try:
+        return run_report(doc, args, time.time())
+    except OSError as e:
+        raise CliError(f"cannot write the picture: {e}") from e
+
+
 def run(args: argparse.Namespace) -> int:
     if args.command == "schema":  # needs no config or daemon: the job file of this version
         return cmd_schema(args)
@@ -139,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         return cmd_status(cfg, args, paint)
     if args.command == "history":
         return history.cmd_history(cfg, args, paint)
+    if args.command == "report":
+        return cmd_report(cfg, args)
     if args.command == "logs":
         return logs.cmd_logs(cfg, args)
     if args.command == "cancel":

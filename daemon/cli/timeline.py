@@ -6,7 +6,10 @@
 Built from the status document (its `history`, each attempt's `phases`; see run/timeline.py for
 what each phase means). Attempt N ≥ 2 starts with the failure phases of attempt N−1, and every row
 gives its delta from that failure (the first of them recorded: the launcher's exit) and from the
-attempt's spawn; attempt 1's "from failure" column counts from the job's submission instead.
+attempt's spawn; attempt 1's "from failure" column counts from the job's submission instead. The
+table's last column draws each phase as a bar on the attempt's own scale (its origin to its last
+phase): where it began (the phase before it ended) and how long it took, so the slow phase of a
+restart is the long bar.
 """
 
 from __future__ import annotations
@@ -33,12 +36,38 @@ def rows(doc: dict) -> list[dict]:
     return out
 
 
+BAR_WIDTH = 32
+
+
+def bars(offsets: list[float | None], width: int = BAR_WIDTH) -> list[str]:
+    """One bar per phase of an attempt, from the previous phase's offset (0 for the first) to its
+    own, on a scale of `width` characters spanning the attempt's last offset; "" where unknown, and
+    a thin mark for a phase that took no time at this scale."""
+    known = [o for o in offsets if o is not None]
+    total = max([*known, 0.0])
+    out, previous = [], 0.0
+    for offset in offsets:
+        if offset is None:
+            out.append("")
+            continue
+        start = round(max(previous, 0.0) / total * width) if total > 0 else 0
+        end = round(max(offset, 0.0) / total * width) if total > 0 else 0
+        out.append(" " * start + ("█" * (end - start) if end > start else "▏"))
+        previous = max(previous, offset)
+    return out
+
+
 def render(doc: dict) -> str:
-    """The rows as a table per attempt, with the origin each attempt's first column counts from."""
+    """The rows as a table per attempt, with the origin each attempt's first column counts from, and
+    its bars."""
     lines: list[str] = []
     current = None
     history = {a["number"]: a for a in doc.get("history", [])}
-    for r in rows(doc):
+    table = rows(doc)
+    drawn: list[str] = []
+    for number in dict.fromkeys(r["attempt"] for r in table):
+        drawn += bars([r["from_origin"] for r in table if r["attempt"] == number])
+    for r, bar in zip(table, drawn, strict=True):
         if r["attempt"] != current:
             current = r["attempt"]
             origin = "the job's submission" if current == 1 else f"attempt {current - 1}'s failure"
@@ -47,7 +76,8 @@ def render(doc: dict) -> str:
                 lines.append("")
             lines += [f"attempt {current}  (from {origin}{f': {reason}' if reason else ''})",
                       f"  {'phase':<18} {'time (UTC)':<14} {'from failure':>12} {'from spawn':>11}"]
-        lines.append(f"  {r['phase']:<18} {_clock(r['time']):<14} {_delta(r['from_origin']):>12} {_delta(r['from_spawn']):>11}")
+        lines.append(f"  {r['phase']:<18} {_clock(r['time']):<14} {_delta(r['from_origin']):>12} "
+                     f"{_delta(r['from_spawn']):>11}  {bar}".rstrip())
     if not lines:
         return f"{doc.get('name', 'job')}: no phases recorded yet (they come with its attempts' starts)"
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from spx.daemon.exporter.gpu_collector import GpuCollector
 from spx.daemon.exporter.host_collector import HostCollector
+from spx.daemon.exporter.housekeeping_collector import HousekeepingCollector, Samples
 from spx.daemon.exporter.job_collector import JobCollector
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.exporter.quarantine_collector import QuarantineCollector, Quarantined
@@ -76,6 +77,7 @@ def build_registry(
     backend: GpuBackend, jobs: Callable[[], list[JobView]], version: str, job_labels: bool = True,
     quarantined: Callable[[], Quarantined] | None = None, drained: Callable[[], str | None] | None = None,
     host_account: HostAccount | None = None,
+    housekeeping: list[Samples] | None = None,
 ) -> CollectorRegistry:
     """A fresh registry with the GPU and job collectors. Starts the backend's XID thread (see module doc).
 
@@ -93,6 +95,8 @@ def build_registry(
         parts["queue"] = QueueCollector(drained)
     if host_account is not None:  # the daemon's store (spx_host_gpu_seconds_total); not the standalone exporter
         parts["host"] = HostCollector(backend, host_account)
+    if housekeeping is not None:  # the daemon's retention and notifications; not the standalone exporter
+        parts["housekeeping"] = HousekeepingCollector(housekeeping)
     registry.register(SpxCollector(parts, version, backend.kind))
     return registry
 

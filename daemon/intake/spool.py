@@ -353,14 +353,6 @@ class SpoolClaimer:
         """A name in rejected/ free for the entry and for its error file (only root writes there)."""
         for n in range(10_000):
             target = fit_name(name) if n == 0 else fit_name(name, f".{n}")
-            if not self._lexists(rfd, target) and not self._lexists(rfd, error_file_name(target)):
+            if not fsafe.lexists_at(rfd, target) and not fsafe.lexists_at(rfd, error_file_name(target)):
                 return target
         raise fsafe.UserPathError(errno.EEXIST, f"no free name in {self.rejected_dir} for {name}")
-
-    @staticmethod
-    def _lexists(dir_fd: int, name: str) -> bool:
-        try:
-            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            return True
-        except FileNotFoundError:
-            return False

@@ -46,7 +46,7 @@ def job_view(
         AttemptView(
             number=a.number, start=a.start, end=a.end, exit_code=a.exit_code, signal=a.signal,
             reason=a.reason, resumed_from_step=a.resumed_from_step, resumed_from=a.resumed_from,
-            root_cause=a.root_cause, reason_class=a.reason_class, phases=timeline.stored(a.phases),
+            root_cause=a.root_cause, reason_class=a.reason_class, phases=timeline.stored(a.phases), max_step=a.max_step,
             checkpoint=json.loads(a.checkpoint_discovery) if a.checkpoint_discovery else None,
         )
         for a in attempts

@@ -89,15 +89,20 @@ TABLES = (
     detail TEXT
 )""",
 )
-# A job's events by kind: its ledger (state/ledger_view.py) reads them on every `spx ls` and scrape.
-_EVENTS_BY_JOB = "CREATE INDEX IF NOT EXISTS events_job ON events(job_id, kind)"
-INDEXES = (
+_FIRST_INDEXES = (
     # Names are unique among live jobs only: a finished job's name may be reused.
     "CREATE UNIQUE INDEX IF NOT EXISTS jobs_live_name ON jobs(name) WHERE state NOT IN ('succeeded', 'failed', 'cancelled')",
     "CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name, id)",
     "CREATE INDEX IF NOT EXISTS jobs_uid ON jobs(uid)",
-    _EVENTS_BY_JOB,
 )
+# Added by a migration, for retention (run/retention.py): finished jobs by when they ended, the oldest first
+# (the WHERE is the one housekeeping_table.ENDED_SQL queries with, so SQLite uses this partial index), and a
+# job's events by job (removing a job's events must not scan every event the host ever had).
+_RETENTION_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(updated) WHERE state IN ('cancelled', 'failed', 'succeeded')",
+    "CREATE INDEX IF NOT EXISTS events_job ON events(job_id)",
+)
+INDEXES = (*_FIRST_INDEXES, *_RETENTION_INDEXES)
 _CREATED = "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', datetime('now'))"
 
 # Columns added to the tables of the first release before stores had a version; a store of
@@ -129,7 +134,7 @@ def _version_1(db: sqlite3.Connection) -> None:
     # So other hosts can tell every job apart (the host-loss record next to its checkpoints carries
     # it; see intake/job_record.py).
     db.execute("UPDATE jobs SET uid = lower(hex(randomblob(16))) WHERE uid IS NULL")
-    for index in INDEXES:
+    for index in _FIRST_INDEXES:
         db.execute(index)
     db.execute(_CREATED)
 
@@ -142,18 +147,23 @@ def _version_2(db: sqlite3.Connection) -> None:
 
 
 def _version_3(db: sqlite3.Connection) -> None:
+    """Retention's indexes: finished jobs by end time, events by job (run/retention.py)."""
+    for index in _RETENTION_INDEXES:
+        db.execute(index)
+
+
+def _version_4(db: sqlite3.Connection) -> None:
     """The goodput ledger's facts (state/goodput.py): an attempt's progress record (its first beat,
-    last progress, saves and checkpoint stall: state/attempt_progress.py) and the backoff decided at
-    its end, and the index of a job's events its ledger reads. Attempts recorded before have neither
-    record: their time is `running`/`unknown` in the ledger."""
+    last progress, saves, how far it is known kept: state/attempt_progress.py) and the backoff
+    decided at its end; the ledger reads a job's events through retention's index (version 3).
+    Attempts recorded before have neither record: their time is `running`/`unknown` in the ledger."""
     have = {r[1] for r in db.execute("PRAGMA table_info(attempts)").fetchall()}
     for column, decl in (("progress", "TEXT"), ("backoff", "REAL")):
         if column not in have:  # a version-0 store without the table got it from `TABLES` in version 1
             db.execute(f"ALTER TABLE attempts ADD COLUMN {column} {decl}")
-    db.execute(_EVENTS_BY_JOB)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3, _version_4)
 VERSION = len(MIGRATIONS)
 
 

@@ -35,6 +35,9 @@ class AttemptView:
     # Where it resumed from and why there: the layout recognised, candidates skipped with reasons,
     # `fallback_from` when a crash loop made it pass over the newest (contract/checkpoint_discovery).
     checkpoint: dict | None = None
+    # The last step its heartbeats reported (recorded at its end; None while it runs or without a
+    # heartbeat): where its line ends in `spx report`'s picture.
+    max_step: int | None = None
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,15 @@ def ensure_owned_dir_at(dir_fd: int, name: str, mode: int, uid: int, gid: int) -
 # --- files -------------------------------------------------------------------------------------
 
 
+def lexists_at(dir_fd: int, name: str) -> bool:
+    """Whether `name` is an entry of the directory (a link counts as itself, never followed)."""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def open_regular(dir_fd: int, name: str, flags: int = os.O_RDONLY) -> int:
     """Open `name` in `dir_fd` without following a link or blocking on a FIFO; regular files only."""
     _check_name(name)

@@ -128,10 +128,10 @@ def test_a_store_of_a_newer_version_is_refused(tmp_path):
     assert schema_of(path)[2] == schema.VERSION + 1  # left as found
 
 
-def test_a_version_2_store_gains_the_ledgers_columns_and_index(tmp_path):
-    """Version 3 (the goodput ledger's facts): a store a version-2 daemon wrote (memory_peak, no
-    progress record, no backoff, no events index) gets them, keeps its rows, and is then a new store's
-    twin."""
+def test_a_version_3_store_gains_the_ledgers_columns(tmp_path):
+    """Version 4 (the goodput ledger's facts): a store a version-3 daemon wrote (memory_peak,
+    retention's indexes, no progress record, no backoff) gets them, keeps its rows, and is then a new
+    store's twin."""
     fresh, path = tmp_path / "fresh.sqlite", tmp_path / "s.sqlite"
     Store(fresh).close()
     store = Store(path)
@@ -140,16 +140,15 @@ def test_a_version_2_store_gains_the_ledgers_columns_and_index(tmp_path):
     db = sqlite3.connect(path)
     db.execute("INSERT INTO attempts (job_id, number, attempt_id, start, memory_peak) VALUES (?, 1, 'u1', 2.0, 5)",
                (jid,))
-    db.execute("DROP INDEX events_job")
     for column in ("progress", "backoff"):
         db.execute(f"ALTER TABLE attempts DROP COLUMN {column}")
-    db.execute("PRAGMA user_version = 2")
+    db.execute("PRAGMA user_version = 3")
     db.commit()
     db.close()
-    assert "progress" not in schema_of(path)[0]["attempts"] and "events_job" not in schema_of(path)[1]
+    assert "progress" not in schema_of(path)[0]["attempts"]
     store = Store(path)
     try:
-        assert schema_of(path) == schema_of(fresh) and schema_of(path)[2] == schema.VERSION == 3
+        assert schema_of(path) == schema_of(fresh) and schema_of(path)[2] == schema.VERSION == 4
         store.attempts.set_progress(store.attempts.for_job(jid)[0].id, '{"first": [2.5, 1]}')
         (attempt,) = store.attempts.for_job(jid)
         assert (attempt.memory_peak, attempt.progress, attempt.backoff) == (5, '{"first": [2.5, 1]}', None)

@@ -206,3 +206,10 @@ def test_timeline_table_names_each_attempts_origin_and_shows_deltas():
 
 def test_a_job_without_phases_says_so():
     assert "no phases recorded yet" in cli_timeline.render({"name": "x", "history": [{"number": 1, "phases": {}}]})
+
+
+def test_timeline_bars_show_where_each_phase_began_and_how_long_it_took():
+    assert cli_timeline.bars([0.5, 1.0, 8.0], width=16) == ["█", " █", "  ██████████████"]
+    assert cli_timeline.bars([0.0, None, 0.0], width=8) == ["▏", "", "▏"]
+    first_step = next(ln for ln in cli_timeline.render(doc()).splitlines() if ln.strip().startswith("first_step"))
+    assert first_step.endswith("█" * 28)  # attempt 1: 1.0 → 8.0 s of 8.0 s, 32 characters wide
