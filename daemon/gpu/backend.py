@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from spx.daemon.gpu.recent import RecentReadings
 from spx.daemon.gpu.xid import XidEvent, XidWatcher, handle_key
 
 __all__ = ["GpuBackend", "GpuBackendError", "GpuDevice", "open_backend", "fake_backend", "handle_key", "XidEvent"]
@@ -67,6 +68,8 @@ class GpuBackend:
         self._lock = threading.Lock()
         self._xid: XidWatcher | None = None
         self._closed = False
+        # What the collector read on its last scrapes and the XIDs heard: the minutes before an incident.
+        self.recent = RecentReadings()
         if nvml is not None:
             self._discover()
 
@@ -148,6 +151,7 @@ class GpuBackend:
                 raise GpuBackendError("backend is closed")
             if self._xid is None:
                 self._xid = XidWatcher(self.nvml, self._handles, simulated=self.kind == "fake")
+                self._xid.add_listener(lambda event: self.recent.xid(event.gpu, event.xid))
                 self._xid.start()
             if on_event is not None:
                 self._xid.add_listener(on_event)

@@ -60,6 +60,7 @@ ALLOWED: dict[str, str] = {
                             "cgroupfs subtree, as bpf(2)'s attach target",
     "run/proctree.py": "/proc",
     "run/oom.py": "/dev/kmsg",
+    "gpu/kernel_log.py": "/dev/kmsg (a test's own file in tests)",
     "state/store.py": "state_dir (root-only)",
     "state/backup.py": "state_dir/backup (root-only)",
     "state/integrity.py": "state_dir (root-only)",
