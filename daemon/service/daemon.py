@@ -93,7 +93,8 @@ class Daemon:
                                             functools.partial(handover.mark_device_filter, cfg.run_dir))
         self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"),
                                      gpu_computing=backend.computing, lanes=self.lanes,
-                                     device_filters=self.device_filters)
+                                     device_filters=self.device_filters, gpu_recent=backend.recent,
+                                     gpu_devices=backend.devices)
         self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake, self.lanes)
