@@ -30,7 +30,7 @@ from spx.daemon.run.incident import READINGS_SECONDS, Failure, GpuIdentity, asse
 from spx.daemon.run.rootcause import TAIL_BYTES
 from spx.daemon.run.user_work import UserWork
 from spx.daemon.state.db import StoreUnavailable
-from spx.daemon.state.incidents_table import MAX_DOC_BYTES
+from spx.daemon.state.incidents_table import MAX_DOC_BYTES, IncidentTooLarge
 from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.store import Store
 
@@ -56,10 +56,18 @@ class Incidents:
 
     def failed(self, job: JobRow, a: FinishAttempt, gpus: tuple[int, ...], files: AttemptFiles | None,
                spawned_wall: float) -> None:
-        """The end of attempt `a.number` was recorded: if a failure, its incident is gathered (module doc)."""
+        """The end of attempt `a.number` was recorded: if a failure, its incident is gathered (module
+        doc). Never raises: the end is recorded already, and an incident is a diagnostic."""
         stop = self._stops.pop((job.id, a.number), None)
         if a.number == 0 or a.reason_class is None or a.reason_class in NOT_FAILURES:
             return
+        try:
+            self._gather(job, a, gpus, files, spawned_wall, stop)
+        except Exception as e:  # noqa: BLE001 — contained: the job's end stands without its incident
+            log.error("incident_not_gathered", job=job.name, attempt=a.number, error=f"{type(e).__name__}: {e}")
+
+    def _gather(self, job: JobRow, a: FinishAttempt, gpus: tuple[int, ...], files: AttemptFiles | None,
+                spawned_wall: float, stop: tuple[float, str] | None) -> None:
         now = self.wall()
         failed_at = stop[0] if stop is not None else (a.ended_wall if a.ended_wall is not None else now)
         known = {d.index: d for d in self.devices()}
@@ -85,7 +93,7 @@ class Incidents:
             doc = fit(assemble(failure, readings, xids, kernel, stacks), MAX_DOC_BYTES)
             try:
                 self.store.incidents.add(job.id, a.number, failed_at, str(a.reason_class), doc)
-            except StoreUnavailable as e:
+            except (StoreUnavailable, IncidentTooLarge) as e:
                 log.warning("incident_not_recorded", job=job.name, attempt=a.number, error=str(e))
                 return
             log.info("incident_recorded", job=job.name, attempt=a.number, reason_class=str(a.reason_class),

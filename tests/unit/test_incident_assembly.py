@@ -238,3 +238,16 @@ def test_the_view_adds_the_recovery_phases_and_the_restart_seconds_to_the_next_f
     assert incident_views.visible(store, None, lambda job: False) == []
     text = "\n".join(cli_incidents.render(incident))
     assert "four  attempt 1  gpu-fault" in text and "restart:     12.25 s" in text and "first_step +12.25 s" in text
+
+
+def test_an_incident_that_cannot_be_gathered_leaves_the_recorded_end_alone(store):
+    clock = Clock(BASE)
+    job_id = add_job(store, "j")
+
+    def no_devices():
+        raise RuntimeError("NVML went away")
+
+    recorder = Incidents(store, ScriptedLane(), RecentReadings(clock), no_devices, clock, kmsg="/nonexistent")  # type: ignore[arg-type]
+    recorder.failed(store.jobs.get(job_id), FinishAttempt(1, JobState.FAILED, "exit 1", ReasonClass.CRASH, exit_code=1),
+                    (0,), None, BASE)  # does not raise
+    assert store.incidents.for_jobs([job_id]) == []
