@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from spx.daemon.gpu.kernel_log import KMSG
 from spx.daemon.gpu.recent import RecentReadings
 from spx.daemon.gpu.xid import XidEvent, XidWatcher, handle_key
 
@@ -70,6 +71,8 @@ class GpuBackend:
         self._closed = False
         # What the collector read on its last scrapes and the XIDs heard: the minutes before an incident.
         self.recent = RecentReadings()
+        # Where the kernel writes about these GPUs (the fake's: its fixture's file, or none).
+        self.kernel_log: str | None = KMSG if nvml is not None else None
         if nvml is not None:
             self._discover()
 
@@ -202,6 +205,7 @@ def fake_backend(fake: Any) -> GpuBackend:
     """A "fake" backend over a `FakeNvml` built by the caller (tests: custom clock, fixture, filter)."""
     fake.nvmlInit()
     backend = GpuBackend("fake", "", fake, fake.driver_version)
+    backend.kernel_log = fake.kernel_log
     names = {d.name for d in backend.devices()}
     backend.description = f"fake: {len(backend.devices())}× {', '.join(sorted(names))} (fixture {fake.source})"
     faults = fake.injected_faults()

@@ -24,8 +24,6 @@ from typing import Any
 
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Lanes
-from spx.daemon.gpu.backend import GpuDevice
-from spx.daemon.gpu.recent import RecentReadings
 from spx.daemon.lifecycle import actions as act
 from spx.daemon.lifecycle.failures import in_order
 from spx.daemon.lifecycle.observations import ActionFailed, LauncherExited, Observation, Tick
@@ -34,7 +32,7 @@ from spx.daemon.run import adoption, cgroups, device_filter, local_tier, postmor
 from spx.daemon.run.attempt_prep import AttemptPrep
 from spx.daemon.run.attempt_runtime import AttemptRuntime
 from spx.daemon.run.gang_link import GangLink
-from spx.daemon.run.incidents import Incidents
+from spx.daemon.run.incidents import GpuSources, Incidents
 from spx.daemon.run.launching import Launches
 from spx.daemon.run.staging_runs import StagingRuns
 from spx.daemon.run.standby_pool import StandbyPool
@@ -55,7 +53,7 @@ class Executor:
                  clock: Callable[[], float] = time.monotonic,
                  gpu_computing: Callable[[int], bool | None] | None = None,
                  device_filters: device_filter.DeviceFilters | None = None,
-                 gpu_recent: RecentReadings | None = None, gpu_devices: Callable[[], list[GpuDevice]] = list):
+                 gpu_sources: GpuSources | None = None):
         self.cfg = cfg
         self.cgroups = cgroup_tree
         self.timeline = timeline.Recorder(store, wall)  # per-attempt phase times (spx status --timeline)
@@ -65,7 +63,7 @@ class Executor:
         self.staging = StagingRuns(cfg, store, wall)
         self.writes = StoreWrites(store, self.runtime.row_of, wall)
         self.gang = GangLink(cfg, self.work, wall)
-        self.incidents = Incidents(store, self.work, gpu_recent, gpu_devices, wall)
+        self.incidents = Incidents(store, self.work, gpu_sources or GpuSources(), wall)
         self.prep = AttemptPrep(cfg, self.runtime, self.standbys, self.work, self.timeline)
         self.launches = Launches(cfg, store, self.runtime, self.standbys, self.work, self.timeline, cgroup_tree,
                                  wall, clock, wake, device_filters)

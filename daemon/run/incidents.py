@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from spx.daemon.core.causes import NOT_FAILURES, ReasonClass
 from spx.daemon.core.lanes import Outcome
 from spx.daemon.core.log import get_logger
-from spx.daemon.gpu.backend import GpuDevice
-from spx.daemon.gpu.kernel_log import KMSG, KernelLines, gpu_lines, kernel_address
+from spx.daemon.gpu.backend import GpuBackend, GpuDevice
+from spx.daemon.gpu.kernel_log import KernelLines, gpu_lines, kernel_address
 from spx.daemon.gpu.recent import RecentReadings
 from spx.daemon.lifecycle.actions import FinishAttempt
 from spx.daemon.run import attempt_files
@@ -39,15 +40,28 @@ KERNEL_LOOKBACK_SECONDS = 600.0  # the kernel's lines from at most this long bef
 READ_DEADLINE_SECONDS = 30.0
 
 
+@dataclass(frozen=True)
+class GpuSources:
+    """What an incident reads of the GPUs: the backend's recent readings and XIDs, its devices, and
+    where the kernel writes about them (None: nowhere to read, e.g. the fake without a kernel log)."""
+
+    recent: RecentReadings | None = None
+    devices: Callable[[], list[GpuDevice]] = list
+    kernel_log: str | None = None
+
+    @classmethod
+    def of(cls, backend: GpuBackend) -> GpuSources:
+        return cls(backend.recent, backend.devices, backend.kernel_log)
+
+
 class Incidents:
-    def __init__(self, store: Store, work: UserWork, recent: RecentReadings | None,
-                 devices: Callable[[], list[GpuDevice]], wall: Callable[[], float] = time.time, kmsg: str = KMSG):
+    def __init__(self, store: Store, work: UserWork, gpus: GpuSources, wall: Callable[[], float] = time.time):
         self.store = store
         self.work = work
-        self.recent = recent
-        self.devices = devices
+        self.recent = gpus.recent
+        self.devices = gpus.devices
         self.wall = wall
-        self.kmsg = kmsg
+        self.kmsg = gpus.kernel_log
         self._stops: dict[tuple[int, int], tuple[float, str]] = {}  # (job, attempt) → when its stop began, why
 
     def stop_began(self, job_id: int, number: int, cause: str) -> None:
@@ -84,7 +98,10 @@ class Incidents:
         kmsg = self.kmsg
 
         def read() -> tuple[KernelLines, str | None]:
-            kernel = gpu_lines(addresses, since, now, kmsg) if addresses else KernelLines()
+            if kmsg is None:
+                kernel = KernelLines({a: [] for a in addresses}, unavailable="this GPU backend has no kernel log")
+            else:
+                kernel = gpu_lines(addresses, since, now, kmsg)
             stacks = stacks_in_log(attempt_files.read_log_tail(files, TAIL_BYTES)) if hung and files else None
             return kernel, stacks
 

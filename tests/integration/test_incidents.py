@@ -34,11 +34,15 @@ while True:
 """
 
 
-def fixture_file(tmp_path: Path, edit) -> Path:
+def fixture_file(tmp_path: Path, edit, kernel_log: Path | None = None) -> Path:
+    """The bundled fixture without its own XIDs, edited; with `kernel_log`, the fake writes each XID
+    there as the driver writes it to /dev/kmsg (the daemon reads that file instead)."""
     fixture = json.loads(DEFAULT_FIXTURE.read_text())
     for dev in fixture["devices"]:
         dev["xid_schedule"] = []
     edit(fixture["devices"])
+    if kernel_log is not None:
+        fixture["kernel_log"] = str(kernel_log)
     path = tmp_path / "fixture.json"
     path.write_text(json.dumps(fixture))
     return path
@@ -79,8 +83,9 @@ def test_xid_79_under_a_4_gpu_job_gives_an_incident_with_the_gpu_the_xid_its_las
 
     script = tmp_path / "beating.py"
     script.write_text(BEATING)
+    kmsg = tmp_path / "kmsg"
     d = Daemon(tmp_path / "root", gpu_backend="fake",
-               extra_args=["--fake-gpus", str(fixture_file(tmp_path, xid_on_gpu_2))]).start()
+               extra_args=["--fake-gpus", str(fixture_file(tmp_path, xid_on_gpu_2, kmsg))]).start()
     scraper = Scraper(d)
     try:
         d.drop("j.yaml", f"name: four\nlauncher: python\nscript: {script}\npython: {sys.executable}\ngpus: 4\n"
@@ -99,6 +104,9 @@ def test_xid_79_under_a_4_gpu_job_gives_an_incident_with_the_gpu_the_xid_its_las
         assert [g["index"] for g in incident["gpus"]] == [0, 1, 2, 3]
         gpu2 = incident["gpus"][2]
         assert [x["xid"] for x in gpu2["xids"]] == [79] and gpu2["uuid"].startswith("GPU-")
+        assert gpu2["kernel"] == ["NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, simulated by the "
+                                  "fake fixture"], gpu2["kernel"]
+        assert all(g["kernel"] == [] for g in incident["gpus"] if g["index"] != 2)
         failed = incident["failed_at"]
         assert 0 <= failed - gpu2["xids"][0]["time"] < 5  # the stop began right after the XID
         # The minute before, from the ring buffer: a reading every scrape (2 s), from its start to the failure.
@@ -118,6 +126,7 @@ def test_xid_79_under_a_4_gpu_job_gives_an_incident_with_the_gpu_the_xid_its_las
         assert 0 < incident["restart_seconds"] < 60 and incident["restart_seconds_from"] == "phases"
         text = d.spx("incidents", "four").stdout
         assert "four  attempt 1  gpu-fault" in text and "XID 79 on GPU 2 (GPU fell off the bus) at" in text, text
+        assert "kernel: NVRM: Xid (PCI:0000:3a:00): 79" in text, text
         assert "readings in the 60 s before" in text and "restart:" in text, text
         assert [i["job"] for i in json.loads(d.spx("incidents", "--json").stdout)] == ["four"]
         d.spx("cancel", "four")
@@ -145,6 +154,7 @@ def test_a_hang_gives_an_incident_with_the_workers_stacks(tmp_path):
         d.wait_event("incident_recorded", timeout=60, job="quiet", attempt=1)
         (incident,) = incidents(d, "quiet")
         assert incident["class"] == "hang" and incident["stop_cause"] == "hang"
+        assert incident["kernel_log"]["unavailable"] == "this GPU backend has no kernel log"  # a fake without one
         assert "hang detected; stack of pid" in incident["stacks"] and "quiet.py" in incident["stacks"], incident["stacks"]
         assert "stacks:" in d.spx("incidents", "quiet").stdout
         d.spx("cancel", "quiet")

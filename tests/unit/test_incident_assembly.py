@@ -19,7 +19,7 @@ from spx.daemon.gpu.kernel_log import KernelLines
 from spx.daemon.gpu.recent import RecentReadings
 from spx.daemon.lifecycle.actions import FinishAttempt
 from spx.daemon.run import incident as I
-from spx.daemon.run.incidents import Incidents
+from spx.daemon.run.incidents import GpuSources, Incidents
 from spx.daemon.state import incident_views, schema
 from spx.daemon.state.incidents_table import MAX_PER_JOB, IncidentTooLarge
 from spx.daemon.state.states import JobState
@@ -83,7 +83,7 @@ def test_an_xid_under_a_4_gpu_job_gives_an_incident_with_the_gpu_the_xid_the_min
     job_id = add_job(store, "four")
     job = store.jobs.get(job_id)
     lane = ScriptedLane()
-    recorder = Incidents(store, lane, recent, lambda: DEVICES, clock, kmsg=str(kmsg))  # type: ignore[arg-type]
+    recorder = Incidents(store, lane, GpuSources(recent, lambda: DEVICES, str(kmsg)), clock)  # type: ignore[arg-type]
     clock.t = BASE + 118.5
     recorder.stop_began(job_id, 1, "gpu-fault")
     clock.t = BASE + 125.0
@@ -113,7 +113,7 @@ def test_no_incident_for_an_end_that_is_no_failure_and_the_crash_time_is_the_lau
     job_id = add_job(store, "j")
     job = store.jobs.get(job_id)
     lane = ScriptedLane()
-    recorder = Incidents(store, lane, RecentReadings(clock), lambda: DEVICES, clock, kmsg="/nonexistent")  # type: ignore[arg-type]
+    recorder = Incidents(store, lane, GpuSources(RecentReadings(clock), lambda: DEVICES, "/nonexistent"), clock)  # type: ignore[arg-type]
     recorder.stop_began(job_id, 1, "cancel")
     recorder.failed(job, FinishAttempt(1, JobState.CANCELLED, "cancelled by alice", ReasonClass.CANCELLED), (0,),
                     None, BASE)
@@ -159,7 +159,7 @@ def test_a_hang_incident_carries_the_stacks_read_from_the_attempt_log(store, mon
     clock = Clock(BASE + 30)
     job_id = add_job(store, "quiet")
     monkeypatch.setattr("spx.daemon.run.attempt_files.read_log_tail", lambda files, n: LOG_OF_A_HANG)
-    recorder = Incidents(store, ScriptedLane(), RecentReadings(clock), lambda: DEVICES, clock, kmsg="/nonexistent")  # type: ignore[arg-type]
+    recorder = Incidents(store, ScriptedLane(), GpuSources(RecentReadings(clock), lambda: DEVICES, "/nonexistent"), clock)  # type: ignore[arg-type]
     recorder.stop_began(job_id, 1, "hang")
     recorder.failed(store.jobs.get(job_id), FinishAttempt(1, JobState.RESTARTING, "hang", ReasonClass.HANG),
                     (0,), object(), BASE)  # type: ignore[arg-type]
@@ -247,7 +247,7 @@ def test_an_incident_that_cannot_be_gathered_leaves_the_recorded_end_alone(store
     def no_devices():
         raise RuntimeError("NVML went away")
 
-    recorder = Incidents(store, ScriptedLane(), RecentReadings(clock), no_devices, clock, kmsg="/nonexistent")  # type: ignore[arg-type]
+    recorder = Incidents(store, ScriptedLane(), GpuSources(RecentReadings(clock), no_devices, "/nonexistent"), clock)  # type: ignore[arg-type]
     recorder.failed(store.jobs.get(job_id), FinishAttempt(1, JobState.FAILED, "exit 1", ReasonClass.CRASH, exit_code=1),
                     (0,), None, BASE)  # does not raise
     assert store.incidents.for_jobs([job_id]) == []

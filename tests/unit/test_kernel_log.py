@@ -53,3 +53,31 @@ def test_lines_per_gpu_and_their_length_are_bounded(tmp_path):
 def test_an_unreadable_kernel_log_is_said_not_raised(tmp_path):
     got = K.gpu_lines({"0000:18:00"}, 0, 1, str(tmp_path / "missing"))
     assert got.lines == {"0000:18:00": []} and "No such file" in (got.unavailable or "")
+
+
+def test_the_fakes_xids_are_written_to_its_fixtures_kernel_log_and_read_back(tmp_path):
+    """The fake backend stands in for the driver here too: with `kernel_log` in its fixture, each XID
+    it raises is written there as NVRM writes it, and the reader finds it by the GPU's PCI address."""
+    import json
+    import time
+
+    import pynvml
+
+    from spx.daemon.gpu.fake import DEFAULT_FIXTURE, FakeNvml
+
+    fixture = json.loads(DEFAULT_FIXTURE.read_text())
+    for dev in fixture["devices"]:
+        dev["xid_schedule"] = []
+    fixture["kernel_log"] = str(tmp_path / "kmsg")
+    fake = FakeNvml(fixture)
+    fake.nvmlInit()
+    handle = fake.nvmlDeviceGetHandleByIndex(2)
+    events = fake.nvmlEventSetCreate()
+    fake.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+    fake.inject_xid(2, 79)
+    assert fake.nvmlEventSetWait_v2(events, 0).eventData == 79
+    bus_id = fake.nvmlDeviceGetPciInfo(handle).busId
+    address = K.kernel_address(bus_id.decode() if isinstance(bus_id, bytes) else bus_id)
+    got = K.gpu_lines({address}, time.time() - 5, time.time() + 5, fixture["kernel_log"])
+    assert got.lines == {address: [f"NVRM: Xid (PCI:{address}): 79, pid='<unknown>', name=<unknown>, "
+                                   "simulated by the fake fixture"]}
