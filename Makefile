@@ -8,15 +8,13 @@ BIN := $(VENV)/bin
 venv: $(VENV)/.installed
 
 # torch goes in first and alone: on a host with an NVIDIA driver pip picks its CUDA build; on a
-# CPU-only host it must be the CPU build (this image ships torch==2.13.0 CPU; elsewhere set
-# SPX_TORCH_SPEC, e.g. "torch --index-url https://download.pytorch.org/whl/cpu"). DeepSpeed then
-# builds no ops at install time (they JIT on first use) and sees the torch already there.
+# CPU-only host it must be the CPU build (systemd/torch-spec.sh, which systemd/install.sh uses too;
+# SPX_TORCH_SPEC overrides it). DeepSpeed then builds no ops at install time (they JIT on first use)
+# and sees the torch already there.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	if [ -n "$$SPX_TORCH_SPEC" ]; then $(BIN)/pip install -q $$SPX_TORCH_SPEC; \
-	elif [ -e /proc/driver/nvidia/version ]; then $(BIN)/pip install -q 'torch>=2.3'; \
-	else $(BIN)/pip install -q torch==2.13.0; fi
+	$(BIN)/pip install -q $$(sh systemd/torch-spec.sh)
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.14'
 	$(BIN)/pip install -q -e '.[train,test]'
 	touch $@

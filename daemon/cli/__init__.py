@@ -10,9 +10,12 @@
     submit_cmdline (`spx submit -- COMMAND`) ← launch_cmdline (what a torchrun/deepspeed/python line
     says) · history (`spx history`: what each job used) · incidents (`spx incidents`: a record per
     failed attempt) · job_schema (`spx schema`) · logs (`spx
-    logs`, an earlier job's by its id) · queue_cmds (hold, release, priority, drain) · timeline (`spx
+    logs`: through restarts, an earlier job's by its id) ← log_lines (rank prefix, timestamps, --since,
+    reading from the end, the separator) · queue_cmds (hold, release, priority, drain) · timeline (`spx
     status --timeline`) · top + top_command (the live view) · socket_hint (no daemon answers: which
-    `--root` does, asking only sockets no one else controls)
+    `--root` does, asking only sockets no one else controls) · parser_tree (both programs'
+    parsers as data) → completion (bash completion) and manpage (spx(1), spx-trainer(8)), generated
+    at install time
 
 Changes go through the spool (submit) or the daemon's control socket (cancel); reads through the
 control socket, so `spx` needs no access to the store.

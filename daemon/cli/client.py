@@ -34,6 +34,11 @@ class CliError(Exception):
         self.code = code
 
 
+class NotRunning(CliError):
+    """No daemon answered and the store could not stand in for it: a caller that can wait for a
+    restarting daemon (`spx logs -f`) tells this from a refusal."""
+
+
 def ask(cfg: DaemonConfig, op: str, name: str | None = None, arg: str | None = None) -> object:
     """Ask the daemon; if it is not running, root may still read the store directly."""
     try:
@@ -49,7 +54,7 @@ def ask(cfg: DaemonConfig, op: str, name: str | None = None, arg: str | None = N
 
 def _ask_store(cfg: DaemonConfig, op: str, name: str | None, arg: str | None = None) -> object:
     if op in ("cancel", "gpu-release", *queue_cmds.COMMANDS, "queue") or not os.access(cfg.store_path, os.R_OK):
-        raise CliError(not_running_message(cfg))
+        raise NotRunning(not_running_message(cfg))
     if op == "gpus":
         return []  # the GPUs a daemon uses: none while it is not running
     # Imported only on this fallback path: keeps `spx` quick to start.

@@ -3,7 +3,8 @@
     spx submit [--name N] [--gpus G] [--dry-run] -- torchrun --nproc_per_node=8 train.py …
     spx submit job.yaml [--fresh] [--check] [--parsable|--json]
     spx ls [--all] [--me] [--user U] [--state S] [--json]   spx status NAME [--json] [--watch] [--timeline]
-    spx history [--since 7d] [--attempts] [--json]           spx logs NAME [--attempt N] [--job-id ID] [-f]
+    spx history [--since 7d] [--attempts] [--json]
+    spx logs NAME [-f] [--tail N] [--since T] [--rank R] [--attempt N] [--job-id ID]
     spx cancel NAME              spx doctor [--json]         spx top [--once] [--json]    spx schema
     spx hold|release NAME        spx priority NAME N         spx drain|undrain   (queue: cli/queue_cmds.py)
     spx gpus                     spx gpu release N           spx adopt DIR   (root: host loss)
@@ -71,8 +72,13 @@ def cmd_adopt(cfg: DaemonConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(cfg: DaemonConfig, args: argparse.Namespace, paint: Paint) -> int:
+    import structlog
+
     from spx.daemon.doctor.command import run_doctor
 
+    # The GPU backend doctor opens logs as the daemon does: to stderr here, so stdout is the report
+    # alone (`spx doctor --json | jq` parses).
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     return run_doctor(cfg, as_json=args.json, mark=paint.check)
 
 
@@ -109,6 +115,8 @@ def cmd_ls(cfg: DaemonConfig, args: argparse.Namespace, paint: Paint) -> int:
         print(json.dumps(jobs, indent=1))
     else:
         render.print_table(jobs, paint)
+        if args.all:
+            print(render.retention_footer(cfg.retention.finished_jobs_days))
     return EXIT_OK
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from spx.daemon.cli import colour, filters, history, incidents, queue_cmds, submit_cmdline
 from spx.daemon.cli.client import EXIT_CODES
+from spx.daemon.core.version import daemon_version
 
 ROOT_HELP = (
     "the daemon's --root (default: $SPX_ROOT, else the config's paths): spx talks to DIR/run/spx.sock, else to "
@@ -55,6 +56,7 @@ def _command(sub: argparse._SubParsersAction, name: str, text: str,
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spx", description="Submit and inspect spx-trainer jobs.",
                                 epilog=exit_codes_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"spx {daemon_version()}")
     _global_options(p, on_subcommand=False)
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, on_subcommand=True)
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print {name, job_id, state, owner} (with --check: the check)")
 
     s = _command(sub, "ls", "live jobs, and each name's latest job if it ended in the last 24 h", parents)
-    s.add_argument("--all", action="store_true", help="every job ever submitted, however long ago it ended")
+    s.add_argument("--all", action="store_true", help="every job the daemon keeps: finished ones until the config's retention.finished_jobs_days")
     filters.add_arguments(s)
     s.add_argument("--json", action="store_true", help=JSON_HELP)
 
@@ -92,11 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
                                    "readings before it, a hang's stacks, the recovery", parents)
     incidents.add_arguments(s)
 
-    s = _command(sub, "logs", "an attempt's log", parents)
+    s = _command(sub, "logs", "a job's attempt logs (the latest attempt's unless told otherwise), read with your "
+                 "own rights (docs/logs.md)", parents)
     s.add_argument("name", help="the job's name")
-    s.add_argument("--attempt", type=int, metavar="N", help="attempt N's log (default: the latest attempt's)")
+    s.add_argument("--attempt", type=int, metavar="N", help="attempt N's log only (with -f: until that attempt ends)")
     s.add_argument("--job-id", type=int, metavar="ID", help="an earlier job of a reused name (its id: `spx ls --all`)")
-    s.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended, as tail -f")
+    s.add_argument("-f", "--follow", action="store_true",
+                   help="follow the job through its restarts, a separator line per attempt, until it ends")
+    s.add_argument("--tail", type=int, metavar="N", help="only the last N lines (after --rank and --since)")
+    s.add_argument("--since", metavar="WHEN", help=(
+        "only what was written since WHEN: a duration back (90s, 10m, 2h, 1d), a date-time (2026-12-04 21:00) "
+        "or a time today (21:00); lines are dated by a timestamp at their start or above them, undated ones kept"))
+    s.add_argument("--rank", type=int, metavar="R", help=(
+        "only rank R's lines (torchrun's [default0]: prefix, PyTorch's [rank0]:), and spx's own notes"))
 
     s = _command(sub, "cancel", "stop a job (it gets its grace period to checkpoint)", parents)
     s.add_argument("name", help="the job's name")

@@ -111,3 +111,11 @@ def print_gpus(rows: list[dict]) -> None:
         health = "quarantined" if r.get("quarantine") else r.get("health", "ok")
         print(f"{r['index']:<4} {r['name'][:24]:<24} {(r.get('uuid') or '-'):<42} {(r.get('job') or '-')[:20]:<20} "
               f"{health:<12} {r.get('quarantine') or ''}")
+
+
+def retention_footer(days: float | None) -> str:
+    """The last line of `spx ls --all`: how far back the list goes (config `retention:`)."""
+    if days is None:
+        return "finished jobs are kept forever (retention.finished_jobs_days: null)"
+    span = f"{days:g} days" if days >= 1 else f"{days * 86400:g} s"
+    return f"finished jobs are kept {span} after they end (retention.finished_jobs_days), then removed"

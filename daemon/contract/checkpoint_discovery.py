@@ -9,7 +9,7 @@ The names in `ckpt_dir` say the layout; each layout has its own completeness rul
 | layout      | candidates                                   | complete when                                   |
 |-------------|----------------------------------------------|-------------------------------------------------|
 | spx         | `step-NNNNNNNNN/`                            | COMPLETE.json matches the files                 |
-| seed        | `checkpoint_epoch{e}_step{s}.pt`             | torch.save zip directory reads, has data.pkl    |
+| epoch-step  | `checkpoint_epoch{e}_step{s}.pt`             | torch.save zip directory reads, has data.pkl    |
 | nanogpt     | `ckpt.pt`                                    | the same                                        |
 | hf-trainer  | `checkpoint-N/`                              | trainer_state.json parses and the weights are whole |
 | deepspeed   | `global_stepN/` (tag dirs) + `latest`        | not newer than `latest`; model states whole     |
@@ -20,7 +20,7 @@ The names in `ckpt_dir` say the layout; each layout has its own completeness rul
 a known layout gets that layout's rule, any other directory the rule its content shows (or: not
 empty, no partial files, every torch/safetensors file whole), any other file its format's.
 
-Candidates are ordered newest first by the step in their names ((epoch, step) for the seed's);
+Candidates are ordered newest first by the step in their names ((epoch, step) for epoch-step);
 one without a number (`ckpt.pt`, `last.ckpt`) ranks just above the newest numbered one it is not
 older than (by mtime). The first complete one not in `exclude` is chosen; the incomplete ones met
 before it are reported with their reasons, and a few older complete ones are kept (the crash-loop
@@ -51,7 +51,7 @@ KEEP_OLDER = 3             # older complete candidates kept for the fallback
 MAX_REPORTED_SKIPS = 20    # skipped candidates in the answer (the rest are counted)
 
 _SPX = re.compile(r"^step-(\d{9})$")
-_SEED = re.compile(r"^checkpoint_epoch(\d+)_step(\d+)\.pt$")
+_EPOCH_STEP = re.compile(r"^checkpoint_epoch(\d+)_step(\d+)\.pt$")
 _HF = re.compile(r"^checkpoint-(\d+)$")
 _DS_TAG = re.compile(r"^global_step(\d+)$")
 _LIGHTNING = re.compile(r"^epoch=(\d+)-step=(\d+)(?:[-_].*)?\.ckpt$")
@@ -120,8 +120,8 @@ def _classify(name: str, kind: str) -> tuple[str, tuple[int, ...]] | None:
             if m := rx.match(name):
                 return layout, (int(m.group(1)),)
         return None
-    if m := _SEED.match(name):
-        return "seed", (int(m.group(1)), int(m.group(2)))
+    if m := _EPOCH_STEP.match(name):
+        return "epoch-step", (int(m.group(1)), int(m.group(2)))
     if m := _LIGHTNING.match(name):
         return "lightning", (int(m.group(1)), int(m.group(2)))
     if name == "ckpt.pt":
@@ -133,7 +133,7 @@ def _classify(name: str, kind: str) -> tuple[str, tuple[int, ...]] | None:
 
 _RULES: dict[str, Callable[[Path], str | None]] = {
     "spx": fmt.spx_problem,
-    "seed": fmt.torch_zip_problem,
+    "epoch-step": fmt.torch_zip_problem,
     "nanogpt": fmt.torch_zip_problem,
     "lightning": fmt.torch_zip_problem,
     "hf-trainer": fmt.hf_trainer_problem,

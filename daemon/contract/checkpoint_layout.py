@@ -5,7 +5,7 @@ A checkpoint is a directory `step-000001200/` whose payload is written first and
 counts as a checkpoint only if its manifest parses and every file it lists exists with the listed
 size; that check is all the daemon needs to pick `SPX_RESUME_FROM`, and it needs no torch.
 
-Scripts that keep their own naming (the seed's `checkpoint_epoch{e}_step{s}.pt`, nanoGPT's `ckpt.pt`,
+Scripts that keep their own naming (`checkpoint_epoch{e}_step{s}.pt` (epoch-step), nanoGPT's `ckpt.pt`,
 Hugging Face's `checkpoint-*/`, …) are found by `checkpoint_discovery`. This module is stdlib-only
 (with core.bounded, its JSON reader) and only names and reads; the writer side (publish, retention —
 renames and deletes in the user's tree) is the trainer's, `spx.trainer.layout_writer`, run in

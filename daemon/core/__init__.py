@@ -1,13 +1,15 @@
 """Core: what every other package of the daemon builds on, and which builds on none of them.
 
-    config (the daemon's config file and flags) · log (structlog JSON lines) · users (is this uid an
+    config (the daemon's config file and flags) · log (structlog JSON lines) ← journal (each line as a
+    journal entry with its level and job when under journald) · users (is this uid an
     admin; its name; who reads its logs) · spec (the job file's model) ← spec_yaml (the safe YAML
     reader it parses with), nodes (a job across hosts: its `nodes:` block), restart_spec (its
-    `restart:` block: relaunches, backoff, hang timeout, a rule per failure class) · lanes (off-loop work
+    `restart:` block: relaunches, backoff, hang timeout, a rule per failure class), notify_spec (its
+    `notify:` block, also the config's default: webhook, command, events) · lanes (off-loop work
     for users, fair by owner, deadlines from the start) · bounded (the one reader for numbers and
     structures in files a user writes: JSON with size, depth and number caps, typed fields, Garbage)
     · causes (why an attempt stopped, how its end is classed: the words the store, the machine, root
-    cause and `spx` share)
+    cause and `spx` share) · version (the installed package's version)
 
 The leaf of the package graph (docs/architecture.md): it imports nothing from `spx.daemon`. `bounded`
 is stdlib-only, so `contract` (shared with spx.trainer) may import it.

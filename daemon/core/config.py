@@ -15,6 +15,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from spx.daemon.core.notify_spec import Notify
+
 DEFAULT_CONFIG_FILE = Path("/etc/spx/config.yaml")
 GpuBackendKind = Literal["auto", "nvml", "fake", "none"]
 # Whether the daemon manages per-attempt cgroups under its own (run/cgroups.py says when it may).
@@ -100,6 +102,24 @@ class MetricsSettings(BaseModel):
     _abs = field_validator("dcgm_job_mapping_dir")(_absolute)
 
 
+class Retention(BaseModel):
+    """Config `retention:` — how long the history of finished jobs is kept, so nothing grows forever
+    (run/retention.py does the removing, off the main loop; docs/retention.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    finished_jobs_days: float | None = Field(30.0, gt=0, le=36500, description=(
+        "A job that ended this many days ago is removed: its store rows (job, attempts, events), its log dirs, "
+        "its accepted copy in state_dir/jobs, its heartbeat dir; and spool/rejected/ files this old. null: kept "
+        "forever. A job a live job's `after:` names is kept until that one starts."))
+    logs_max_bytes: int | None = Field(20 * 1024**3, ge=0, description=(
+        "Cap on the disk used by the log dirs of finished jobs: past it the oldest finished jobs' logs are removed "
+        "first (their rows stay: `spx status` still shows them). Live jobs' logs are never counted or touched. "
+        "null: no cap."))
+    check_every_seconds: float = Field(300.0, ge=1, le=86400, description=(
+        "How often the daemon looks for what to remove (sooner while a batch of expired jobs is still left)."))
+
+
 class DaemonConfig(BaseModel):
     """Everything the daemon reads at start-up. Paths are absolute."""
 
@@ -158,6 +178,13 @@ class DaemonConfig(BaseModel):
     user_work: UserWork = Field(default_factory=UserWork, description=(
         "Lanes for work done on users' behalf off the main loop: {slots_per_owner: 4, slots_total: 32, "
         "standby_handoff_seconds: 30}."))
+    retention: Retention = Field(default_factory=Retention, description=(
+        "How long finished jobs' history and logs are kept: {finished_jobs_days: 30, logs_max_bytes: 20 GiB, "
+        "check_every_seconds: 300}; null turns a limit off (docs/retention.md)."))
+    notify: Notify | None = Field(None, description=(
+        "The notification of every job whose file has no `notify:` of its own (same fields: webhook, command, "
+        "events, timeout_seconds; docs/notify.md). A command runs as the job's owner, never as root (except for "
+        "root's own jobs)."))
     limits: GpuLimits = Field(default_factory=GpuLimits, description=(
         "GPUs one user's jobs may hold at once: {gpus_per_user: 4, users: {alice: 8}, groups: {ml: 6}}. A user's own "
         "entry wins, else the largest of their groups', else gpus_per_user (null: no limit). A job over its owner's "

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from spx.daemon.core.nodes import Nodes, multi_node_problem
+from spx.daemon.core.notify_spec import Notify
 from spx.daemon.core.restart_spec import Restart
 from spx.daemon.core.spec_yaml import SpecError, line_of, read_yaml
 
@@ -37,7 +38,7 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 RESERVED_ENV = re.compile(r"^(SPX_.*|CUDA_VISIBLE_DEVICES|CUDA_DEVICE_ORDER|MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|NVIDIA_VISIBLE_DEVICES)$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names pydantic puts in an error's path for the branch of a union; not fields, so not shown.
-_UNION_BRANCHES = {"int", "list[int]", "literal['any']", "list[constrained-int]", "word", "limit"}
+_UNION_BRANCHES = {"int", "list[int]", "literal['any']", "list[constrained-int]", "word", "limit", "str", "list[str]"}
 
 
 class _Strict(BaseModel):
@@ -124,6 +125,9 @@ class JobSpec(_Strict):
         "Names of jobs this one waits for: it starts once each has succeeded, and fails if one failed or was "
         "cancelled. A name means the latest job of that name submitted before this one that the submitter "
         "can see (their own; root and the admin group: anyone's); none is an intake error."))
+    notify: Notify | None = Field(None, description=(
+        "Who is told of the job's end or restarts: {webhook: URL, command: ARGV, events: [failed, succeeded, "
+        "restarted, cancelled]} (notify_spec.py, docs/notify.md); unset: the daemon config's `notify`, if any."))
 
     @field_validator("name")
     @classmethod

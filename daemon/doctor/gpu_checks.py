@@ -6,6 +6,7 @@ function names), so the fake 8×H100 SXM5 fixture and a real host go through the
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,22 +51,34 @@ def check_gpus(ctx: DoctorContext) -> Check:
     b = ctx.backend
     if b is None:
         return Check("gpus", "unknown", "GPU backend not opened", "run spx doctor with --gpu-backend auto")
-    fix = ("use a host with 4 or 8 GPUs of one model (the seed: a Dedicated BAREMETAL offer with a GPU count "
-           "of 4 or 8); on a GPU host, install the NVIDIA driver and check `nvidia-smi`")
     if b.nvml is None:
-        return Check("gpus", "fail", f"no NVIDIA GPU visible: {_reason(b)}", fix)
+        return Check("gpus", "warn", f"no NVIDIA GPU visible: {_reason(b)}; only CPU jobs (gpus: 0) run here",
+                     "on a GPU host, install the NVIDIA driver and check that `nvidia-smi` lists the GPUs")
     devices = b.devices()
     if not devices:
-        return Check("gpus", "fail", "NVML answers but finds no GPUs", fix)
-    models = sorted({d.name for d in devices})
-    mem = sorted({d.memory_total_bytes for d in devices})
-    detail = f"{len(devices)}× {', '.join(models)} ({mem[0] / (1 << 30):.1f} GiB each)"
-    if b.kind == "fake":
+        return Check("gpus", "fail", "NVML answers but finds no GPUs",
+                     "check `nvidia-smi`: GPUs fallen off the bus need a reset or a reboot")
+    return judge_gpus([(d.name, d.memory_total_bytes) for d in devices], fake=b.kind == "fake")
+
+
+def judge_gpus(devices: list[tuple[str, int]], fake: bool = False) -> Check:
+    """Any number of GPUs is a host: 1, 2, 16, a cloud VM's. What matters is that a job's GPUs are
+    alike: data-parallel ranks step together, so one slower or smaller GPU paces (or limits) all."""
+    by_model: dict[str, list[int]] = {}
+    for name, memory in devices:
+        by_model.setdefault(name, []).append(memory)
+    gib = sorted({m / (1 << 30) for m in (mem for mems in by_model.values() for mem in mems)})
+    detail = ", ".join(f"{len(mems)}× {name}" for name, mems in sorted(by_model.items()))
+    detail += f" ({gib[0]:.1f} GiB each)" if len(gib) == 1 else f" ({gib[0]:.1f} to {gib[-1]:.1f} GiB)"
+    if fake:
         detail += " (fake backend)"
-    if len(models) > 1:
-        return Check("gpus", "fail", detail + ": mixed models; data-parallel steps run at the slowest GPU's pace", fix)
-    if len(devices) not in (4, 8):
-        return Check("gpus", "fail", detail + ": the seed's setup is 4 or 8 GPUs on one host", fix)
+    if len(by_model) > 1:
+        return Check("gpus", "warn", detail + ": mixed models; a job on GPUs of two models steps at the slower "
+                     "one's pace", "size multi-GPU jobs to the GPUs of one model (`spx gpus` lists them), or keep "
+                     "one model per host")
+    if len(gib) > 1:
+        return Check("gpus", "warn", detail + ": one model with different memory sizes; a job's batch must fit "
+                     "the smallest", "check `nvidia-smi -q -d MEMORY` (a MIG or memory-reservation setting on some GPUs?)")
     return Check("gpus", "ok", detail)
 
 
@@ -108,8 +121,8 @@ def check_nvlink(ctx: DoctorContext) -> Check:
     with_links = [i for i, n in links.items() if n]
     if not with_links:
         return Check("nvlink", "warn", f"PCIe: no NVLink on any of the {len(devices)} GPUs; gradient sync goes over PCIe",
-                      "PCIe is adequate for smaller models; for large models choose an SXM offer "
-                      "(H100/H200 SXM5, B200 SXM6)")
+                      "PCIe is adequate for smaller models; large models train faster on SXM GPUs with NVLink "
+                      "(H100/H200 SXM5, B200)")
     if len(with_links) != len(devices):
         without = sorted(set(links) - set(with_links))
         return Check("nvlink", "fail", f"GPUs {without} have no NVLink while {with_links} do",
@@ -126,7 +139,7 @@ def check_nvlink(ctx: DoctorContext) -> Check:
         gpus = " ".join(f"-i {i}" for i in bad)
         return Check("nvlink", "fail", f"{shape}, {total - sum(map(len, bad.values()))}/{total} up — {problems}",
                       f"`nvidia-smi nvlink --status {gpus}`; drain the GPU and reset it (nvidia-smi -r), and if the "
-                      "link stays down open a hardware ticket with the provider; collectives through it are slower or fail")
+                      "link stays down open a hardware ticket; collectives through it are slower or fail")
     return Check("nvlink", "ok", f"{shape}, all {total} up")
 
 
@@ -167,14 +180,32 @@ def check_bf16(ctx: DoctorContext) -> Check:
     return Check("bf16", "ok", f"native BF16 on all {len(devices)} GPUs: compute capability {shown}{via}")
 
 
+def kernel_driver_version(proc_root: Path) -> str | None:
+    """The loaded kernel module's version (`/proc/driver/nvidia/version`), None when none is loaded."""
+    try:
+        text = (proc_root / "driver" / "nvidia" / "version").read_text()
+    except OSError:
+        return None
+    m = _KERNEL_MODULE.search(text)
+    return m.group(1) if m else "unknown"
+
+
+_KERNEL_MODULE = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
+
+
 def check_driver(ctx: DoctorContext) -> Check:
     b = ctx.backend
     if b is None:
         return Check("driver", "unknown", "GPU backend not opened", "run spx doctor with --gpu-backend auto")
+    kernel = None if b.kind == "fake" else kernel_driver_version(ctx.proc_root)
     if b.nvml is None:
-        return Check("driver", "fail", f"no NVIDIA driver: {_reason(b)}",
-                      "install the NVIDIA datacenter driver (e.g. apt install nvidia-driver-550-server) and reboot; "
-                      "`nvidia-smi` must list the GPUs")
+        if kernel is None:
+            return Check("driver", "warn", f"no NVIDIA driver loaded: {_reason(b)}",
+                         "on a GPU host, install the NVIDIA datacenter driver (e.g. apt install "
+                         "nvidia-driver-550-server) and reboot; `nvidia-smi` must list the GPUs")
+        return Check("driver", "fail", f"kernel driver {kernel} is loaded, but NVML does not answer: {_reason(b)}",
+                     f"install the NVML library of driver {kernel} (libnvidia-ml.so.1, e.g. the distribution's "
+                     "nvidia-utils package) and check `nvidia-smi`")
     nvml = b.nvml
     try:
         driver = _text(nvml.nvmlSystemGetDriverVersion())
@@ -182,10 +213,12 @@ def check_driver(ctx: DoctorContext) -> Check:
     except nvml.NVMLError as e:
         return Check("driver", "unknown", f"NVML error: {e}", "check `nvidia-smi`")
     detail = f"driver {driver}, NVML {lib}" + (" (fake backend)" if b.kind == "fake" else "")
+    fix_reload = "reboot (or reload the nvidia modules) after a driver upgrade"
     if not lib.endswith(driver):
-        return Check("driver", "fail", detail + ": NVML library and kernel driver versions differ",
-                      "reboot (or reload the nvidia modules) after a driver upgrade")
-    return Check("driver", "ok", detail)
+        return Check("driver", "fail", detail + ": NVML library and kernel driver versions differ", fix_reload)
+    if kernel not in (None, "unknown", driver):
+        return Check("driver", "fail", detail + f", but the loaded kernel module is {kernel}", fix_reload)
+    return Check("driver", "ok", detail + ("" if kernel is None else f", kernel module {kernel}"))
 
 
 def check_quarantine(state_dir: Path) -> Check:

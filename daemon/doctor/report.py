@@ -1,12 +1,14 @@
-"""`spx doctor [--json]`: is this host what the seed recommends, and does the daemon have what it needs?
+"""`spx doctor [--json]`: does this host have what training jobs and the daemon need?
 
     spx doctor            # one line per check, a fix under each that is not ✓
     spx doctor --json     # {"ok": ..., "checks": [{"name", "status", "detail", "fix"}, ...]}
 
-Statuses: ✓ ok · ✗ fail (against what the seed asks for — bare metal, 4 or 8 GPUs, NVLink up, BF16, a
-persistent /checkpoints, local NVMe staging — or what the daemon needs) · ! warn (works, but not the
-recommended setup, e.g. PCIe GPUs, which the seed calls adequate for smaller models) · ? unknown (this
-host cannot tell; the detail says why). `exit_code()` is 1 when anything failed.
+Statuses: ✓ ok · ✗ fail (something jobs or the daemon need is missing or broken: a driver NVML does
+not answer, a NVLink down, no BF16, checkpoints on a volume that does not persist, py-spy missing, a
+job environment other users cannot run) · ! warn (works, but with a cost worth knowing: GPUs of
+mixed models, PCIe instead of NVLink, jobs not confined to their GPUs) · ? unknown (this host cannot
+tell; the detail says why). Any GPU count is a host, and so is a VM. `exit_code()` is 1 when
+anything failed.
 
 Every input comes through `DoctorContext`: the paths the daemon uses, the GPU backend (real NVML or the
 fake), the worker python, and the /proc and /sys roots, so the tests point it at fixture files as well
@@ -16,7 +18,6 @@ are never imported here: the worker's python is run in a subprocess to see wheth
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spx.daemon.doctor import device_checks, gpu_checks
+from spx.daemon.doctor import cgroup_checks, device_checks, gpu_checks, stackdump_checks, worker_checks
 from spx.daemon.doctor.check import STATUSES, SYMBOL, Check
 from spx.daemon.doctor.hostprobe import (
     ContainerFacts,
@@ -59,6 +60,7 @@ class DoctorContext:
     unit: str = "spx-trainer"
     staging: Sequence[tuple[Path | None, Path]] = ()
     submit_group: str | None = None
+    cgroups_mode: str = "auto"
     owner_uid: int = 0
     proc_root: Path = Path("/proc")
     sys_root: Path = Path("/sys")
@@ -83,7 +85,7 @@ class DoctorContext:
         return cls(
             spool_dir=config.spool_dir, state_dir=config.state_dir, run_dir=config.run_dir,
             checkpoints_root=config.checkpoints_root,
-            submit_group=config.submit_group, backend=backend, **overrides,
+            submit_group=config.submit_group, cgroups_mode=config.cgroups, backend=backend, **overrides,
         )
 
 
@@ -91,6 +93,8 @@ class DoctorContext:
 
 
 def check_host(ctx: DoctorContext) -> Check:
+    """Bare metal or a VM, both fine (a VM's passed-through GPUs train as well; the nvlink check says
+    whether their links are there); inside a container is a warning: it must pass the GPUs through."""
     v = probe_virt(ctx.proc_root / "cpuinfo", ctx.sys_root / "class" / "dmi" / "id", ctx.detect_virt)
     evidence = []
     if v.hypervisor_flag:
@@ -99,13 +103,6 @@ def check_host(ctx: DoctorContext) -> Check:
         evidence.append(f"DMI: {dmi_vm}")
     if v.detect_virt_vm not in (None, "none"):
         evidence.append(f"systemd-detect-virt --vm: {v.detect_virt_vm}")
-    container = _container_words(probe_container(ctx.fs_root, ctx.proc_root, _mounts_or_none(ctx), ctx.detect_virt))
-    if evidence:
-        return Check(
-            "host", "fail", "virtual machine (" + "; ".join(evidence) + ")" + container,
-            "for multi-GPU training use a Dedicated Bare Metal offer (GPU type name ends in BAREMETAL): "
-            "no hypervisor between the workers and the GPUs and their interconnect",
-        )
     sources = []
     if v.hypervisor_flag is False:
         sources.append("no hypervisor flag in cpuinfo")
@@ -113,13 +110,17 @@ def check_host(ctx: DoctorContext) -> Check:
         sources.append(f"DMI: {v.dmi.get('sys_vendor', '?')} {v.dmi.get('product_name', '')}".strip())
     if v.detect_virt_vm == "none":
         sources.append("systemd-detect-virt --vm: none")
-    if not sources:
-        return Check("host", "unknown", "cannot tell bare metal from VM: no cpuinfo flags, DMI or systemd-detect-virt",
-                     "run `systemd-detect-virt --vm` and check the offer's name for the BAREMETAL suffix")
+    if evidence:
+        what = "virtual machine (" + "; ".join(evidence) + ")"
+    elif sources:
+        what = "bare metal (" + "; ".join(sources) + ")"
+    else:
+        what = "bare metal or virtual machine (no cpuinfo flags, DMI or systemd-detect-virt to tell)"
+    container = _container_words(probe_container(ctx.fs_root, ctx.proc_root, _mounts_or_none(ctx), ctx.detect_virt))
     if container.startswith("; inside"):
-        return Check("host", "warn", "bare metal (" + "; ".join(sources) + ")" + container,
+        return Check("host", "warn", what + container,
                      "containers must pass every GPU and /dev/nvidia-caps through (e.g. --gpus all) and use host IPC")
-    return Check("host", "ok", "bare metal (" + "; ".join(sources) + ")")
+    return Check("host", "ok", what + container)
 
 
 def _mounts_or_none(ctx: DoctorContext) -> list:
@@ -264,69 +265,6 @@ def check_unit(ctx: DoctorContext) -> Check:
     return unit_check(ctx.unit, props)
 
 
-# --- worker environment ---------------------------------------------------------------------------
-
-_PROBE = r"""
-import importlib, json, sys
-out = {"python": sys.version.split()[0]}
-for name in ("torch", "deepspeed"):
-    try:
-        mod = importlib.import_module(name)
-        out[name] = mod.__version__
-        if name == "torch":
-            out["cuda"] = mod.version.cuda
-            out["cuda_devices"] = mod.cuda.device_count() if mod.version.cuda else 0
-    except Exception as e:
-        out[name + "_error"] = f"{type(e).__name__}: {e}"
-print("SPX_DOCTOR=" + json.dumps(out), flush=True)
-"""
-
-
-def worker_check(python: str, facts: dict[str, Any], gpus: int, fake: bool) -> Check:
-    """Judge what the probe printed, given how many GPUs the backend sees."""
-    fix_torch = f"{python} -m pip install 'spx-trainer[train]' (CPU-only host: torch from the CPU index first)"
-    if "torch" not in facts:
-        return Check("worker-env", "fail", f"torch is not importable by {python}: {facts.get('torch_error')}", fix_torch)
-    torch_s = f"torch {facts['torch']}" + (f" (CUDA {facts['cuda']})" if facts.get("cuda") else " (CPU-only build)")
-    ds = f"deepspeed {facts['deepspeed']}" if "deepspeed" in facts else None
-    detail = f"{python} (Python {facts['python']}): {torch_s}, {ds or 'no deepspeed'}"
-    if gpus and not fake:
-        if not facts.get("cuda"):
-            return Check("worker-env", "fail", detail + f", but this host has {gpus} GPUs",
-                         f"install a CUDA build of torch into {python} (pip install torch --index-url "
-                         "https://download.pytorch.org/whl/cu124)")
-        if facts.get("cuda_devices") != gpus:
-            return Check("worker-env", "fail", detail + f": torch sees {facts.get('cuda_devices')} of {gpus} GPUs",
-                         "the driver may be older than torch's CUDA needs; compare `nvidia-smi` with torch.version.cuda")
-    if gpus and fake:
-        detail += " (fake GPUs: workers run on CPU)"
-    if ds is None:
-        return Check("worker-env", "warn", detail + f"; deepspeed: {facts.get('deepspeed_error')}",
-                     f"{python} -m pip install deepspeed (needed only for launcher: deepspeed)")
-    return Check("worker-env", "ok", detail)
-
-
-def check_worker(ctx: DoctorContext) -> Check:
-    python = ctx.worker_python
-    if not python:
-        return Check("worker-env", "unknown", "no worker python configured", "set `python:` in the job spec")
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
-    try:
-        r = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=ctx.worker_timeout_s, env=env)
-    except FileNotFoundError:
-        return Check("worker-env", "fail", f"worker python {python} does not exist", "set `python:` in the job spec")
-    except subprocess.TimeoutExpired:
-        return Check("worker-env", "unknown", f"{python}: importing torch/deepspeed took over {ctx.worker_timeout_s:.0f} s",
-                     "run the probe by hand: python -c 'import torch, deepspeed'")
-    line = next((x for x in r.stdout.splitlines() if x.startswith("SPX_DOCTOR=")), None)
-    if line is None:
-        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        return Check("worker-env", "fail", f"{python} failed (exit {r.returncode}): {tail}", "run it by hand to see why")
-    b = ctx.backend
-    gpus = len(b.devices()) if b is not None and b.nvml is not None else 0
-    return worker_check(python, json.loads(line.removeprefix("SPX_DOCTOR=")), gpus, getattr(b, "kind", "") == "fake")
-
-
 # --- the report -----------------------------------------------------------------------------------
 
 
@@ -353,7 +291,10 @@ CHECKS: list[tuple[str, Callable[[DoctorContext], Check | list[Check]]]] = [
     ("spool", check_spool),
     ("state", check_state),
     ("unit", check_unit),
-    ("worker-env", check_worker),
+    ("cgroups", cgroup_checks.check_cgroups),
+    ("py-spy", stackdump_checks.check_pyspy),
+    ("worker-env", worker_checks.check_worker),
+    ("worker-access", worker_checks.check_worker_access),
 ]
 
 

@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry, start_http_server
 
 from spx.daemon.exporter.gpu_collector import GpuCollector
+from spx.daemon.exporter.housekeeping_collector import HousekeepingCollector, Samples
 from spx.daemon.exporter.job_collector import JobCollector
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.exporter.quarantine_collector import QuarantineCollector, Quarantined
@@ -73,6 +74,7 @@ class SpxCollector:
 def build_registry(
     backend: GpuBackend, jobs: Callable[[], list[JobView]], version: str, job_labels: bool = True,
     quarantined: Callable[[], Quarantined] | None = None, drained: Callable[[], str | None] | None = None,
+    housekeeping: list[Samples] | None = None,
 ) -> CollectorRegistry:
     """A fresh registry with the GPU and job collectors. Starts the backend's XID thread (see module doc).
 
@@ -88,6 +90,8 @@ def build_registry(
         parts["quarantine"] = QuarantineCollector(backend, quarantined)
     if drained is not None:  # the daemon's store (spx_queue_drained); not the standalone exporter
         parts["queue"] = QueueCollector(drained)
+    if housekeeping is not None:  # the daemon's retention and notifications; not the standalone exporter
+        parts["housekeeping"] = HousekeepingCollector(housekeeping)
     registry.register(SpxCollector(parts, version, backend.kind))
     return registry
 

@@ -122,7 +122,10 @@ def commit_end(s: TrackedJob, d: Decision, now: float) -> Result:
         release_gpus=terminal, ended_wall=a.exited_wall,
     )
     counted = d.state is JobState.RESTARTING and a.stop_cause not in NOT_THE_JOBS and s.share.peer is None
-    log = Log("attempt_ended", "info", (
+    # The level says what the operator must look at: `journalctl -p err` lists the jobs that failed,
+    # `-p warning` also every relaunch.
+    level = "error" if d.state is JobState.FAILED else "warning" if d.state is JobState.RESTARTING else "info"
+    log = Log("attempt_ended", level, (
         ("exit_code", a.exit_code), ("signal", signal_name(a.exit_signal) if a.exit_signal else None),
         ("reason", d.reason), ("next_state", d.state.value), ("delay_seconds", d.delay_seconds),
         ("last_step", a.last_step), ("root_cause", a.root_cause)))

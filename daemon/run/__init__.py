@@ -20,7 +20,9 @@
     (where a restart spent its time), lease_keeper (the job's `.spx/` lease), proctree/cgroups (the
     processes), device_filter (the attempt cgroup's device program: only its GPUs' /dev/nvidiaN
     open), log_relay (the capped attempt log), rootcause/oom (why it ended); invalid_specs (at
-    start: a job whose accepted spec this version refuses ends failed).
+    start: a job whose accepted spec this version refuses ends failed); notify (owners told of ends and
+    restarts) → notify_send (one webhook or command, as the owner); retention (old finished jobs
+    removed) → retention_files (their files).
 
 Third stage of the flow spool → intake → state → run → workers; the only writer of job states after
 intake. Never imports torch.

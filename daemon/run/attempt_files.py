@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -53,8 +54,12 @@ from spx.daemon.userfs.fsafe import UserPathError
 log = get_logger()
 
 __all__ = ["AttemptFiles", "LeaseTaken", "UserPathError", "job_log_dir_fd", "latest_checkpoint", "note", "open_log_dir",
-           "paths", "prepare", "remove_attempt_logs", "read_heartbeat", "read_log_tail", "staging_log"]
+           "paths", "prepare", "read_marker", "remove_attempt_logs", "read_heartbeat", "read_log_tail", "staging_log"]
 
+# Held while an entry of log_dir is renamed or made (a reused name's dir set aside, the job's own
+# made), and by retention while it takes a finished job's dir away (run/retention_files.py): lanes of
+# different owners do both, and neither may move the directory the other just checked.
+LOG_DIRS = threading.Lock()
 MARKER = ".job-id"
 MARKER_MAX_BYTES = 64
 LOG_DIR_MODE = 0o755
@@ -179,12 +184,13 @@ def job_log_dir_fd(cfg: DaemonConfig, job: JobRow) -> int:
     """fd of the root-owned `log/NAME` of this job, the earlier job of a reused name moved aside."""
     base = fsafe.open_trusted_dir(cfg.log_dir)  # the admin's choice (mode and all); made at start
     try:
-        _retire_other_job(base, job)
-        fd = fsafe.ensure_root_dir_at(base, job.name, LOG_DIR_MODE)
+        with LOG_DIRS:
+            _retire_other_job(base, job)
+            fd = fsafe.ensure_root_dir_at(base, job.name, LOG_DIR_MODE)
     finally:
         os.close(base)
     try:
-        if _marker(fd) != job.id:
+        if read_marker(fd) != job.id:
             try:
                 mfd = fsafe.create_excl(fd, MARKER, MARKER_MODE)
             except FileExistsError:  # an odd marker in our own directory: replace it
@@ -200,7 +206,7 @@ def job_log_dir_fd(cfg: DaemonConfig, job: JobRow) -> int:
     return fd
 
 
-def _marker(dir_fd: int) -> int | None:
+def read_marker(dir_fd: int) -> int | None:
     """The job id in `.job-id`, or None if absent, odd, too large, a link or not a file."""
     try:
         return bounded.whole_text(fsafe.read_at(dir_fd, MARKER, MARKER_MAX_BYTES), MARKER, 1)
@@ -224,7 +230,7 @@ def _retire_other_job(base_fd: int, job: JobRow) -> None:
             os.stat(MARKER, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
             return
-        old = _marker(fd)
+        old = read_marker(fd)
     finally:
         os.close(fd)
     if old == job.id:

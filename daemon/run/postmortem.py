@@ -5,6 +5,7 @@ or ActionFailed; the machine's deadlines on both count from the work's start."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -55,11 +56,21 @@ def diagnose(work: UserWork, job: JobRow, h: AttemptHandles | None, a: Diagnose)
     work.submit(job, "diagnosis", read, DIAGNOSE_DEADLINE_SECONDS + 5.0, done, action=a)
 
 
+def pyspy_path() -> str | None:
+    """The py-spy the daemon runs: the one installed beside its own interpreter (a dependency of the
+    package, so an installed daemon has it whatever PATH systemd gives it), else one on PATH."""
+    beside = Path(sys.executable).with_name("py-spy")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
+
+
 def dump_stacks(files: AttemptFiles, pids: list[int]) -> None:
-    """Worker stacks into the attempt log (py-spy, where installed), before the kill. Off the loop."""
-    pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not Path(pyspy).exists():
-        attempt_files.note(files, "hang detected; py-spy is not installed, no stack dump")
+    """Worker stacks into the attempt log (py-spy), before the kill. Off the loop."""
+    pyspy = pyspy_path()
+    if pyspy is None:
+        attempt_files.note(files, f"hang detected; py-spy is not installed beside {sys.executable} nor on PATH, "
+                                  "no stack dump (spx doctor checks it)")
         return
     deadline = time.monotonic() + DUMP_BUDGET_SECONDS
     for pid in pids:

@@ -15,18 +15,17 @@ from __future__ import annotations
 import functools
 import os
 import queue
-import signal
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Lanes
 from spx.daemon.core.log import get_logger
 from spx.daemon.core.users import user_name
+from spx.daemon.core.version import daemon_version
 from spx.daemon.gpu.backend import GpuBackend, XidEvent
 from spx.daemon.gpu.gate import GpuGate
 from spx.daemon.intake.accept import Intake
@@ -37,8 +36,10 @@ from spx.daemon.run.device_filter import DeviceFilters
 from spx.daemon.run.incidents import GpuSources
 from spx.daemon.run.invalid_specs import fail_invalid_specs
 from spx.daemon.run.lease_keeper import LeaseKeeper
+from spx.daemon.run.notify import Notifications
 from spx.daemon.run.placement import Placement
 from spx.daemon.run.queue_control import QueueControl
+from spx.daemon.run.retention import Retention
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service import handover, reload
 from spx.daemon.service.answers import Answers
@@ -64,13 +65,6 @@ STATUS_EVERY_SECONDS = 2.0
 
 class StartError(Exception):
     """The daemon cannot start as configured; the message says why and the fix."""
-
-
-def daemon_version() -> str:
-    try:
-        return version("spx-trainer")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 class Daemon:
@@ -112,6 +106,11 @@ class Daemon:
         self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend)
         answers = Answers(cfg, self.store, backend, self.adopter, self.queue, self.supervisor.snapshot)
         self.control = ControlServer(cfg.socket_path, answers, self.commands, self.wake, admin_group=cfg.admin_group)
+        # Housekeeping off the loop's critical path: what ended is told to its owner (run/notify.py,
+        # in lanes of its own) and, once old enough, removed (run/retention.py); both only hand work
+        # to lanes.
+        self.notifications = Notifications(cfg, self.store, wake=lambda: self.wake.put("notify"))
+        self.retention = Retention(cfg, self.store, self.lanes)
         self.metrics: MetricsServer | None = None
         mapping_dir = cfg.metrics.dcgm_job_mapping_dir  # dcgm-exporter's labels: the jobs on the GPUs
         self.dcgm_mapping = DcgmJobMapping(mapping_dir) if mapping_dir is not None else None
@@ -142,7 +141,8 @@ class Daemon:
 
         self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
         registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
-                                  quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained)
+                                  quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained,
+                                  housekeeping=[self.retention.samples, self.notifications.samples])
         try:  # first: a daemon that cannot serve /metrics adopts no job and claims no file
             metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         except OSError as e:
@@ -215,6 +215,8 @@ class Daemon:
                 self._stage("schedule", self.placement.turn)
             if dcgm_mapping is not None:
                 self._stage("dcgm_mapping", lambda: dcgm_mapping.show(self._gpu_holders()))
+            self._stage("notify", self.notifications.tick)
+            self._stage("retention", self.retention.tick)
             if now >= next_reap:
                 self._stage("reap", lambda: proctree.reap_orphans(self.supervisor.child_pids()))
                 self._stage("sweep", self.supervisor.sweep_cgroups)
@@ -353,6 +355,7 @@ class Daemon:
     def _close(self) -> None:
         """Everything this process holds, except its jobs: they are stopped (shutdown) or kept (reload)."""
         self.supervisor.close()
+        self.notifications.close()
         self.lanes.close()
         self.intake.stop()
         self.control.stop()
@@ -394,12 +397,3 @@ class Daemon:
         except OSError as e:
             log.error("reexec_failed", argv=argv, error=str(e))
         return 1
-
-
-def install_signal_handlers(daemon: Daemon, early_stop: list[int]) -> None:
-    """SIGTERM/SIGINT stop, SIGHUP reloads; a stop that came before the daemon existed is honoured."""
-    signal.signal(signal.SIGTERM, daemon.request_stop)
-    signal.signal(signal.SIGINT, daemon.request_stop)
-    signal.signal(signal.SIGHUP, daemon.request_reload)
-    if early_stop:
-        daemon.request_stop(early_stop[0], None)

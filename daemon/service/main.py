@@ -25,10 +25,11 @@ from pathlib import Path
 from spx.daemon.core.config import ConfigError, load_config
 from spx.daemon.core.log import configure, get_logger
 from spx.daemon.core.users import log_access
+from spx.daemon.core.version import daemon_version
 from spx.daemon.gpu.backend import open_backend
 from spx.daemon.run import cgroups
 from spx.daemon.service import handover
-from spx.daemon.service.daemon import Daemon, StartError, daemon_version, install_signal_handlers
+from spx.daemon.service.daemon import Daemon, StartError
 from spx.daemon.service.sd_notify import Notifier
 from spx.daemon.state import integrity
 
@@ -37,14 +38,19 @@ log = get_logger()
 RELOAD_WAIT_SECONDS = 85.0
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """spx-trainer's flags (also what its man page and shell completion are generated from)."""
     p = argparse.ArgumentParser(prog="spx-trainer", description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--config", type=Path, help="config file (default /etc/spx/config.yaml if it exists)")
-    p.add_argument("--root", type=Path, help="put spool, state, log, checkpoints and run dirs under DIR")
-    p.add_argument("--gpu-backend", choices=["auto", "nvml", "fake", "none"])
-    p.add_argument("--fake-gpus", type=Path, help="fixture for --gpu-backend fake")
-    p.add_argument("--metrics-address", help="HOST:PORT for /metrics (default 127.0.0.1:9101)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--version", action="version", version=f"spx-trainer {daemon_version()}")
+    p.add_argument("--config", type=Path, metavar="FILE", help="config file (default /etc/spx/config.yaml if it exists)")
+    p.add_argument("--root", type=Path, metavar="DIR", help="put spool, state, log, checkpoints and run dirs under DIR")
+    p.add_argument("--gpu-backend", choices=["auto", "nvml", "fake", "none"],
+                   help="where GPUs come from: NVML (auto: when a driver answers), a fake fixture, or none "
+                        "(CPU jobs only); overrides the config's gpu_backend")
+    p.add_argument("--fake-gpus", type=Path, metavar="FILE", help="fixture for --gpu-backend fake")
+    p.add_argument("--metrics-address", metavar="HOST:PORT", help="HOST:PORT for /metrics (default 127.0.0.1:9101)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="the lowest level logged (default info)")
     once = p.add_mutually_exclusive_group()
     once.add_argument("--check", action="store_true",
                       help="load the config and exit (0: this code and config start); a reload runs it first")
@@ -53,7 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     once.add_argument("--stop-post", action="store_true",
                       help="(ExecStopPost=) after a stop, kill what is left in the unit's cgroup; after a "
                            "crash ($SERVICE_RESULT), leave the jobs running for the next start to adopt")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,3 +138,12 @@ def _helper(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def install_signal_handlers(daemon: Daemon, early_stop: list[int]) -> None:
+    """SIGTERM/SIGINT stop, SIGHUP reloads; a stop that came before the daemon existed is honoured."""
+    signal.signal(signal.SIGTERM, daemon.request_stop)
+    signal.signal(signal.SIGINT, daemon.request_stop)
+    signal.signal(signal.SIGHUP, daemon.request_reload)
+    if early_stop:
+        daemon.request_stop(early_stop[0], None)

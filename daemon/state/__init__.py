@@ -2,7 +2,9 @@
 
     states (enum + allowed edges, stdlib only) · store (the `Store` callers hold: its tables by
     subject) ← jobs_table (jobs, JobRow), attempts_table (attempts, AttemptRow), host_tables
-    (quarantined GPUs, the drain switch), incidents_table (one incident per failed attempt) ← db (the SQLite file: per-thread connections, write
+    (quarantined GPUs, the drain switch), incidents_table (one incident per failed attempt),
+    housekeeping_table (events in order; removing finished
+    jobs) ← db (the SQLite file: per-thread connections, write
     transactions, StoreUnavailable/StoreRefused) ← fault_points (the tests' kill-at-a-write hook);
     schema (every table and column, numbered migrations, `PRAGMA user_version`) · integrity (is the
     store whole and ours) · backup (scheduled online backups) · views (snapshot types) ← jobviews

@@ -102,13 +102,20 @@ TABLES = (
     # One row per failed attempt: what an operator reads after it (run/incidents.py), a bounded JSON document.
     _INCIDENTS,
 )
-INDEXES = (
+_FIRST_INDEXES = (
     # Names are unique among live jobs only: a finished job's name may be reused.
     "CREATE UNIQUE INDEX IF NOT EXISTS jobs_live_name ON jobs(name) WHERE state NOT IN ('succeeded', 'failed', 'cancelled')",
     "CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name, id)",
     "CREATE INDEX IF NOT EXISTS jobs_uid ON jobs(uid)",
-    _INCIDENTS_GO_WITH_THE_JOB,
 )
+# Added by a migration, for retention (run/retention.py): finished jobs by when they ended, the oldest first
+# (the WHERE is the one housekeeping_table.ENDED_SQL queries with, so SQLite uses this partial index), and a
+# job's events by job (removing a job's events must not scan every event the host ever had).
+_RETENTION_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(updated) WHERE state IN ('cancelled', 'failed', 'succeeded')",
+    "CREATE INDEX IF NOT EXISTS events_job ON events(job_id)",
+)
+INDEXES = (*_FIRST_INDEXES, *_RETENTION_INDEXES, _INCIDENTS_GO_WITH_THE_JOB)
 _CREATED = "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', datetime('now'))"
 
 # Columns added to the tables of the first release before stores had a version; a store of
@@ -140,7 +147,7 @@ def _version_1(db: sqlite3.Connection) -> None:
     # So other hosts can tell every job apart (the host-loss record next to its checkpoints carries
     # it; see intake/job_record.py).
     db.execute("UPDATE jobs SET uid = lower(hex(randomblob(16))) WHERE uid IS NULL")
-    for index in INDEXES:
+    for index in _FIRST_INDEXES:
         db.execute(index)
     db.execute(_CREATED)
 
@@ -153,12 +160,18 @@ def _version_2(db: sqlite3.Connection) -> None:
 
 
 def _version_3(db: sqlite3.Connection) -> None:
+    """Retention's indexes: finished jobs by end time, events by job (run/retention.py)."""
+    for index in _RETENTION_INDEXES:
+        db.execute(index)
+
+
+def _version_4(db: sqlite3.Connection) -> None:
     """`incidents`: one row per failed attempt (run/incidents.py), removed with its job (a trigger)."""
     db.execute(_INCIDENTS)
     db.execute(_INCIDENTS_GO_WITH_THE_JOB)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3, _version_4)
 VERSION = len(MIGRATIONS)
 
 

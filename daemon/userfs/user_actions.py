@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spx.daemon.contract import checkpoint_tiers
-from spx.daemon.userfs import gang_dir, spx_dir
+from spx.daemon.userfs import gang_dir, spx_dir, webhook
 from spx.daemon.userfs.identity import become
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -169,7 +169,9 @@ ACTIONS = {"mkdirs": _mkdirs, "access": _access, "find_latest": _find_latest, "s
            "spx_publish": spx_dir.publish, "spx_renew": spx_dir.renew, "spx_mark_ended": spx_dir.mark_ended,
            "spx_claim": spx_dir.claim,
            # a job across hosts: the generation its hosts' daemons agree on (run/gang.py)
-           "gang_advance": gang_dir.advance, "gang_join": gang_dir.join, "gang_beat": gang_dir.beat}
+           "gang_advance": gang_dir.advance, "gang_join": gang_dir.join, "gang_beat": gang_dir.beat,
+           # a job's `notify.webhook` (run/notify_send.py)
+           "post_webhook": webhook.post}
 
 
 def main() -> int:

@@ -51,9 +51,8 @@ def machine() -> dict[str, object]:
 def test_this_machine_says_vm_truthfully(machine) -> None:
     host = machine["host"]
     if has_hypervisor_flag():
-        assert host.status == "fail" and host.detail.startswith("virtual machine")
+        assert host.status in ("ok", "warn") and host.detail.startswith("virtual machine"), "a VM is a normal host"
         assert "hypervisor flag in /proc/cpuinfo" in host.detail
-        assert machine["_exit"] == 1
     else:
         assert "hypervisor flag" not in host.detail
 
@@ -62,8 +61,9 @@ def test_this_machine_says_no_gpu_truthfully(machine) -> None:
     if nvml_loads():
         assert machine["gpus"].status in ("ok", "fail") and "no NVIDIA GPU" not in machine["gpus"].detail
         return
-    assert machine["gpus"].status == "fail" and machine["gpus"].detail.startswith("no NVIDIA GPU visible")
-    assert machine["driver"].status == "fail"
+    assert machine["gpus"].status == "warn" and machine["gpus"].detail.startswith("no NVIDIA GPU visible")
+    kernel_driver = Path("/proc/driver/nvidia/version").exists()
+    assert machine["driver"].status == ("fail" if kernel_driver else "warn"), machine["driver"]
     assert machine["nvlink"].status == machine["bf16"].status == "unknown"
 
 
@@ -77,11 +77,32 @@ def test_this_machine_pid1_and_worker_env(machine) -> None:
 
 def test_spx_doctor_command_line_on_this_machine() -> None:
     text = spx("doctor")
-    assert text.returncode == (1 if has_hypervisor_flag() or not nvml_loads() else text.returncode)
     assert text.stdout.splitlines()[-1].endswith("unknown") and "fix:" in text.stdout
     doc = json.loads(spx("doctor", "--json").stdout)
     assert [c["name"] for c in doc["checks"]][:5] == ["host", "gpus", "nvlink", "bf16", "driver"]
-    assert doc["ok"] is (text.returncode == 0)
+    assert doc["ok"] is (text.returncode == 0) is all(c["status"] != "fail" for c in doc["checks"])
+
+
+def _others_can_run(path: str) -> bool:
+    """Whether a user who is neither owner nor in the group can reach and execute `path`."""
+    real = Path(os.path.realpath(path))
+    dirs = {*Path(os.path.abspath(path)).parents, *real.parents}
+    return all(os.stat(d).st_mode & 0o001 for d in dirs) and bool(os.stat(real).st_mode & 0o001)
+
+
+def test_this_machine_says_truthfully_whether_others_can_run_the_job_environment(machine) -> None:
+    access = machine["worker-access"]
+    if os.geteuid() != 0:
+        assert access.status == "ok", "the caller itself ran it"
+    elif _others_can_run(sys.executable):
+        assert access.status == "ok" and "runs as nobody" in access.detail, access
+    else:
+        assert access.status == "fail" and "nobody cannot run" in access.detail and "Permission denied" in access.detail
+
+
+def test_this_machine_py_spy_dumps_a_python_process(machine) -> None:
+    pyspy = machine["py-spy"]
+    assert pyspy.status == "ok" and "dumps a python process's stacks" in pyspy.detail, pyspy
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ PY = sys.executable
 # layout arg, extra args, the checkpoint attempt 2 must resume from, the layout recognised,
 # {skipped candidate: a piece of its reason}
 CASES = {
-    "seed": ("seed", ["--tear"], "checkpoint_epoch0_step4.pt", "seed",
+    "seed": ("seed", ["--tear"], "checkpoint_epoch0_step4.pt", "epoch-step",
              {"checkpoint_epoch0_step6.pt": "no zip central directory"}),
     "nanogpt": ("nanogpt", [], "ckpt.pt", "nanogpt", {}),
     "dcp": ("dcp", ["--tear"], "step_4", "dcp", {"step_6": "no .metadata"}),

@@ -195,13 +195,15 @@ class Sandbox:
                         check=False).stdout
 
     def journal_json(self, unit: str) -> list[dict]:
-        """The unit's journal as entries; the daemon's own lines parsed (they are JSON) under "spx"."""
+        """The unit's journal as entries; the daemon's own lines parsed under "spx": from SPX_JSON, the
+        line whole that it sends to the journal natively (core/journal.py), or from a MESSAGE that is
+        JSON (a line that reached the journal through stdout)."""
         out = self.run("journalctl", "-u", unit, "--no-pager", "-o", "json", "--output-fields",
-                       "MESSAGE,_PID,_COMM", check=False).stdout
+                       "MESSAGE,SPX_JSON,_PID,_COMM", check=False).stdout
         entries = []
         for line in out.splitlines():
             entry = json.loads(line)
-            msg = entry.get("MESSAGE")
+            msg = entry.get("SPX_JSON") or entry.get("MESSAGE")
             if isinstance(msg, str) and msg.startswith("{"):
                 try:
                     entry["spx"] = json.loads(msg)

@@ -84,7 +84,7 @@ def test_the_heartbeat_of_the_attempt_is_seen_and_a_launch_under_way_is_left_alo
 def test_a_retried_spawn_keeps_the_handles_with_its_row_and_an_ended_attempt_is_not_polled(world):
     cfg, store, job, row, row_id, runtime = world
     files = attempt_files.paths(cfg, job, 2)
-    runtime.prepared(job, 2, files, {"layout": "seed"})
+    runtime.prepared(job, 2, files, {"layout": "epoch-step"})
     runtime.handles[job.id].row_id = 77
     runtime.prepared(job, 2, files, {"layout": "again"})
     h = runtime.handles[job.id]

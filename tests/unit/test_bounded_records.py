@@ -354,7 +354,7 @@ def test_the_log_dirs_job_id_marker_is_a_job_id_or_none(scratch, raw):
     (scratch / attempt_files.MARKER).write_bytes(raw)
     fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        marker = attempt_files._marker(fd)
+        marker = attempt_files.read_marker(fd)
     finally:
         os.close(fd)
     assert marker is None or 1 <= marker <= MAX
@@ -365,7 +365,7 @@ def test_a_marker_past_int64_is_no_job_id(tmp_path):
     try:
         for raw, expected in ((b"9999999999999999999\n", None), (b"42\n", 42), (b"0\n", None)):
             (tmp_path / attempt_files.MARKER).write_bytes(raw)
-            assert attempt_files._marker(fd) == expected
+            assert attempt_files.read_marker(fd) == expected
     finally:
         os.close(fd)
 

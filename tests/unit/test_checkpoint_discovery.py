@@ -73,7 +73,7 @@ def test_seed_files_truncated_newest_resumes_the_older_complete_one(tmp_path):
     truncate(tmp_path / "checkpoint_epoch1_step300.pt")
     found = chosen(tmp_path)
     assert found.chosen.name == "checkpoint_epoch1_step200.pt" and found.chosen.step == 200
-    assert found.layout == "seed" and [c.name for c in found.older] == ["checkpoint_epoch0_step100.pt"]
+    assert found.layout == "epoch-step" and [c.name for c in found.older] == ["checkpoint_epoch0_step100.pt"]
     assert "truncated" in skipped(found)["checkpoint_epoch1_step300.pt"]
 
 
@@ -289,7 +289,7 @@ def test_exclude_never_leaves_nothing_to_resume(tmp_path):
 
 
 def attempt(number, resumed_from, reason_class="user-code", max_step=None, fallback_from=None):
-    doc = {"fallback_from": fallback_from} if fallback_from else {"layout": "seed"}
+    doc = {"fallback_from": fallback_from} if fallback_from else {"layout": "epoch-step"}
     return SimpleNamespace(number=number, end=100.0 + number, reason_class=reason_class, resumed_from=resumed_from,
                            resumed_from_step=20 if resumed_from else None, max_step=max_step,
                            checkpoint_discovery=json.dumps(doc))
@@ -321,5 +321,5 @@ def test_fell_back_reads_discoverys_answer(tmp_path):
     doc = cd.discover(tmp_path, exclude={avoid.path: avoid.why}).to_json()
     assert rf.fell_back(avoid, doc) and not rf.fell_back(avoid, cd.discover(tmp_path).to_json())
     lines = cd.describe({**doc, "fallback_from": avoid.path, "fallback_why": avoid.why})
-    assert lines[0].startswith(f"resumed from {tmp_path / 'checkpoint_epoch0_step10.pt'} (step 10), layout seed")
+    assert lines[0].startswith(f"resumed from {tmp_path / 'checkpoint_epoch0_step10.pt'} (step 10), layout epoch-step")
     assert lines[1] == f"fell back from {avoid.path}: crash loop"

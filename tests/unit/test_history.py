@@ -189,7 +189,7 @@ def test_a_version_1_store_gains_memory_peak(tmp_path):
         jid = store.jobs.add(parse_spec("name: a\nscript: t.py\n"), 1, "a", "/x", 1.0)
         attempt(store, jid, 1, start=1.0, end=2.0, peak=77)
         assert store.attempts.for_job(jid)[0].memory_peak == 77
-        assert store.db.conn.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION  # the latest (2 added memory_peak)
+        assert store.db.conn.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
     finally:
         store.close()
 

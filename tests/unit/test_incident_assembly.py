@@ -199,20 +199,20 @@ def test_the_store_keeps_a_jobs_latest_incidents_refuses_an_oversized_one_and_re
     assert store.incidents.job_ids() == [other]
 
 
-def test_a_version_2_store_gets_the_incidents_table_and_its_trigger(tmp_path):
-    path = tmp_path / "v2.sqlite"
+def test_a_version_3_store_gets_the_incidents_table_and_its_trigger(tmp_path):
+    path = tmp_path / "v3.sqlite"
     Store(path).close()
     db = sqlite3.connect(path)
     db.execute("DROP TRIGGER incidents_go_with_the_job")
     db.execute("DROP TABLE incidents")
-    db.execute("PRAGMA user_version = 2")
+    db.execute("PRAGMA user_version = 3")
     db.commit()
     db.close()
     Store(path).close()
     db = sqlite3.connect(path)
     names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'trigger')")}
     assert {"incidents", "incidents_go_with_the_job"} <= names
-    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.VERSION == 4
     db.close()
 
 
@@ -251,3 +251,12 @@ def test_an_incident_that_cannot_be_gathered_leaves_the_recorded_end_alone(store
     recorder.failed(store.jobs.get(job_id), FinishAttempt(1, JobState.FAILED, "exit 1", ReasonClass.CRASH, exit_code=1),
                     (0,), None, BASE)  # does not raise
     assert store.incidents.for_jobs([job_id]) == []
+
+
+def test_retention_removing_a_finished_job_removes_its_incidents(store):
+    job_id, live = add_job(store, "old"), add_job(store, "live")
+    store.jobs.transition(job_id, JobState.FAILED, "exit 1", BASE + 10)
+    for j in (job_id, live):
+        store.incidents.add(j, 1, BASE, "crash", {"failed_at": BASE})
+    assert store.housekeeping.remove_finished([job_id, live]) == [job_id]  # a live job is never removed
+    assert store.incidents.job_ids() == [live]

@@ -90,7 +90,8 @@ def test_ls_shows_each_names_latest_job_and_ls_all_every_job_with_its_id(tmp_pat
     assert main.main(["--root", str(tmp_path / "root"), "ls", "--all"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["NAME", "JOB", "STATE"]
-    assert [r.split()[:2] for r in table[1:]] == [["reused", str(ids[0])], ["reused", str(ids[1])]]
+    assert [r.split()[:2] for r in table[1:-1]] == [["reused", str(ids[0])], ["reused", str(ids[1])]]
+    assert table[-1] == "finished jobs are kept 30 days after they end (retention.finished_jobs_days), then removed"
 
 
 def test_a_script_without_heartbeat_never_shows_an_old_checkpoint_as_the_newest(tmp_path, capsys):

@@ -47,6 +47,10 @@ ALLOWED: dict[str, str] = {
     "intake/spool.py": "claims by the spool's dir fd (O_NOFOLLOW|O_NONBLOCK, fstat); rejected/ through fsafe",
     "intake/accept.py": "state_dir/jobs: root-only (state_dir is 0700)",
     "intake/adopt.py": "state_dir/jobs: root-only (state_dir is 0700); the volume is walked by adopt_scan via fsafe",
+    "run/retention_files.py": "removes a finished job's root-owned dirs by the fd of log_dir (renamed by dir fd "
+                              "under attempt_files.LOG_DIRS, only when its .job-id marker names the job), "
+                              "state_dir/jobs (root-only) and spool/rejected/ (root's, checked by fstat)",
+    "userfs/webhook.py": "no path: urllib's opener.open of an http(s) URL, inside user_actions as the job's owner",
     "run/log_relay.py": "writes attempt-N.log by the fd of root-owned log/NAME (attempt_files.open_log_dir), "
                         "O_NOFOLLOW, regular files only, fchown on the fd",
     "run/attempt_monitor.py": "writes the exit record by the fd of root-owned log/NAME (O_NOFOLLOW, temp + rename "
@@ -77,6 +81,9 @@ ALLOWED: dict[str, str] = {
                                 "its fd",
     "doctor/hostprobe.py": "/proc, /sys and /etc, read on the admin's request",
     "doctor/report.py": "/proc/1/comm",
+    "doctor/cgroup_checks.py": "/proc/self/mountinfo and /proc/1/comm, read on the admin's request",
+    "doctor/gpu_checks.py": "/proc/driver/nvidia/version (the kernel module's), read on the admin's request",
+    "doctor/stackdump_checks.py": "/proc/sys/kernel/yama/ptrace_scope, read on the admin's request",
     "doctor/device_checks.py": "the daemon's device-filter record in run_dir, read on the admin's request "
                                "(O_NOFOLLOW|O_NONBLOCK, 4 KiB)",
     "doctor/storage_checks.py": "a probe file in a directory the admin configured (checkpoints root, staging)",
