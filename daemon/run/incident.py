@@ -107,13 +107,22 @@ def assemble(f: Failure, readings: dict[int, list[dict[str, float]]], xids: dict
     }
 
 
+NOTIFY_BYTES = 64 * 1024  # an incident in a notification's body: the oldest readings give way first
+
+
+def for_notification(job: str, attempt: int, reason_class: str | None, doc: dict) -> dict:
+    """The incident a notification carries (run/notify.py): the stored document with its job,
+    attempt and class, fitted under NOTIFY_BYTES (its recovery is not known yet: `spx incidents`)."""
+    return fit({**json.loads(json.dumps(doc)), "job": job, "attempt": attempt, "class": reason_class}, NOTIFY_BYTES)
+
+
 def fit(doc: dict, max_bytes: int) -> dict:
     """`doc` under `max_bytes` of JSON: the oldest readings go first (the seconds just before the
     failure matter most), then the stacks' beginning."""
     def size() -> int:
         return len(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
 
-    while size() > max_bytes and any(g["readings"] for g in doc["gpus"]):
+    while size() > max_bytes and any(g.get("readings") for g in doc.get("gpus", [])):
         longest = max(doc["gpus"], key=lambda g: len(g["readings"]))
         del longest["readings"][: max(1, len(longest["readings"]) // 4)]
     while size() > max_bytes and doc.get("stacks"):

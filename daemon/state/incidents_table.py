@@ -51,6 +51,12 @@ class IncidentsTable:
                        "(SELECT id FROM incidents WHERE job_id = ? ORDER BY attempt DESC LIMIT ?)",
                        (job_id, job_id, MAX_PER_JOB))
 
+    def get(self, job_id: int, attempt: int) -> IncidentRow | None:
+        """The incident of the job's attempt `attempt`, if one was recorded."""
+        r = self._db.conn.execute("SELECT job_id, attempt, time, reason_class, doc FROM incidents WHERE job_id = ? "
+                                  "AND attempt = ?", (job_id, attempt)).fetchone()
+        return None if r is None else IncidentRow(r[0], r[1], r[2], r[3], json.loads(r[4]))
+
     def job_ids(self) -> list[int]:
         """The jobs that have incidents."""
         return [r[0] for r in self._db.conn.execute("SELECT DISTINCT job_id FROM incidents ORDER BY job_id")]

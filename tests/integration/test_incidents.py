@@ -88,8 +88,10 @@ def test_xid_79_under_a_4_gpu_job_gives_an_incident_with_the_gpu_the_xid_its_las
                extra_args=["--fake-gpus", str(fixture_file(tmp_path, xid_on_gpu_2, kmsg))]).start()
     scraper = Scraper(d)
     try:
+        told = tmp_path / "told.json"  # the restart's notification, as its command hook read it on stdin
         d.drop("j.yaml", f"name: four\nlauncher: python\nscript: {script}\npython: {sys.executable}\ngpus: 4\n"
-                         "restart: {backoff_seconds: [1, 1]}\nstop: {grace_seconds: 5}\n")
+                         "restart: {backoff_seconds: [1, 1]}\nstop: {grace_seconds: 5}\n"
+                         f"notify: {{command: 'cat > {told}', events: [restarted]}}\n")
         assert d.wait_state("four", "running", 30)["gpus"] == [0, 1, 2, 3]
         d.wait_event("gpu_quarantined", timeout=XID_AT_SECONDS + 30, gpu=2)
         d.wait_event("incident_recorded", timeout=60, job="four", attempt=1)
@@ -129,6 +131,12 @@ def test_xid_79_under_a_4_gpu_job_gives_an_incident_with_the_gpu_the_xid_its_las
         assert "kernel: NVRM: Xid (PCI:0000:3a:00): 79" in text, text
         assert "readings in the 60 s before" in text and "restart:" in text, text
         assert [i["job"] for i in json.loads(d.spx("incidents", "--json").stdout)] == ["four"]
+        # The notification of the restart carries the incident (docs/notify.md).
+        d.wait_event("notify_sent", timeout=60, job="four", on="restarted")
+        body = json.loads(told.read_text())
+        assert body["event"] == "restarted" and body["class"] == "gpu-fault", body
+        assert body["incident"]["attempt"] == 1 and body["incident"]["failed_at"] == failed
+        assert [x["xid"] for x in body["incident"]["gpus"][2]["xids"]] == [79] and body["incident"]["gpus"][2]["readings"]
         d.spx("cancel", "four")
         d.wait_state("four", "cancelled", 60)
         assert len(incidents(d, "four")) == 1  # a cancel is no failure
