@@ -20,6 +20,19 @@ from pathlib import Path
 
 from spx.daemon.state.db import StoreRefused
 
+_INCIDENTS = """CREATE TABLE IF NOT EXISTS incidents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    attempt INTEGER NOT NULL,
+    time REAL NOT NULL,
+    reason_class TEXT,
+    doc TEXT NOT NULL,
+    UNIQUE (job_id, attempt)
+)"""
+# An incident goes with its job, whoever removes the job (retention, an operator's SQL).
+_INCIDENTS_GO_WITH_THE_JOB = """CREATE TRIGGER IF NOT EXISTS incidents_go_with_the_job BEFORE DELETE ON jobs
+BEGIN DELETE FROM incidents WHERE job_id = OLD.id; END"""
+
 TABLES = (
     """CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -86,6 +99,8 @@ TABLES = (
     kind TEXT NOT NULL,
     detail TEXT
 )""",
+    # One row per failed attempt: what an operator reads after it (run/incidents.py), a bounded JSON document.
+    _INCIDENTS,
 )
 _FIRST_INDEXES = (
     # Names are unique among live jobs only: a finished job's name may be reused.
@@ -100,7 +115,7 @@ _RETENTION_INDEXES = (
     "CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(updated) WHERE state IN ('cancelled', 'failed', 'succeeded')",
     "CREATE INDEX IF NOT EXISTS events_job ON events(job_id)",
 )
-INDEXES = (*_FIRST_INDEXES, *_RETENTION_INDEXES)
+INDEXES = (*_FIRST_INDEXES, *_RETENTION_INDEXES, _INCIDENTS_GO_WITH_THE_JOB)
 _CREATED = "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', datetime('now'))"
 
 # Columns added to the tables of the first release before stores had a version; a store of
@@ -150,7 +165,13 @@ def _version_3(db: sqlite3.Connection) -> None:
         db.execute(index)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3)
+def _version_4(db: sqlite3.Connection) -> None:
+    """`incidents`: one row per failed attempt (run/incidents.py), removed with its job (a trigger)."""
+    db.execute(_INCIDENTS)
+    db.execute(_INCIDENTS_GO_WITH_THE_JOB)
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3, _version_4)
 VERSION = len(MIGRATIONS)
 
 

@@ -64,7 +64,7 @@ def test_a_new_store_is_made_at_the_latest_version(tmp_path):
     Store(path).close()
     tables, indexes, version = schema_of(path)
     assert version == schema.VERSION
-    assert set(tables) == {"jobs", "attempts", "events", "meta", "gpu_quarantine", "queue_settings"}
+    assert set(tables) == {"jobs", "attempts", "events", "meta", "gpu_quarantine", "queue_settings", "incidents"}
     assert {"jobs_live_name", "jobs_name", "jobs_uid"} <= indexes
     assert "held" in tables["jobs"] and "generation" in tables["attempts"]
 
