@@ -11,7 +11,8 @@
     waits for its plan), attempt_prep (files and checkpoint as the user), postmortem (stack dumps,
     root cause), gang_link (across hosts: beats and agreement) ← gang (the generation every host's
     share runs in), store_writes, staging_runs (the copier), adoption (attempts a previous daemon
-    left), user_work (all of it that can wait on a user, in that user's lane: core.lanes)
+    left), incidents (an incident per failed attempt) ← incident (its document, assembled),
+    user_work (all of it that can wait on a user, in that user's lane: core.lanes)
     → launcher (argv, env, user) → attempt_monitor (records the exit) → enter_attempt (root exec shim:
     cgroup, user, exec) → workers; exit_wake (the loop wakes when a launcher exits);
     rendezvous (torchrun's meeting point, across hosts); attempt_files (the attempt's files, safely),

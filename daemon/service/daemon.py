@@ -33,6 +33,7 @@ from spx.daemon.intake.adopt import Adopter
 from spx.daemon.lifecycle.record import Phase
 from spx.daemon.run import cgroups, proctree
 from spx.daemon.run.device_filter import DeviceFilters
+from spx.daemon.run.incidents import GpuSources
 from spx.daemon.run.invalid_specs import fail_invalid_specs
 from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.run.notify import Notifications
@@ -88,7 +89,7 @@ class Daemon:
                                             functools.partial(handover.mark_device_filter, cfg.run_dir))
         self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"),
                                      gpu_computing=backend.computing, lanes=self.lanes,
-                                     device_filters=self.device_filters)
+                                     device_filters=self.device_filters, gpu_sources=GpuSources.of(backend))
         self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake, self.lanes)

@@ -64,6 +64,8 @@ ALLOWED: dict[str, str] = {
                             "cgroupfs subtree, as bpf(2)'s attach target",
     "run/proctree.py": "/proc",
     "run/oom.py": "/dev/kmsg",
+    "gpu/kernel_log.py": "/dev/kmsg (a test's own file in tests)",
+    "gpu/fake_sim.py": "the fake fixture's simulated kernel log: a file the fixture (a test) names",
     "state/store.py": "state_dir (root-only)",
     "state/backup.py": "state_dir/backup (root-only)",
     "state/integrity.py": "state_dir (root-only)",
