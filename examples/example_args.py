@@ -16,6 +16,7 @@ import torch
 
 from spx.daemon.contract.worker_env import attempt_number
 from spx.trainer import TrainerConfig
+from spx.trainer.loop import default_loss
 
 
 def common_parser(description: str) -> argparse.ArgumentParser:
@@ -37,6 +38,8 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--crash-at-step", type=int, default=None, help="raise at step K (first attempt only)")
     p.add_argument("--hang-at-step", type=int, default=None, help="stop making progress at step K (first attempt only)")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="slow each step down (to watch or kill it)")
+    p.add_argument("--poison-step", type=int, action="append", default=[],
+                   help="rank 0's batch of step K holds poison: its loss is NaN (every attempt; repeatable)")
     p.add_argument("--debug-write-delay", type=float, default=0.0,
                    help="hold each checkpoint's model file half-written this long (to kill mid-write)")
     return p
@@ -61,6 +64,23 @@ def print_final_hash(trainer) -> None:
     digest = trainer.state_sha256()
     if trainer.is_main:
         print(f"final_state_sha256={digest}", flush=True)
+
+
+def poisoned_loss(args: argparse.Namespace, trainer):
+    """The trainer's default loss, NaN on rank 0's batch of each `--poison-step` (None: no poison).
+    The poison is in the data: an attempt that trains that step's batch meets it again; one that
+    skips the step's data (a rollback, SPX_SKIP_STEPS) never does."""
+    if not args.poison_step:
+        return None
+    poisoned = set(args.poison_step)
+
+    def loss_fn(model, batch) -> torch.Tensor:
+        loss = default_loss(model, batch)
+        if trainer.is_main and trainer.progress.step + 1 in poisoned:
+            return loss * float("nan")
+        return loss
+
+    return loss_fn
 
 
 class InjectedCrash(RuntimeError):

@@ -9,7 +9,7 @@ checkpoint is known where it is published, on global rank 0; other nodes report 
 also says where its node is in torch's numbering (`node_placement`), for `spx status` on each host.
 
 Writes are atomic (`contract.write_heartbeat`) and rate-limited to one per `min_interval` seconds;
-a status change ("preempted", "finished") is written at once because it is the last word of the
+a status change ("preempted", "diverged", "finished") is written at once because it is the last word of the
 attempt.
 """
 
@@ -22,7 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from spx.daemon.contract.worker_env import HEARTBEAT_MIN_INTERVAL_SECONDS, Heartbeat, write_heartbeat
+from spx.daemon.contract.worker_env import (
+    HEARTBEAT_MIN_INTERVAL_SECONDS,
+    Divergence,
+    Heartbeat,
+    write_heartbeat,
+)
 from spx.trainer import phases
 
 log = logging.getLogger("spx.trainer")
@@ -86,6 +91,9 @@ class HeartbeatWriter:
         last_checkpoint: tuple[int, float] | None,
         status: str = "running",
         force: bool = False,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        diverged: Divergence | None = None,
     ) -> None:
         """Account `samples` processed since the last tick; write if the interval passed."""
         self._window_samples += samples
@@ -107,6 +115,9 @@ class HeartbeatWriter:
             last_checkpoint_time=last_checkpoint[1] if last_checkpoint else None,
             status=status,
             phases=phases.recorded() or None,
+            loss=loss,
+            grad_norm=grad_norm,
+            diverged=diverged,
         )
         if self.placement is not None:
             where = self.placement
