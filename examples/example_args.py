@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from spx.daemon.contract.worker_env import attempt_number
+from spx.daemon.contract.worker_env import attempt_number, parse_skip_steps
 from spx.trainer import TrainerConfig
 from spx.trainer.loop import default_loss
 
@@ -40,6 +40,8 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="slow each step down (to watch or kill it)")
     p.add_argument("--poison-step", type=int, action="append", default=[],
                    help="rank 0's batch of step K holds poison: its loss is NaN (every attempt; repeatable)")
+    p.add_argument("--skip-steps", type=parse_skip_steps, default=(),
+                   help="skip the data of these steps, e.g. 31-37 (as a divergence rollback does)")
     p.add_argument("--debug-write-delay", type=float, default=0.0,
                    help="hold each checkpoint's model file half-written this long (to kill mid-write)")
     return p
@@ -56,6 +58,7 @@ def trainer_config(args: argparse.Namespace) -> TrainerConfig:
         checkpoint_every_seconds=args.checkpoint_every_seconds,
         keep=args.keep,
         debug_write_delay_seconds=args.debug_write_delay,
+        skip_steps=args.skip_steps,
     )
 
 

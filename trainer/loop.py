@@ -122,9 +122,9 @@ class TrainingLoop:
             self.stop_flag.install()
         self.progress = Progress()
         self.divergence = DivergenceCheck(config.check_non_finite, config.spike_rule)
-        # Steps whose data is skipped (a rollback after a divergence): the daemon's, and those the
+        # Steps whose data is skipped (a rollback after a divergence): the config's, the daemon's, and those the
         # checkpoint resumed from recorded (`_resume`), so every later resume keeps skipping them.
-        self.skip_steps = parse_skip_steps(os.environ.get(ENV_SKIP_STEPS, ""))
+        self.skip_steps = merge_step_ranges((*config.skip_steps, *parse_skip_steps(os.environ.get(ENV_SKIP_STEPS, ""))))
         self._accum_steps = config.grad_accum_steps
         self.jit = JitCheckpoint(
             enabled=config.jit_checkpoint and type(self)._replicated_state is not TrainingLoop._replicated_state,
