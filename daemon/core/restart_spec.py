@@ -31,9 +31,10 @@ CLASS_RULES = ("always", "never", "counted")
 
 class ClassLimit(_Strict):
     """At most `max` restarts for failures of this class; with `within_first_seconds`, only failures
-    that came that soon after their attempt started count (a later one is `counted`). `rollback`
-    (class divergence only): each restart resumes from the newest complete checkpoint before the
-    divergent step and skips the data since it (SPX_SKIP_STEPS)."""
+    that came that soon after their attempt started count (a later one is `counted`). Class
+    divergence only: with `rollback`, each restart resumes from the newest complete checkpoint before
+    the divergent step and skips the data since it (SPX_SKIP_STEPS); `args` are added to the script's
+    arguments of every attempt after the job's first divergence (e.g. a lower learning rate)."""
 
     max: int = Field(ge=0, le=1_000_000, description="Restarts allowed for this class (earlier attempts of the job that ended with it).")
     within_first_seconds: float | None = Field(
@@ -42,6 +43,10 @@ class ClassLimit(_Strict):
     rollback: bool = Field(
         False, description="divergence only: relaunch from the newest complete checkpoint before the divergent step, "
                            "skipping the data of the steps since it.")
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=256,
+        description="divergence only: arguments added to the script's for every attempt after the job's first "
+                    "divergence (e.g. [--lr, '1e-4']).")
 
 
 def _rule_kind(v: object) -> str:
@@ -100,9 +105,9 @@ class Restart(_Strict):
                                  "within_first_seconds: S}")
             if not isinstance(rule, str | dict | ClassLimit):
                 raise ValueError(f"{key}: a rule is always, never, counted or {{max: N, within_first_seconds: S}}")
-            if key != ReasonClass.DIVERGENCE and isinstance(rule, dict | ClassLimit) and (
-                    rule.get("rollback") if isinstance(rule, dict) else rule.rollback):
-                raise ValueError(f"{key}: rollback applies to the divergence class only")
+            if key != ReasonClass.DIVERGENCE and isinstance(rule, dict | ClassLimit) and any(
+                    (rule.get(k) if isinstance(rule, dict) else getattr(rule, k)) for k in ("rollback", "args")):
+                raise ValueError(f"{key}: rollback and args apply to the divergence class only")
         return {**DEFAULT_ON_FAILURE, **v}
 
     @field_validator("backoff_seconds")

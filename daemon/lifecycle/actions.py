@@ -70,6 +70,7 @@ class Spawn:
     resume_from: str | None
     resume_step: int | None
     skip_steps: StepRanges = ()  # a divergence rollback's skipped data (SPX_SKIP_STEPS)
+    extra_args: tuple[str, ...] = ()  # restart.on_failure.divergence.args, once the job diverged
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ job's `restart.on_failure.divergence` rule in, the `Rollback` for the next attem
 FindCheckpoint carries it to discovery (checkpoints at or after S are passed over); the checkpoint
 found fixes the skipped window, (its step + 1)-S, which the launch gives the workers as
 SPX_SKIP_STEPS (spx.trainer records it in its checkpoints, so later resumes keep skipping it). How
-many rollbacks a job gets is the rule's `max` (policy.decide counts divergence failures as it counts
+the rule's `args` (e.g. a lower learning rate) go to every attempt after the job's first
+divergence (`divergence_args`). How many rollbacks a job gets is the rule's `max` (policy.decide counts divergence failures as it counts
 any class); once spent, the job fails with the last divergence as its reason.
 """
 
@@ -41,6 +42,15 @@ class Rollback:
         skip = self.skipped(resume_step if resumed else None)
         batches = f", skipping batches {skip[0][0]}–{skip[0][1]}" if skip else ""
         return f"rolled back from step {self.step} ({self.what}) to {where}{batches}"
+
+
+def divergence_args(restart: Restart, class_counts: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    """The job's `restart.on_failure.divergence.args`, once the job has diverged (its counted
+    divergence failures, seeded from the store after a daemon restart); () before, or without args."""
+    rule = restart.on_failure.get(ReasonClass.DIVERGENCE)
+    if not isinstance(rule, ClassLimit) or not rule.args or not dict(class_counts).get(ReasonClass.DIVERGENCE):
+        return ()
+    return tuple(rule.args)
 
 
 def rollback_after(history: Sequence[PastAttempt], restart: Restart) -> Rollback | None:

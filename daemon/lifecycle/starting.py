@@ -22,7 +22,7 @@ from spx.daemon.lifecycle.moves import Result, fail_before_attempt, finish_witho
 from spx.daemon.lifecycle.observations import CheckpointFound, Go, Spawned, StagingEnded, Tick
 from spx.daemon.lifecycle.record import Attempt, HangCalibration, Phase, Resume, TrackedJob
 from spx.daemon.lifecycle.resume_fallback import checkpoint_to_avoid
-from spx.daemon.lifecycle.rollback import rollback_after
+from spx.daemon.lifecycle.rollback import divergence_args, rollback_after
 from spx.daemon.state.states import JobState
 
 # Checkpoint discovery comes back this long after it started, or the job fails (a hung network volume).
@@ -105,7 +105,7 @@ def checkpoint_found(s: TrackedJob, obs: CheckpointFound, now: float) -> Result:
                 attempt=replace(s.attempt, resume=Resume(obs.path, obs.step, obs.fell_back)))
     rollback = rollback_after(s.ledger.history, s.limits.restart)
     skip = rollback.skipped(obs.step if obs.path is not None else None) if rollback is not None else ()
-    return s, [Spawn(s.number, obs.path, obs.step, skip)]
+    return s, [Spawn(s.number, obs.path, obs.step, skip, divergence_args(s.limits.restart, s.ledger.class_counts))]
 
 
 def tick_preparing(s: TrackedJob, obs: Tick, now: float) -> Result:

@@ -148,5 +148,26 @@ def test_a_rollback_survives_a_daemon_restart_through_the_stored_attempt_row():
 
 def test_rollback_is_the_default_for_divergence_and_refused_for_other_classes():
     assert Restart().on_failure["divergence"] == ClassLimit(max=3, rollback=True)
-    with pytest.raises(ValueError, match="rollback applies to the divergence class only"):
+    with pytest.raises(ValueError, match="rollback and args apply to the divergence class only"):
         Restart(on_failure={"user-code": {"max": 1, "rollback": True}})
+
+
+def test_the_divergence_args_go_to_every_attempt_after_the_first_divergence():
+    limits = replace(ROLLING, restart=Restart(max_restarts=10, backoff_seconds=(0, 0), on_failure={
+        "divergence": {"max": 3, "rollback": True, "args": ["--lr", "1e-4"]}}))
+    s = running(limits=limits)
+    s, _ = advance(s, LauncherExited(1, None), 5.0)  # a crash first: no divergence yet, no args
+    s, _ = advance(s, AllGone(), 5.0)
+    s, _ = advance(s, Diagnosed(s.number, "RuntimeError: boom (user-code)", False), 6.0)
+    s, _, spawn = relaunch(s, 200.0, None, None)
+    assert spawn.extra_args == ()
+    s, _ = diverge(s, 210.0)
+    s, _, spawn = relaunch(s, 220.0, "/ck/step-000000030", 30)
+    assert spawn.extra_args == ("--lr", "1e-4") and spawn.skip_steps == ((31, 37),)
+    s, _ = advance(s, LauncherExited(1, None), 350.0)  # a later crash: the args stay, no rollback
+    s, _ = advance(s, AllGone(), 350.0)
+    s, _ = advance(s, Diagnosed(s.number, "RuntimeError: boom (user-code)", False), 351.0)
+    s, find, spawn = relaunch(s, 400.0, "/ck/step-000000040", 40)
+    assert find.rollback is None and spawn.extra_args == ("--lr", "1e-4") and spawn.skip_steps == ()
+    with pytest.raises(ValueError, match="rollback and args apply to the divergence class only"):
+        Restart(on_failure={"oom": {"max": 1, "args": ["--lr", "1"]}})
