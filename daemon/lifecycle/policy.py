@@ -185,7 +185,7 @@ def decide(
     rule = policy.on_failure.get(cls, "counted")
     if (
         policy.on_exit_codes != "any"
-        and cls not in (ReasonClass.HANG, ReasonClass.PREEMPTED, ReasonClass.GPU_FAULT)
+        and cls not in (ReasonClass.HANG, ReasonClass.PREEMPTED, ReasonClass.GPU_FAULT, ReasonClass.DIVERGENCE)
         and not outcome.oom
         and outcome.signal is None
         and outcome.exit_code not in policy.on_exit_codes

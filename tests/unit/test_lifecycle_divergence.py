@@ -113,6 +113,14 @@ def test_a_divergence_rule_without_rollback_relaunches_from_the_newest_checkpoin
     assert find.rollback is None and spawn.skip_steps == ()
 
 
+def test_a_divergence_is_rolled_back_whatever_exit_code_its_launcher_reports():
+    """Known from the heartbeat, not the exit code (torchrun reports 1 for its workers' 65): a job
+    restricting restart.on_exit_codes still gets its rollback."""
+    limits = replace(ROLLING, restart=Restart(max_restarts=10, backoff_seconds=(0, 0), on_exit_codes=[75]))
+    s, actions = diverge(running(limits=limits), 10.0, code=1)
+    assert only(actions, FinishAttempt).state is JobState.RESTARTING
+
+
 def test_the_daemons_nan_rule_stops_a_script_that_trains_on_and_classes_it_divergence():
     s = running(limits=ROLLING)
     s, _ = advance(s, HeartbeatSeen(11, WALL0 + 5, "running", loss=3.0), 5.0)
