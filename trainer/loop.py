@@ -243,7 +243,8 @@ class TrainingLoop:
         norm = self._grad_norm()
         both = torch.stack([loss.detach().float().reshape(()),
                             (norm if norm is not None else torch.zeros((), device=loss.device)).detach().float()])
-        total_loss, total_norm = self.dist.sum_over_ranks(both)
+        with self.jit.watch(self._replicated_state):  # a peer failing here gets its JIT checkpoint too
+            total_loss, total_norm = self.dist.sum_over_ranks(both)
         values = {"loss": total_loss / self.dist.world_size,
                   "grad_norm": total_norm / self.dist.world_size if norm is not None else None}
         hit = self.divergence.check(self.progress.step, values)
