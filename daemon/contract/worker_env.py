@@ -14,6 +14,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -77,10 +78,11 @@ def parse_skip_steps(raw: str) -> StepRanges:
     return merge_step_ranges(ranges)
 
 
-def merge_step_ranges(ranges: object) -> StepRanges:
-    """`ranges` ((first, last) pairs) sorted, with overlapping and adjacent ones merged."""
+def merge_step_ranges(ranges: Iterable[Sequence[int]]) -> StepRanges:
+    """`ranges` ((first, last) pairs: tuples, or lists as a checkpoint stores them) sorted, with
+    overlapping and adjacent ones merged."""
     out: list[tuple[int, int]] = []
-    for lo, hi in sorted((int(lo), int(hi)) for lo, hi in ranges):  # type: ignore[attr-defined]
+    for lo, hi in sorted((int(lo), int(hi)) for lo, hi in ranges):
         if out and lo <= out[-1][1] + 1:
             out[-1] = (out[-1][0], max(out[-1][1], hi))
         else:
