@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
-from example_args import common_parser, fault_hook, print_final_hash, run_main, trainer_config
+from example_args import common_parser, fault_hook, poisoned_loss, print_final_hash, run_main, trainer_config
 from tinylm import SIZES, MarkovCorpus, TinyLM
 
 from spx.trainer import Trainer
@@ -39,7 +39,8 @@ def main() -> None:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(max(1, args.steps // 10), args.steps))
         loader = trainer.dataloader(MarkovCorpus(args.dataset_size, lm.seq_len, lm.vocab, seed=args.seed),
                                     batch_size=args.batch_size)
-        trainer.fit(model, optimizer, loader, scheduler=scheduler, on_step=fault_hook(args))
+        trainer.fit(model, optimizer, loader, scheduler=scheduler, loss_fn=poisoned_loss(args, trainer),
+                    on_step=fault_hook(args))
         print_final_hash(trainer)
     finally:
         trainer.close()

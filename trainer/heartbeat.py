@@ -9,7 +9,7 @@ checkpoint is known where it is published, on global rank 0; other nodes report 
 also says where its node is in torch's numbering (`node_placement`), for `spx status` on each host.
 
 Writes are atomic (`contract.write_heartbeat`) and rate-limited to one per `min_interval` seconds;
-a status change ("preempted", "finished") is written at once because it is the last word of the
+a status change ("preempted", "diverged", "finished") is written at once because it is the last word of the
 attempt.
 """
 
@@ -22,7 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from spx.daemon.contract.worker_env import HEARTBEAT_MIN_INTERVAL_SECONDS, Heartbeat, write_heartbeat
+from spx.daemon.contract.worker_env import (
+    HEARTBEAT_MIN_INTERVAL_SECONDS,
+    Divergence,
+    Heartbeat,
+    write_heartbeat,
+)
 from spx.trainer import phases
 
 log = logging.getLogger("spx.trainer")
@@ -87,6 +92,9 @@ class HeartbeatWriter:
         status: str = "running",
         force: bool = False,
         checkpoint_stall: float | None = None,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        diverged: Divergence | None = None,
     ) -> None:
         """Account `samples` processed since the last tick; write if the interval passed.
         `checkpoint_stall`: seconds the loop has waited on checkpoint saves so far."""
@@ -110,6 +118,9 @@ class HeartbeatWriter:
             status=status,
             phases=phases.recorded() or None,
             checkpoint_stall_seconds=None if checkpoint_stall is None else round(checkpoint_stall, 3),
+            loss=loss,
+            grad_norm=grad_norm,
+            diverged=diverged,
         )
         if self.placement is not None:
             where = self.placement
