@@ -3,6 +3,7 @@ seconds, and once reclaimed like a spot host (SIGTERM), under spx-trainer and un
 `torchrun --max-restarts=K`, in one run.
 
     .venv/bin/python bench/bench_goodput.py [--quick] [--steps N] [--intervals 60 20] [--seed 1]
+    .venv/bin/python bench/bench_goodput.py --ledger-check [--steps 800]   # the goodput ledger's checks
 
 The work: examples/train_ddp.py, 2 ranks, gloo on CPU, tiny model, `--sleep-per-step 0.1`, a
 checkpoint every 100 steps (what a user sets: a few seconds of work per checkpoint, not every step),
@@ -37,11 +38,25 @@ also against bare torchrun's undisturbed wall. Steps computed vs useful come fro
 heartbeat (written at most once a second, so the recomputed steps are a lower bound off by at most a
 second of steps per kill): every drop of the step counter is work done again.
 Goal (issue 17): spx goodput ≥ 0.95 at T = 60 s.
+
+The daemon's own account (issue 27): each spx run also records its goodput ledger (`spx status
+--json`'s `ledger`): `ledger_goodput` (productive over the job's time holding GPUs), `recomputed_s`
+and how far the ledger's settled + unsettled seconds are from the job's wall time (`ledger_sum_error`,
+a fraction). Against it, the bench's own measure from rank 0's heartbeat, as the bench samples it
+(`external_goodput`): per attempt (told apart by the heartbeat's phases), the time from its first beat
+to where it reached the step the next attempt resumed from (the next one's first step - 1,
+interpolated between samples; the last attempt: its last step), summed, over the run's wall time.
+The ledger's goodput is the kept training time, not the ratio to the undisturbed run (which also
+charges the relaunch's start-up to the failure), so the two goodputs measure different things. The
+kill -9 runs at the shortest T are run twice under spx: with the trainer's JIT checkpoints (a surviving
+rank saves the last step: nothing recomputed) and without (`--no-jit-checkpoint`: resumes from the
+last periodic checkpoint, recomputing). `--ledger-check` runs only those two (spx at T = 20 s).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -71,9 +86,10 @@ CHECKPOINT_EVERY = 100
 TRAIN_SEED = 7
 
 
-def train_args(steps: int) -> list[str]:
+def train_args(steps: int, jit: bool = True) -> list[str]:
     return ["--batch_size", "4", "--model-size", "tiny", "--seed", str(TRAIN_SEED), "--steps", str(steps),
-            "--checkpoint-every", str(CHECKPOINT_EVERY), "--sleep-per-step", "0.1"]
+            "--checkpoint-every", str(CHECKPOINT_EVERY), "--sleep-per-step", "0.1",
+            *([] if jit else ["--no-jit-checkpoint"])]
 
 
 # -- the processes of one run, found from /proc -----------------------------------------------------
@@ -128,9 +144,11 @@ def launcher_pgid(tag: str) -> int | None:
 
 @dataclass
 class StepLog:
-    """Samples of rank 0's heartbeat file: (time, step, status), one per distinct write."""
+    """Samples of rank 0's heartbeat file: (time, step, status), one per distinct write; and `beats`:
+    (the beat's own time, step, its attempt: the time its worker's interpreter came up)."""
 
     samples: list[tuple[float, int, str]] = field(default_factory=list)
+    beats: list[tuple[float, int, float | None]] = field(default_factory=list)
 
     def last_step(self) -> int:
         return self.samples[-1][1] if self.samples else 0
@@ -147,6 +165,24 @@ class StepLog:
             prev = step
         return total + prev
 
+    def kept_training_seconds(self) -> float:
+        """Training time whose steps were kept: per attempt, its first beat → where it reached the
+        step the next attempt resumed from (the next one's first step - 1; interpolated between
+        beats), all of it for the last attempt."""
+        attempts: list[list[tuple[float, int]]] = []
+        key: object = object()
+        for t, step, attempt in self.beats:
+            if attempt != key or not attempts:
+                attempts.append([])
+                key = attempt
+            attempts[-1].append((t, step))
+        kept = 0.0
+        for i, beats in enumerate(attempts):
+            resumed = attempts[i + 1][0][1] - 1 if i + 1 < len(attempts) else beats[-1][1]
+            kept += reached(beats, resumed) - beats[0][0]
+        return kept
+
+
     def series(self, start: float, most: int = 400) -> list[list[float]]:
         """[seconds since `start`, step] per sample, for bench/figures.py's step-over-time picture:
         every drop of the counter and its neighbours kept, other samples thinned to about `most`."""
@@ -159,6 +195,17 @@ class StepLog:
         stride = max(1, len(self.samples) // most)
         keep |= set(range(0, len(self.samples), stride))
         return [[round(self.samples[i][0] - start, 2), self.samples[i][1]] for i in sorted(keep)]
+
+
+def reached(beats: list[tuple[float, int]], step: int) -> float:
+    """When a run of (time, step) beats reached `step`: interpolated between the two beats around
+    it; its first beat's time if it began past it, its last beat's if it never got there."""
+    if step <= beats[0][1]:
+        return beats[0][0]
+    for (t0, s0), (t1, s1) in itertools.pairwise(beats):
+        if s0 <= step <= s1:
+            return t0 if s1 == s0 else t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+    return max(t for t, s in beats if s == max(step for _, step in beats))
 
 
 class HeartbeatWatch(threading.Thread):
@@ -186,6 +233,11 @@ class HeartbeatWatch(threading.Thread):
             except ValueError:
                 continue
             self.log.samples.append((time.time(), int(beat.get("step") or 0), str(beat.get("status"))))
+            # A beat after the last progress (the JIT save's, the final one) keeps its attempt's place.
+            attempt = (beat.get("phases") or {}).get("interpreter_up")
+            if isinstance(beat.get("time"), (int, float)) and (not self.log.beats or int(beat.get("step") or 0)
+                                                               != self.log.beats[-1][1] or attempt != self.log.beats[-1][2]):
+                self.log.beats.append((float(beat["time"]), int(beat.get("step") or 0), attempt))
 
     def stop(self) -> StepLog:
         self.done.set()
@@ -198,20 +250,23 @@ class HeartbeatWatch(threading.Thread):
 
 @dataclass
 class Disturbance:
-    """`kind` "none", "kill" (kill -9 a random rank every `every` s) or "sigterm" (at `at` s)."""
+    """`kind` "none", "kill" (kill -9 a random rank every `every` s) or "sigterm" (at `at` s); `jit`
+    False: the trainer takes no JIT checkpoint (spx runs only)."""
 
     kind: str
     every: float = 0.0
     at: float = 0.0
     give_up_s: float | None = None  # a run still unfinished this long after its start: unfinished, goodput 0
+    jit: bool = True
 
     def over(self, start: float) -> bool:
         return self.give_up_s is not None and time.time() - start > self.give_up_s
 
     @property
     def label(self) -> str:
-        return {"none": "undisturbed", "kill": f"kill -9 every {self.every:g} s",
-                "sigterm": f"SIGTERM (spot reclaim) at {self.at:.0f} s"}[self.kind]
+        label = {"none": "undisturbed", "kill": f"kill -9 every {self.every:g} s",
+                 "sigterm": f"SIGTERM (spot reclaim) at {self.at:.0f} s"}[self.kind]
+        return label if self.jit else f"{label}, JIT off"
 
 
 @dataclass
@@ -224,6 +279,7 @@ class Outcome:
     unfinished_runs: int = 0
     steps: StepLog = field(default_factory=StepLog)
     start: float = 0.0  # when the run began: the kills' `t` and the step series count from here
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # spx: each job's `spx status --json`
 
 
 class Disturber:
@@ -329,8 +385,8 @@ def run_torchrun(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
     return Outcome(wall, finished, dist.kills, restarts, dist.misses(steps), launches - 1, steps, start)
 
 
-def spx_job_yaml(name: str, a: argparse.Namespace, ck: Path, tag: str) -> str:
-    argv = ", ".join(f'"{x}"' for x in train_args(a.steps))
+def spx_job_yaml(name: str, a: argparse.Namespace, ck: Path, tag: str, jit: bool = True) -> str:
+    argv = ", ".join(f'"{x}"' for x in train_args(a.steps, jit))
     key, value = tag.split("=", 1)
     return (f"name: {name}\nlauncher: torchrun\nscript: {SCRIPT}\npython: {PY}\nargs: [{argv}]\nprocs: {PROCS}\n"
             f"env: {{OMP_NUM_THREADS: '1', {key}: '{value}'}}\ncheckpoints: {{dir: {ck}}}\n"
@@ -365,7 +421,7 @@ def run_spx(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
         state = None
         while state not in ("succeeded", "gave up") and len(histories) <= a.max_restarts:
             name = f"goodput-{work.name}-{len(histories) + 1}"
-            daemon.drop(f"{name}.yaml", spx_job_yaml(name, a, work / "ck", tag))
+            daemon.drop(f"{name}.yaml", spx_job_yaml(name, a, work / "ck", tag, d.jit))
             checked = 0.0
             while True:
                 if time.monotonic() - checked > 1:
@@ -393,7 +449,7 @@ def run_spx(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
     wall = end - start if state == "gave up" else histories[-1]["history"][-1]["end"] - histories[0]["history"][0]["start"]
     restarts = sum(len(h["history"]) for h in histories) - 1
     return Outcome(wall, state == "succeeded", dist.kills, restarts, dist.misses(steps), len(histories) - 1, steps,
-                   start)
+                   start, histories)
 
 
 RUNNERS = {"spx": run_spx, "torchrun": run_torchrun}
@@ -412,9 +468,48 @@ def row(launcher: str, d: Disturbance, o: Outcome, own_floor: float, torchrun_fl
         "restarts": o.restarts, "misses": o.misses, "unfinished_runs": o.unfinished_runs,
         "steps_useful": steps, "steps_computed": computed,
         "step_goodput": round(steps / computed, 3) if computed and o.finished else None,
+        **(ledger_numbers(o) if o.jobs else {}),
         "kill_log": o.kills,
         "steps": o.steps.series(o.start),
     }
+
+
+def ledger_numbers(o: Outcome) -> dict[str, Any]:
+    """The spx jobs' goodput ledgers (summed over the jobs of a run submitted again) beside the
+    bench's own measure of the same: kept training time over the wall time."""
+    ledgers = [job["ledger"] for job in o.jobs]
+    productive = sum(lg["seconds"]["productive"] for lg in ledgers)
+    held = sum(sum(lg["seconds"].values()) - lg["seconds"]["queued"] for lg in ledgers)
+    errors = []
+    for job in o.jobs:
+        wall, lg = job["history"][-1]["end"] - job["submitted"], job["ledger"]
+        errors.append(abs(sum(lg["seconds"].values()) + lg["unsettled_seconds"] - wall) / wall)
+    return {"ledger_goodput": round(productive / held, 4) if held else None,
+            "external_goodput": round(o.steps.kept_training_seconds() / o.wall_s, 4),
+            "recomputed_s": round(sum(lg["seconds"]["recomputed"] for lg in ledgers), 2),
+            "ledger_sum_error": round(max(errors), 5),
+            "ledger_seconds": {k: round(sum(lg["seconds"][k] for lg in ledgers), 2) for k in ledgers[0]["seconds"]}}
+
+
+def ledger_goals(rows: list[dict[str, Any]]) -> list[Goal]:
+    """Issue 27 on the kill -9 runs at the shortest T: the ledger's goodput is the bench's own
+    measure (within 0.01), recomputes nothing with JIT checkpoints and something without, and sums
+    to the wall time (within 1 %)."""
+    kills = [r for r in rows if r["launcher"] == "spx" and r["disturbance"].startswith("kill") and "ledger_goodput" in r]
+    if not kills:
+        return []
+    shortest = min(float(r["disturbance"].split()[3]) for r in kills)
+    goals = []
+    for r in kills:
+        if float(r["disturbance"].split()[3]) != shortest:
+            continue
+        case = r["disturbance"]
+        goals.append(Goal(f"spx ledger goodput - bench's, {case}",
+                          round(abs(r["ledger_goodput"] - r["external_goodput"]), 4), "<=", 0.01))
+        goals.append(Goal(f"spx ledger sum - wall (fraction), {case}", r["ledger_sum_error"], "<=", 0.01))
+        goals.append(Goal(f"spx ledger recomputed s, {case}", r["recomputed_s"], ">" if "JIT off" in case else "==",
+                          0.0, "s"))
+    return goals
 
 
 def goodput_goals(rows: list[dict[str, Any]]) -> list[Goal]:
@@ -450,7 +545,12 @@ def main() -> int:
     ap.add_argument("--give-up", type=float, default=4.0,
                     help="a disturbed run unfinished after this many times its undisturbed wall time is unfinished")
     ap.add_argument("--launchers", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
+    ap.add_argument("--ledger-check", action="store_true",
+                    help="only spx's kill -9 every 20 s (or --intervals), with and without JIT checkpoints: the "
+                         "goodput ledger against the bench's measure (bench/results/goodput_ledger.json)")
     a = ap.parse_args()
+    if a.ledger_check:
+        return ledger_check(a)
     a.steps = a.steps or (500 if a.quick else 1200)
     intervals = a.intervals or ([60.0] if a.quick else [60.0, 20.0])
     t0 = time.time()
@@ -476,6 +576,7 @@ def main() -> int:
         floors = {launcher: o.wall_s for launcher, o in undisturbed.items()}
         disturbances = [Disturbance("kill", every=t) for t in intervals]
         disturbances.append(Disturbance("sigterm", at=round(min(floors.values()) / 2)))
+        jit_off = Disturbance("kill", every=min(intervals), jit=False)  # spx only: the ledger's recomputed time
         for d in disturbances:
             print(schedule(d, a.seed, 2 * max(floors.values())), flush=True)
         torchrun_floor = floors.get("torchrun", min(floors.values()))
@@ -484,6 +585,8 @@ def main() -> int:
         for d in disturbances:
             for launcher in a.launchers:
                 rows.append(row(launcher, d, once(launcher, d), floors[launcher], torchrun_floor, a.steps))
+        if "spx" in a.launchers:
+            rows.append(row("spx", jit_off, once("spx", jit_off), floors["spx"], torchrun_floor, a.steps))
     print(f"\nwork: {a.steps} steps of a 2-rank DDP job (checkpoint every {CHECKPOINT_EVERY}); kill seed {a.seed}; "
           f"bench took {time.time() - t0:.0f} s")
     head = f"{'launcher':<9} {'disturbance':<30} {'wall s':>7} {'goodput':>8} {'vs bare':>8} {'kills':>5} " \
@@ -493,10 +596,41 @@ def main() -> int:
         print(f"{r['launcher']:<9} {r['disturbance']:<30} {r['wall_s']:>7.1f} {r['goodput']:>8.3f} "
               f"{r['goodput_vs_bare_torchrun']:>8.3f} {r['kills']:>5} {r['restarts']:>8} {r['misses']:>6} "
               f"{r['unfinished_runs']:>10} {r['steps_computed']:>14}")
-    goals = goodput_goals(rows)
+    print_ledgers(rows)
+    goals = goodput_goals(rows) + ledger_goals(rows)
     path = write_result("goodput", rows, goals)
     print(f"wrote {path}")
     return 0 if all(g.met for g in goals if not g.name.startswith("(")) else 1
+
+
+def print_ledgers(rows: list[dict[str, Any]]) -> None:
+    """The spx runs' goodput ledgers beside the bench's own measure."""
+    print(f"\n{'spx run':<36} {'ledger goodput':>14} {'bench measure':>13} {'recomputed s':>12} {'sum - wall':>10}")
+    for r in rows:
+        if "ledger_goodput" in r:
+            print(f"{r['disturbance']:<36} {r['ledger_goodput']:>14.4f} {r['external_goodput']:>13.4f} "
+                  f"{r['recomputed_s']:>12.2f} {r['ledger_sum_error']:>10.2%}")
+            print("  ledger: " + ", ".join(f"{k} {v:g}" for k, v in r["ledger_seconds"].items() if v))
+
+
+def ledger_check(a: argparse.Namespace) -> int:
+    """spx alone, kill -9 every T s with JIT checkpoints and without: the issue-27 checks."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="spx-bench-goodput-") as tmp:
+        for i, d in enumerate(Disturbance("kill", every=t, jit=jit) for t in (a.intervals or [20.0])
+                              for jit in (True, False)):
+            work = Path(tmp) / f"r{i}"
+            work.mkdir()
+            print(f"spx: {d.label}\n{schedule(d, a.seed, 600)}", flush=True)
+            o = run_spx(d, a, work)
+            print(f"  → {o.wall_s:.1f} s, finished {o.finished}, restarts {o.restarts}, misses {o.misses}", flush=True)
+            rows.append(row("spx", d, o, o.wall_s, o.wall_s, a.steps))
+    print_ledgers(rows)
+    goals = ledger_goals(rows)
+    for goal in goals:
+        print(f"  {goal.name}: {goal.value:g} {goal.op} {goal.target:g}: {'met' if goal.met else 'NOT MET'}")
+    print(f"wrote {write_result('goodput_ledger', rows, goals)}")
+    return 0 if all(g.met for g in goals) else 1
 
 
 if __name__ == "__main__":

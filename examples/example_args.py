@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import torch
 
-from spx.daemon.contract.worker_env import attempt_number
+from spx.daemon.contract.worker_env import attempt_number, parse_skip_steps
 from spx.trainer import TrainerConfig
+from spx.trainer.loop import default_loss
 
 
 def common_parser(description: str) -> argparse.ArgumentParser:
@@ -36,12 +37,18 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     # Fault injection (tests, demo).
     p.add_argument("--crash-at-step", type=int, default=None, help="raise at step K (first attempt only)")
     p.add_argument("--hang-at-step", type=int, default=None, help="stop making progress at step K (first attempt only)")
+    p.add_argument("--no-jit-checkpoint", action="store_true",
+                   help="no JIT checkpoint when a peer fails (a restart resumes from the last periodic one)")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="slow each step down (to watch or kill it)")
     p.add_argument("--slow-rank", type=int, default=None,
                    help="this global rank's forward computes --slow-rank-seconds longer per micro-batch (a slow GPU)")
     p.add_argument("--slow-rank-seconds", type=float, default=0.05)
     p.add_argument("--rank-timing-every", type=int, default=20,
                    help="gather per-rank step times every K steps for the daemon (0: off)")
+    p.add_argument("--poison-step", type=int, action="append", default=[],
+                   help="rank 0's batch of step K holds poison: its loss is NaN (every attempt; repeatable)")
+    p.add_argument("--skip-steps", type=parse_skip_steps, default=(),
+                   help="skip the data of these steps, e.g. 31-37 (as a divergence rollback does)")
     p.add_argument("--debug-write-delay", type=float, default=0.0,
                    help="hold each checkpoint's model file half-written this long (to kill mid-write)")
     return p
@@ -59,6 +66,8 @@ def trainer_config(args: argparse.Namespace) -> TrainerConfig:
         keep=args.keep,
         debug_write_delay_seconds=args.debug_write_delay,
         rank_timing_every_steps=args.rank_timing_every,
+        jit_checkpoint=not args.no_jit_checkpoint,
+        skip_steps=args.skip_steps,
     )
 
 
@@ -84,6 +93,24 @@ def print_final_hash(trainer) -> None:
     digest = trainer.state_sha256()
     if trainer.is_main:
         print(f"final_state_sha256={digest}", flush=True)
+
+
+def poisoned_loss(args: argparse.Namespace, trainer, base=None):
+    """`base` (default: the trainer's default loss), NaN on rank 0's batch of each `--poison-step`
+    (no poison: `base` as it is). The poison is in the data: an attempt that trains that step's batch
+    meets it again; one that skips the step's data (a rollback, SPX_SKIP_STEPS) never does."""
+    if not args.poison_step:
+        return base
+    poisoned = set(args.poison_step)
+    inner = base or default_loss
+
+    def loss_fn(model, batch) -> torch.Tensor:
+        loss = inner(model, batch)
+        if trainer.is_main and trainer.progress.step + 1 in poisoned:
+            return loss * float("nan")
+        return loss
+
+    return loss_fn
 
 
 class InjectedCrash(RuntimeError):

@@ -14,7 +14,15 @@ from __future__ import annotations
 import math
 
 import torch
-from example_args import common_parser, fault_hook, print_final_hash, run_main, slow_rank_loss, trainer_config
+from example_args import (
+    common_parser,
+    fault_hook,
+    poisoned_loss,
+    print_final_hash,
+    run_main,
+    slow_rank_loss,
+    trainer_config,
+)
 from tinylm import SIZES, MarkovCorpus, TinyLM
 
 from spx.trainer import Trainer
@@ -40,7 +48,7 @@ def main() -> None:
         loader = trainer.dataloader(MarkovCorpus(args.dataset_size, lm.seq_len, lm.vocab, seed=args.seed),
                                     batch_size=args.batch_size)
         trainer.fit(model, optimizer, loader, scheduler=scheduler, on_step=fault_hook(args),
-                    loss_fn=slow_rank_loss(args, trainer.dist.rank))
+                    loss_fn=poisoned_loss(args, trainer, base=slow_rank_loss(args, trainer.dist.rank)))
         print_final_hash(trainer)
     finally:
         trainer.close()

@@ -10,8 +10,10 @@ from spx.daemon.contract.worker_env import (
     ENV_CHECKPOINT_DIR,
     ENV_HEARTBEAT_FILE,
     ENV_LOCAL_CHECKPOINT_DIR,
+    StepRanges,
     checkpoint_keep,
 )
+from spx.trainer.divergence import SpikeRule
 
 
 @dataclass
@@ -72,6 +74,15 @@ class TrainerConfig:
     slow only once it was slow over all of them (rank_timing_every_steps × this steps)."""
     handle_sigterm: bool = True
     """Turn SIGTERM into checkpoint + exit 75 (EXIT_PREEMPTED)."""
+    check_non_finite: bool = True
+    """End the attempt (exit 65, EXIT_DIVERGED) at the first step whose loss or gradient norm is
+    NaN/Inf on any rank; the daemon rolls the job back to a checkpoint before it. Costs one all-reduce
+    of two numbers per step, and reading them syncs the GPU once per step."""
+    spike_rule: SpikeRule | None = None
+    """Also end it at a loss or gradient norm above median + k · MAD of the recent steps (off: None)."""
+    skip_steps: StepRanges = ()
+    """(first, last) ranges of steps whose data is consumed untrained, as after a rollback; merged with
+    SPX_SKIP_STEPS (the daemon's rollback) and the ranges recorded in the checkpoint resumed from."""
     debug_write_delay_seconds: float = 0.0
     """Tests only: hold rank 0's model file half-written this long, to kill a process mid-save."""
 

@@ -47,6 +47,7 @@ class Trainer(TrainingLoop):
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         self.loss_fn: LossFn = default_loss
+        self._last_grad_norm: torch.Tensor | None = None  # clip_grad_norm_'s answer, when clipping
         self._settle_buckets = False  # a resumed run's first step waits for DDP's bucket rebuild (_shadow_backward)
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -127,12 +128,16 @@ class Trainer(TrainingLoop):
 
     def _optimizer_step(self) -> None:
         assert self.optimizer is not None
+        self._last_grad_norm = None
         if self.config.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
+            self._last_grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _grad_norm(self) -> torch.Tensor | None:
+        return self._last_grad_norm
 
     def _shared_state(self) -> dict:
         assert self.optimizer is not None

@@ -67,6 +67,13 @@ class DistContext:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.control_group)
         return tuple(bool(v) for v in t.tolist())
 
+    def sum_over_ranks(self, values: torch.Tensor) -> list[float]:
+        """Element-wise sum of `values` (on this rank's device) over all ranks, as floats on every
+        rank. NaN on one rank is NaN in the sum everywhere, so every rank judges the same numbers."""
+        if self.distributed:
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        return [float(v) for v in values.tolist()]
+
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier(group=self.control_group)

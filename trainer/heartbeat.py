@@ -9,7 +9,7 @@ checkpoint is known where it is published, on global rank 0; other nodes report 
 also says where its node is in torch's numbering (`node_placement`), for `spx status` on each host.
 
 Writes are atomic (`contract.write_heartbeat`) and rate-limited to one per `min_interval` seconds;
-a status change ("preempted", "finished") is written at once because it is the last word of the
+a status change ("preempted", "diverged", "finished") is written at once because it is the last word of the
 attempt.
 """
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from spx.daemon.contract.worker_env import (
     HEARTBEAT_MIN_INTERVAL_SECONDS,
     MAX_RANKS_REPORTED,
+    Divergence,
     Heartbeat,
     write_heartbeat,
 )
@@ -93,9 +94,14 @@ class HeartbeatWriter:
         status: str = "running",
         force: bool = False,
         rank_step_seconds: list[float] | None = None,
+        checkpoint_stall: float | None = None,
+        loss: float | None = None,
+        grad_norm: float | None = None,
+        diverged: Divergence | None = None,
     ) -> None:
         """Account `samples` processed since the last tick; write if the interval passed.
-        `rank_step_seconds`: every rank's forward seconds per step (rank_timing.py), if gathered."""
+        `rank_step_seconds`: every rank's forward seconds per step (rank_timing.py), if gathered;
+        `checkpoint_stall`: seconds the loop has waited on checkpoint saves so far."""
         if rank_step_seconds is not None:
             self._rank_step_seconds = rank_step_seconds
         self._window_samples += samples
@@ -119,6 +125,10 @@ class HeartbeatWriter:
             phases=phases.recorded() or None,
             rank_step_seconds=[round(s, 6) for s in self._rank_step_seconds[:MAX_RANKS_REPORTED]]
             if self._rank_step_seconds else None,
+            checkpoint_stall_seconds=None if checkpoint_stall is None else round(checkpoint_stall, 3),
+            loss=loss,
+            grad_norm=grad_norm,
+            diverged=diverged,
         )
         if self.placement is not None:
             where = self.placement

@@ -26,11 +26,19 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from spx.daemon.contract.worker_env import (
+    ENV_SKIP_STEPS,
+    Divergence,
+    format_skip_steps,
+    merge_step_ranges,
+    parse_skip_steps,
+)
 from spx.trainer import phases, rng
 from spx.trainer.checkpoint import Checkpointer, resolve_resume_path
 from spx.trainer.config import TrainerConfig
 from spx.trainer.data import batches_per_epoch, make_dataloader, start_epoch
 from spx.trainer.dist import DistContext
+from spx.trainer.divergence import Diverged, DivergenceCheck, skipped
 from spx.trainer.heartbeat import HeartbeatWriter, node_heartbeat_file
 from spx.trainer.jit import JitCheckpoint
 from spx.trainer.preemption import Preempted, StopFlag
@@ -119,6 +127,11 @@ class TrainingLoop:
         if config.handle_sigterm:
             self.stop_flag.install()
         self.progress = Progress()
+        self._checkpoint_stall = 0.0  # seconds the loop waited on saves (the heartbeat reports it)
+        self.divergence = DivergenceCheck(config.check_non_finite, config.spike_rule)
+        # Steps whose data is skipped (a rollback after a divergence): the config's, the daemon's, and those the
+        # checkpoint resumed from recorded (`_resume`), so every later resume keeps skipping them.
+        self.skip_steps = merge_step_ranges((*config.skip_steps, *parse_skip_steps(os.environ.get(ENV_SKIP_STEPS, ""))))
         self._accum_steps = config.grad_accum_steps
         self.jit = JitCheckpoint(
             enabled=config.jit_checkpoint and type(self)._replicated_state is not TrainingLoop._replicated_state,
@@ -170,6 +183,15 @@ class TrainingLoop:
             for batch in batches:
                 micro += 1
                 boundary = micro == self._accum_steps
+                if skipped(self.skip_steps, p.step + 1):
+                    # The data of a step a rollback skips: consumed, never trained on; the step
+                    # number still counts it, so step numbers keep naming the same data.
+                    p.batches_in_epoch += 1
+                    if boundary:
+                        micro, p.step = 0, p.step + 1
+                        if self._finished():
+                            break
+                    continue
                 with self.jit.watch(self._replicated_state):
                     loss = self._train_micro_batch(move_to(batch, self.device), boundary)
                 p.batches_in_epoch += 1
@@ -190,14 +212,14 @@ class TrainingLoop:
                     self._preempt()
                 if schedule.due_by_steps(p.step) or time_due:
                     self._beat(status="checkpointing")  # the daemon's hang clock allows for the save
-                    self._save(blocking=not cfg.async_checkpoint)
+                    self._stalled_save(blocking=not cfg.async_checkpoint)
                     schedule.saved(now)
                     saved_step = p.step
         error = self.checkpointer.wait()
         if error is not None:
             log.error("the last periodic checkpoint failed: %r", error)
         if cfg.save_final and saved_step != p.step:
-            self._save(blocking=True)
+            self._stalled_save(blocking=True)
         self._beat(status="finished")
         log.info("training finished at step %d (epoch %d)", p.step, p.epoch)
         return FitResult(p.step, p.epoch, resumed_from, self.checkpointer.failures)
@@ -212,25 +234,63 @@ class TrainingLoop:
         p = self.progress
         phases.mark("first_step")
         self.rank_timer.step_done()
+        loss_value, grad_norm = self._check_divergence(loss)
         self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=samples, last_checkpoint=self.checkpointer.last_published,
-                            rank_step_seconds=self.rank_timer.latest)
+                            rank_step_seconds=self.rank_timer.latest, checkpoint_stall=self._checkpoint_stall,
+                            loss=loss_value, grad_norm=grad_norm)
         if self.is_main and self.config.log_every_steps and p.step % self.config.log_every_steps == 0:
             log.info("step %d epoch %d loss %.4f %.1f samples/s", p.step, p.epoch, loss.item(),
                      self.heartbeat.samples_per_second)
         if on_step is not None:
             on_step(self, p.step, loss)
 
+    def _check_divergence(self, loss: torch.Tensor) -> tuple[float | None, float | None]:
+        """The step's loss (mean over ranks) and gradient norm (None: not measured), after raising
+        `Diverged` on every rank if either diverged (the same numbers on every rank: same verdict)."""
+        if not self.divergence.enabled:
+            return None, None
+        norm = self._grad_norm()
+        both = torch.stack([loss.detach().float().reshape(()),
+                            (norm if norm is not None else torch.zeros((), device=loss.device)).detach().float()])
+        with self.jit.watch(self._replicated_state):  # a peer failing here gets its JIT checkpoint too
+            total_loss, total_norm = self.dist.sum_over_ranks(both)
+        values = {"loss": total_loss / self.dist.world_size,
+                  "grad_norm": total_norm / self.dist.world_size if norm is not None else None}
+        hit = self.divergence.check(self.progress.step, values)
+        if hit is not None:
+            self._diverge(hit)
+        return values["loss"], values["grad_norm"]
+
+    def _diverge(self, hit: Divergence) -> None:
+        """Diverged at this step: nothing of it is saved; say so in the heartbeat, exit 65."""
+        log.error("diverged at step %d: %s; exiting for a rollback to an earlier checkpoint", hit.step, hit.describe())
+        error = self.checkpointer.wait()  # a save in flight is of an earlier, healthy step
+        if error is not None:
+            log.error("the last periodic checkpoint failed: %r", error)
+        p = self.progress
+        self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=0, last_checkpoint=self.checkpointer.last_published,
+                            status="diverged", force=True, diverged=hit)
+        raise Diverged(hit)
+
     def _beat(self, status: str) -> None:
         p = self.progress
         self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=0, last_checkpoint=self.checkpointer.last_published,
-                            status=status, force=True)
+                            status=status, force=True, checkpoint_stall=self._checkpoint_stall)
+
+    def _stalled_save(self, *, blocking: bool, after_pending: bool = False) -> None:
+        """`_save`, its time (and that of waiting for the save still in flight, `after_pending`)
+        counted as the loop's checkpoint stall: the daemon's goodput ledger reports it."""
+        began = time.monotonic()
+        if after_pending:
+            self.checkpointer.wait()
+        self._save(blocking=blocking)
+        self._checkpoint_stall += time.monotonic() - began
 
     def _preempt(self) -> None:
         """SIGTERM reached every rank at this step: checkpoint it, say so, exit 75."""
         step = self.progress.step
         log.warning("preempted at step %d: writing a checkpoint before exiting", step)
-        self.checkpointer.wait()
-        self._save(blocking=True)
+        self._stalled_save(blocking=True, after_pending=True)
         self._beat(status="preempted")
         raise Preempted(step)
 
@@ -265,8 +325,11 @@ class TrainingLoop:
                         "reused modulo the old world; the run is no longer bitwise reproducible",
                         old_world, self.dist.world_size)
         rng.restore(rank_state["rng"])
+        self.skip_steps = merge_step_ranges((*self.skip_steps, *rank_state.get("skip_steps", ())))
         log.info("resumed from %s: step %d, epoch %d, %d batches into the epoch", chosen, self.progress.step,
                  self.progress.epoch, self.progress.batches_in_epoch)
+        if self.skip_steps:
+            log.info("skipping the data of steps %s (rolled back after a divergence)", format_skip_steps(self.skip_steps))
         return self.progress.step
 
     def _local_tier(self, local_dir: Path | None, resume_from: Path | None) -> str | None:
@@ -295,7 +358,8 @@ class TrainingLoop:
         return 0
 
     def _rank_state(self) -> dict:
-        return {"rng": rng.capture(), "progress": self.progress.to_state()}
+        return {"rng": rng.capture(), "progress": self.progress.to_state(),
+                "skip_steps": [list(r) for r in self.skip_steps]}
 
     # ---- what a subclass provides -------------------------------------------------------------
 
@@ -305,6 +369,10 @@ class TrainingLoop:
 
     def _optimizer_step(self) -> None:
         raise NotImplementedError
+
+    def _grad_norm(self) -> torch.Tensor | None:
+        """The global gradient norm of the last optimizer step, if the step measured it (clipping)."""
+        return None
 
     def _replicated_state(self) -> dict | None:
         """The whole model/optimizer/scheduler state when every rank holds all of it (DDP): what a

@@ -58,7 +58,7 @@ def _ask_store(cfg: DaemonConfig, op: str, name: str | None, arg: str | None = N
     if op == "gpus":
         return []  # the GPUs a daemon uses: none while it is not running
     # Imported only on this fallback path: keeps `spx` quick to start.
-    from spx.daemon.state import accounting, jobviews
+    from spx.daemon.state import accounting, incident_views, jobviews
     from spx.daemon.state.db import StoreRefused
     from spx.daemon.state.store import Store
 
@@ -69,6 +69,11 @@ def _ask_store(cfg: DaemonConfig, op: str, name: str | None, arg: str | None = N
     try:
         if op == "accounting":
             return [u.to_json() for u in accounting.usage_since(store, float(arg or 0), time.time())]
+        if op == "incidents":  # root's read: every job
+            found = incident_views.visible(store, name, lambda _job: True)
+            if found is None:
+                raise CliError(f"no job named {name!r}")
+            return found
         if op in ("ls", "history"):
             return [v.to_json() for v in jobviews.all_views(store, cfg.run_dir, scope="all" if op == "history" else "recent")]
         job = store.jobs.by_name(name or "")

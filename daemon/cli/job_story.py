@@ -12,8 +12,8 @@ The step line is drawn through the (time, step) points the document has. Per att
 Between attempts the line drops at the failure to the step the next attempt resumed from and stays
 there through the recovery (the shaded span: the failure → the next attempt's first step).
 
-The account: the daemon's own ledger (`ledger`: seconds per cause, goodput) when the document has
-one; else `estimate`, cut from the attempts' recorded instants into the ledger's causes, summing to
+The account: the daemon's own ledger (`ledger`: seconds per cause, goodput, and a live job's
+`unsettled` seconds, not yet known kept or recomputed) when the document has one; else `estimate`, cut from the attempts' recorded instants into the ledger's causes, summing to
 the wall time exactly, but coarser (the backoff and the wait for GPUs are one `backoff`, a hang's
 lost time is `productive`, and recomputed time is interpolated between the attempt's first and last
 steps).
@@ -162,8 +162,16 @@ def account(doc: dict, now: float) -> Account:
     if isinstance(ledger, dict) and isinstance(ledger.get("seconds"), dict):
         seconds = {str(k): float(v) for k, v in ledger["seconds"].items() if _number(v) is not None}
         gpu = ledger.get("gpu_seconds")
+        gpu_seconds = {str(k): float(v) for k, v in gpu.items()} if isinstance(gpu, dict) else None
+        # A live job's time not settled yet (its running attempt's training since its newest
+        # checkpoint): shown as its own line, so the lines still sum to the wall time.
+        unsettled = _number(ledger.get("unsettled_seconds"))
+        if unsettled:
+            seconds["unsettled"] = unsettled
+            if gpu_seconds is not None and _number(ledger.get("gpus")) is not None:
+                gpu_seconds["unsettled"] = unsettled * float(ledger["gpus"])
         return Account(seconds, float(ledger.get("wall_seconds") or sum(seconds.values())), _number(ledger.get("goodput")),
-                       "ledger", {str(k): float(v) for k, v in gpu.items()} if isinstance(gpu, dict) else None)
+                       "ledger", gpu_seconds)
     return estimate(doc, now)
 
 

@@ -9,6 +9,7 @@
     spx cancel NAME              spx doctor [--json]         spx top [--once] [--json]    spx schema
     spx hold|release NAME        spx priority NAME N         spx drain|undrain   (queue: cli/queue_cmds.py)
     spx gpus                     spx gpu release N           spx adopt DIR   (root: host loss)
+    spx incidents [NAME] [--json]   (a record per failed attempt: cli/incidents.py)
 
 Works for any user and never writes the state store: `submit` drops a file into the spool (its
 owner is who submits), everything else asks the daemon over its control socket, which checks the
@@ -16,7 +17,7 @@ caller's uid. Every command has `--json` where it prints something a script read
 statuses are one table (client.EXIT_CODES, shown by `spx --help` and docs/cli.md).
 
 Here: the dispatch, and the commands that are one question to the daemon. The parser is parser.py;
-the others have modules of their own: submit (and submit_check, submit_cmdline), history, logs,
+the others have modules of their own: submit (and submit_check, submit_cmdline), history, incidents, logs,
 job_schema, queue_cmds; the daemon is asked through client, and what `ls`, `status` and `gpus`
 print is render's (coloured by colour.py on a terminal).
 """
@@ -29,7 +30,7 @@ import os
 import sys
 import time
 
-from spx.daemon.cli import colour, filters, history, logs, queue_cmds, render, submit_cmdline
+from spx.daemon.cli import colour, filters, history, incidents, logs, queue_cmds, render, submit_cmdline
 from spx.daemon.cli.client import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
@@ -159,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         return history.cmd_history(cfg, args, paint)
     if args.command == "report":
         return cmd_report(cfg, args)
+    if args.command == "incidents":
+        return incidents.cmd_incidents(cfg, args)
     if args.command == "logs":
         return logs.cmd_logs(cfg, args)
     if args.command == "cancel":

@@ -12,7 +12,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from spx.daemon.cli import colour, filters, history, queue_cmds, report, submit_cmdline
+from spx.daemon.cli import colour, filters, history, incidents, queue_cmds, report, submit_cmdline
 from spx.daemon.cli.client import EXIT_CODES
 from spx.daemon.core.version import daemon_version
 
@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = _command(sub, "history", "what each job used, as sacct shows it: start, end, elapsed, state, attempts, "
                                  "GPU-hours, peak memory", parents)
     history.add_arguments(s)
+
+    s = _command(sub, "incidents", "one record per failed attempt: what broke, the GPUs' XIDs, kernel lines and "
+                                   "readings before it, a hang's stacks, the recovery", parents)
+    incidents.add_arguments(s)
 
     s = _command(sub, "logs", "a job's attempt logs (the latest attempt's unless told otherwise), read with your "
                  "own rights (docs/logs.md)", parents)

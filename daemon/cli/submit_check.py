@@ -54,7 +54,8 @@ def _rule(rule: str | ClassLimit) -> str:
     if isinstance(rule, str):
         return rule
     within = rule.within_first_seconds
-    return f"max {rule.max}" + (f" within the first {within:g} s" if within else "")
+    return (f"max {rule.max}" + (f" within the first {within:g} s" if within else "")
+            + (", rolled back" if rule.rollback else "") + (f", then with {' '.join(rule.args)}" if rule.args else ""))
 
 
 def what_it_does(cfg: DaemonConfig, spec: JobSpec, user: as_user.Owner) -> dict[str, Any]:

@@ -243,9 +243,12 @@ def _order(rows: list[tuple[str, Path, str, tuple[int, ...], float, str | None]]
     return sorted(out, key=lambda c: (c.order, c.mtime, c.name), reverse=True)
 
 
-def discover(ckpt_dir: Path, pattern: str | None = None, exclude: Mapping[str, str] | None = None) -> Discovery:
+def discover(ckpt_dir: Path, pattern: str | None = None, exclude: Mapping[str, str] | None = None,
+             before_step: int | None = None) -> Discovery:
     """The checkpoint to resume from in `ckpt_dir` (see the module docstring). `exclude` maps
-    paths that must not be chosen to the reason (a checkpoint the job crash-looped on)."""
+    paths that must not be chosen to the reason (a checkpoint the job crash-looped on). With
+    `before_step` (a divergence rollback), only a checkpoint of a known step below it is chosen;
+    none is: start from scratch."""
     exclude = exclude or {}
     scan = _scan_pattern(ckpt_dir, pattern) if pattern else _scan_zero_config(ckpt_dir)
     ordered = _order(scan.rows)
@@ -268,6 +271,9 @@ def discover(ckpt_dir: Path, pattern: str | None = None, exclude: Mapping[str, s
             # Only what would be chosen is passed over: a newer complete checkpoint supersedes it.
             problem = exclude[str(c.path)]
             passed_over = c
+        if problem is None and before_step is not None and (c.step is None or c.step >= before_step):
+            problem = (f"its step is unknown: not shown to precede step {before_step}, where training diverged"
+                       if c.step is None else f"at or after step {before_step}, where training diverged")
         if problem is None and c.layout == "deepspeed" and not pattern:
             if scan.latest_tag is None:
                 problem = "no `latest` tag file beside it (DeepSpeed writes it last)"
@@ -295,8 +301,11 @@ def discover(ckpt_dir: Path, pattern: str | None = None, exclude: Mapping[str, s
 
 def describe(doc: dict[str, Any]) -> list[str]:
     """Discovery's stored answer (`Discovery.to_json`, plus `fallback_from` when the crash-loop
-    fallback passed over the newest) in the lines the attempt log and `spx status` show."""
+    fallback passed over the newest, `rollback` when a divergence rolled the job back) in the lines
+    the attempt log and `spx status` show."""
     lines = []
+    if isinstance(doc.get("rollback"), str):
+        lines.append(doc["rollback"])
     layout = doc.get("layout")
     chosen = doc.get("path")
     if chosen:

@@ -49,20 +49,21 @@ def latest_complete(persistent_dir: Path, local_dir: Path | None) -> TierChoice:
 
 
 def discover_tiers(persistent_dir: Path, local_dir: Path | None, pattern: str | None = None,
-                   exclude: dict[str, str] | None = None) -> tuple[Discovery, str | None]:
+                   exclude: dict[str, str] | None = None, before_step: int | None = None) -> tuple[Discovery, str | None]:
     """`checkpoint_discovery.discover` in each tier, and the answer of the tier `prefer` picks
     (the persistent one's when neither has a complete checkpoint: its skips explain why). Only
-    the spx layout has a local tier; a `pattern` job's checkpoints are the persistent dir's."""
+    the spx layout has a local tier; a `pattern` job's checkpoints are the persistent dir's.
+    `before_step`: a divergence rollback's (`discover`), in both tiers."""
     if local_dir is not None and exclude:
         # A checkpoint excluded in one tier (the crash-loop fallback) is excluded in both: its
         # replica holds the same state.
         exclude = {**{str(d / Path(k).name): v for k, v in exclude.items()
                       for d in (persistent_dir, local_dir) if Path(k).parent in (persistent_dir, local_dir)},
                    **exclude}
-    persistent = discover(persistent_dir, pattern, exclude)
+    persistent = discover(persistent_dir, pattern, exclude, before_step)
     if local_dir is None or pattern:
         return persistent, PERSISTENT if persistent.chosen else None
-    local = discover(local_dir, None, exclude)
+    local = discover(local_dir, None, exclude, before_step)
     local_step = local.chosen.step if local.chosen and local.chosen.layout == "spx" else None
     persistent_step = persistent.chosen.step if persistent.chosen else None
     if persistent.chosen is not None and persistent_step is None:

@@ -10,9 +10,11 @@ an older library would stop resuming.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,8 +40,15 @@ ENV_FENCE = "SPX_FENCE"
 # choice stands.
 ENV_CHECKPOINT_KEEP = "SPX_CHECKPOINT_KEEP"
 MAX_CHECKPOINT_KEEP = 1000
+# Steps whose data a rollback after a divergence skips ("31-37" or "31-37,52-52": ranges of global
+# optimizer steps, first-last inclusive). spx.trainer consumes those steps' batches without training
+# on them and records the ranges in its checkpoints, so a later resume keeps skipping them.
+ENV_SKIP_STEPS = "SPX_SKIP_STEPS"
+MAX_SKIP_RANGES = 64
 ENV_NAMES = (ENV_JOB, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_HEARTBEAT_FILE, ENV_ATTEMPT_ID,
-             ENV_LOCAL_CHECKPOINT_DIR, ENV_FENCE, ENV_CHECKPOINT_KEEP)
+             ENV_LOCAL_CHECKPOINT_DIR, ENV_FENCE, ENV_CHECKPOINT_KEEP, ENV_SKIP_STEPS)
+
+StepRanges = tuple[tuple[int, int], ...]
 
 def checkpoint_keep(env: dict[str, str] | os._Environ[str]) -> int | None:
     """SPX_CHECKPOINT_KEEP as a number of checkpoints (1 to MAX_CHECKPOINT_KEEP), or None when it
@@ -51,6 +60,41 @@ def checkpoint_keep(env: dict[str, str] | os._Environ[str]) -> int | None:
     return keep if 1 <= keep <= MAX_CHECKPOINT_KEEP else None
 
 
+def parse_skip_steps(raw: str) -> StepRanges:
+    """SPX_SKIP_STEPS as sorted, merged (first, last) ranges; "" is none. ValueError for anything
+    else: a trainer told to skip data it cannot read must not train on that data."""
+    ranges = []
+    parts = [p for p in raw.replace(" ", "").split(",") if p]
+    if len(parts) > MAX_SKIP_RANGES:
+        raise ValueError(f"{ENV_SKIP_STEPS}: {len(parts)} ranges, at most {MAX_SKIP_RANGES}")
+    for part in parts:
+        first, _, last = part.partition("-")
+        try:
+            lo = bounded.whole_text(first.encode(), ENV_SKIP_STEPS, 1)
+            hi = bounded.whole_text((last or first).encode(), ENV_SKIP_STEPS, lo)
+        except bounded.Garbage as e:
+            raise ValueError(f"{ENV_SKIP_STEPS}: {part!r} is not a range of steps FIRST-LAST ({e.detail})") from None
+        ranges.append((lo, hi))
+    return merge_step_ranges(ranges)
+
+
+def merge_step_ranges(ranges: Iterable[Sequence[int]]) -> StepRanges:
+    """`ranges` ((first, last) pairs: tuples, or lists as a checkpoint stores them) sorted, with
+    overlapping and adjacent ones merged."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted((int(lo), int(hi)) for lo, hi in ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def format_skip_steps(ranges: StepRanges) -> str:
+    """The SPX_SKIP_STEPS value of `ranges` ("31-37,52-52")."""
+    return ",".join(f"{lo}-{hi}" for lo, hi in ranges)
+
+
 # A worker that checkpointed on SIGTERM exits with this code (EX_TEMPFAIL: "try again later"), and
 # says so in its heartbeat, because torchrun reports every non-zero worker exit as its own exit 1.
 EXIT_PREEMPTED = 75
@@ -58,6 +102,10 @@ EXIT_PREEMPTED = 75
 # (the fence, contract/fencing.py) publishes nothing and exits with this code (EX_NOPERM: it may no
 # longer write the job's checkpoints); the job lives on on the host that took it over.
 EXIT_FENCED = 77
+# A worker whose loss or gradient norm diverged (NaN/Inf, or a spike by the configured rule) writes a
+# "diverged" heartbeat saying at which step, which value and by which rule, publishes nothing more and
+# exits with this code (EX_DATAERR): the daemon rolls the job back to a checkpoint before that step.
+EXIT_DIVERGED = 65
 
 HEARTBEAT_MIN_INTERVAL_SECONDS = 1.0
 HEARTBEAT_MAX_BYTES = 64 * 1024  # a beat is a few hundred bytes; the daemon reads no more
@@ -90,6 +138,10 @@ class Heartbeat:
     `node_rank` (GROUP_RANK) of `nnodes` (GROUP_WORLD_SIZE), and `ranks`, the node's global ranks
     [first, last] (first: RANK of its local rank 0, the writer; last: first + LOCAL_WORLD_SIZE - 1).
     `rank_step_seconds[r]`: global rank r's own work per step (see MAX_RANKS_REPORTED); None: not reported.
+    `checkpoint_stall_seconds`: the seconds this attempt's training loop has waited on checkpoint
+    saves so far (None: not reported), the goodput ledger's `checkpoint` time.
+    `loss` and `grad_norm` are the last step's (any script may report them; the daemon applies the
+    NaN/Inf rule to what it reads); `diverged` says why a "diverged" beat is one (`Divergence`).
     """
 
     step: int
@@ -104,9 +156,82 @@ class Heartbeat:
     nnodes: int | None = None
     ranks: list[int] | None = None
     rank_step_seconds: list[float] | None = None
+    checkpoint_stall_seconds: float | None = None
+    loss: float | None = None
+    grad_norm: float | None = None
+    diverged: Divergence | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        doc = asdict(self)
+        doc["loss"], doc["grad_norm"] = metric_json(self.loss), metric_json(self.grad_norm)
+        if self.diverged is not None:
+            doc["diverged"]["value"] = metric_json(self.diverged.value)
+        return json.dumps(doc, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """What made an attempt's training diverge: at `step`, `metric` ("loss", "grad_norm") was
+    `value` (NaN or ±Inf included), which `rule` ("non-finite", "spike: …") calls divergent."""
+
+    step: int
+    metric: str
+    value: float
+    rule: str
+
+    def describe(self) -> str:
+        """'loss NaN', 'grad_norm 1.2e+04 (spike: above median 2.1 + 10 x MAD 0.3)'."""
+        shown = metric_json(self.value)
+        if isinstance(shown, float):
+            shown = f"{shown:.4g}"
+        return f"{self.metric} {shown}" + ("" if self.rule == NON_FINITE else f" ({self.rule})")
+
+
+NON_FINITE = "non-finite"
+MAX_RULE_CHARS = 200
+_NON_FINITE_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def metric_json(value: float | None) -> float | str | None:
+    """A loss or norm as JSON can hold it: a number, or "NaN" / "Infinity" / "-Infinity"."""
+    if value is None or math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+
+
+def _metric(raw: object) -> float | None:
+    """A reported loss or norm: a number within bounds, or NaN / ±Inf spelled as `metric_json` does
+    (or as a JSON constant, or a number too large to be finite: 1e400). None for anything else: an
+    odd metric never costs the beat."""
+    if isinstance(raw, str):
+        return _NON_FINITE_WORDS.get(raw)
+    if isinstance(raw, bounded.Unusable):
+        return _NON_FINITE_WORDS.get(raw.text.strip()) or _overflowed(raw.text.strip())
+    try:
+        return bounded.real(raw, "heartbeat")
+    except bounded.Garbage:
+        return None
+
+
+def _overflowed(word: str) -> float | None:
+    """±Inf for a number literal too large to be finite (1e400), else None."""
+    try:
+        value = float(word[:64])
+    except ValueError:
+        return None
+    return value if math.isinf(value) else None
+
+
+def _divergence(raw: object, step: int) -> Divergence | None:
+    if not isinstance(raw, dict):
+        return None
+    f = bounded.Fields(raw, "heartbeat", "diverged.")
+    try:
+        value = _metric(raw.get("value"))
+        return Divergence(step=f.whole("step", missing=step), metric=f.text("metric", 32),
+                          value=math.nan if value is None else value, rule=f.text("rule", MAX_RULE_CHARS))
+    except bounded.Garbage:
+        return None
 
 
 def write_heartbeat(path: str | os.PathLike[str], beat: Heartbeat) -> None:
@@ -132,8 +257,9 @@ def load_heartbeat(data: str | bytes) -> Heartbeat:
     nnodes = f.whole("nnodes", 1, missing=None)
     node_rank = f.whole("node_rank", 0, nnodes - 1 if nnodes is not None else bounded.MAX_WHOLE, missing=None)
     when = f.real("time", 0.0, bounded.MAX_TIME, missing=None)
+    step = f.whole("step")
     return Heartbeat(
-        step=f.whole("step"),
+        step=step,
         epoch=f.whole("epoch", missing=0),
         samples_per_second=f.real("samples_per_second", 0.0, missing=0.0),
         last_checkpoint_step=f.whole("last_checkpoint_step", missing=None),
@@ -144,6 +270,10 @@ def load_heartbeat(data: str | bytes) -> Heartbeat:
         nnodes=nnodes,
         ranks=_ranks(f),
         rank_step_seconds=_rank_step_seconds(f.doc.get("rank_step_seconds")),
+        checkpoint_stall_seconds=_optional_real(f.doc.get("checkpoint_stall_seconds")),
+        loss=_metric(f.doc.get("loss")),
+        grad_norm=_metric(f.doc.get("grad_norm")),
+        diverged=_divergence(f.doc.get("diverged"), step),
         **({"time": when} if when is not None else {}),
     )
 
@@ -177,6 +307,14 @@ def _rank_step_seconds(raw: object) -> list[float] | None:
         return None
     try:
         return [bounded.real(v, "heartbeat", 0.0, MAX_RANK_STEP_SECONDS, name="rank_step_seconds") for v in raw]
+    except bounded.Garbage:
+        return None
+
+
+def _optional_real(raw: object) -> float | None:
+    """A lenient seconds field: a number in [0, MAX_TIME], else None."""
+    try:
+        return None if raw is None else bounded.real(raw, "heartbeat", 0.0, bounded.MAX_TIME)
     except bounded.Garbage:
         return None
 

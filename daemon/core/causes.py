@@ -32,7 +32,8 @@ class StopCause(_Word):
     and died before storing why; `lost` adopted after a daemon restart, its monitor gone without a
     record of how it ended (or a launch that never got going); `peer-restart` across hosts, another
     host began a newer generation; `lease-lost` another host took the job's lease (it adopted the job
-    while this host could not renew) and runs it now."""
+    while this host could not renew) and runs it now; `divergence` its heartbeat reported a NaN/Inf
+    loss or gradient norm and the job's script did not stop on it itself."""
 
     CANCEL = "cancel"
     HANG = "hang"
@@ -42,6 +43,7 @@ class StopCause(_Word):
     LOST = "lost"
     PEER_RESTART = "peer-restart"
     LEASE_LOST = "lease-lost"
+    DIVERGENCE = "divergence"
 
 
 # Stop causes that are not the job's fault: its attempt does not count as a restart.
@@ -49,12 +51,12 @@ NOT_THE_JOBS = frozenset({StopCause.DAEMON_STOP, StopCause.DAEMON_RESTART, StopC
                           StopCause.LEASE_LOST})
 # Stops a daemon may find under way when it adopts an attempt: the stop goes on.
 CONTINUED_STOPS = frozenset({StopCause.CANCEL, StopCause.HANG, StopCause.DAEMON_STOP, StopCause.GPU_FAULT,
-                             StopCause.PEER_RESTART, StopCause.LEASE_LOST})
+                             StopCause.PEER_RESTART, StopCause.LEASE_LOST, StopCause.DIVERGENCE})
 
 
 class ReasonClass(_Word):
     """The class of an attempt's end: the `reason` label of spx_job_restarts_total and the store's
-    `reason_class`. The first nine are the job's own failures (`restart.on_failure` sets a rule per
+    `reason_class`. The first ten are the job's own failures (`restart.on_failure` sets a rule per
     class); the rest are ends that say nothing about the job's code."""
 
     USER_CODE = "user-code"
@@ -66,6 +68,7 @@ class ReasonClass(_Word):
     PREEMPTED = "preempted"
     SIGNAL = "signal"
     CRASH = "crash"
+    DIVERGENCE = "divergence"
     CANCELLED = "cancelled"
     DAEMON_RESTART = "daemon-restart"
     PEER_RESTART = "peer-restart"
@@ -79,7 +82,7 @@ class ReasonClass(_Word):
 # The classes `restart.on_failure` may name: the job's own failures.
 FAILURE_CLASSES = (ReasonClass.USER_CODE, ReasonClass.COMMUNICATION, ReasonClass.OOM, ReasonClass.CUDA,
                    ReasonClass.GPU_FAULT, ReasonClass.HANG, ReasonClass.PREEMPTED, ReasonClass.SIGNAL,
-                   ReasonClass.CRASH)
+                   ReasonClass.CRASH, ReasonClass.DIVERGENCE)
 # Ends that are no failure of the job's (`spx` does not show them as failures).
 NOT_FAILURES = (ReasonClass.CANCELLED, ReasonClass.DAEMON_RESTART, ReasonClass.PEER_RESTART, ReasonClass.LEASE_LOST)
 # The classes root cause tags an error line with, most specific first: a GPU fault explains the CUDA

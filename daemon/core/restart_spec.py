@@ -31,12 +31,22 @@ CLASS_RULES = ("always", "never", "counted")
 
 class ClassLimit(_Strict):
     """At most `max` restarts for failures of this class; with `within_first_seconds`, only failures
-    that came that soon after their attempt started count (a later one is `counted`)."""
+    that came that soon after their attempt started count (a later one is `counted`). Class
+    divergence only: with `rollback`, each restart resumes from the newest complete checkpoint before
+    the divergent step and skips the data since it (SPX_SKIP_STEPS); `args` are added to the script's
+    arguments of every attempt after the job's first divergence (e.g. a lower learning rate)."""
 
     max: int = Field(ge=0, le=1_000_000, description="Restarts allowed for this class (earlier attempts of the job that ended with it).")
     within_first_seconds: float | None = Field(
         None, gt=0, le=MAX_HANG_TIMEOUT,
         description="Only failures this soon after the attempt started are limited; later ones fall under max_restarts.")
+    rollback: bool = Field(
+        False, description="divergence only: relaunch from the newest complete checkpoint before the divergent step, "
+                           "skipping the data of the steps since it.")
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=256,
+        description="divergence only: arguments added to the script's for every attempt after the job's first "
+                    "divergence (e.g. [--lr, '1e-4']).")
 
 
 def _rule_kind(v: object) -> str:
@@ -51,8 +61,10 @@ ClassRule = Annotated[
 # A user-code exception raised in the first 2 minutes of an attempt is a bug that a relaunch
 # replays: restarted once (a transient cause gets a second chance), then the job fails. Preemption
 # and a GPU fault are not the job's doing (a GPU fault is relaunched on healthy GPUs): always
-# restarted, not counted. An OOM may be a fragmentation one-off, three tries.
+# restarted, not counted. An OOM may be a fragmentation one-off, three tries. A divergence (a NaN or
+# spiking loss) is rolled back to the checkpoint before it, skipping the data since, three times.
 DEFAULT_ON_FAILURE: dict[str, ClassRule] = {
+    ReasonClass.DIVERGENCE.value: ClassLimit(max=3, rollback=True),
     ReasonClass.USER_CODE.value: ClassLimit(max=1, within_first_seconds=120.0),
     ReasonClass.OOM.value: ClassLimit(max=3),
     ReasonClass.PREEMPTED.value: "always",
@@ -93,6 +105,9 @@ class Restart(_Strict):
                                  "within_first_seconds: S}")
             if not isinstance(rule, str | dict | ClassLimit):
                 raise ValueError(f"{key}: a rule is always, never, counted or {{max: N, within_first_seconds: S}}")
+            if key != ReasonClass.DIVERGENCE and isinstance(rule, dict | ClassLimit) and any(
+                    (rule.get(k) if isinstance(rule, dict) else getattr(rule, k)) for k in ("rollback", "args")):
+                raise ValueError(f"{key}: rollback and args apply to the divergence class only")
         return {**DEFAULT_ON_FAILURE, **v}
 
     @field_validator("backoff_seconds")

@@ -10,7 +10,10 @@ also left on the straggler explainer's board (gpu/evidence.py), so naming a slow
 no NVML call of its own.
 
 Errors: a GPU whose memory-info read fails, or that reports GPU_IS_LOST/RESET_REQUIRED on any call,
-is exported as `spx_gpu_up 0` plus its identity, and nothing else. Any other failed read drops that
+is exported as `spx_gpu_up 0` plus its identity, and nothing else.
+
+Each GPU's scrape is also kept, summarised (gpu_reading.py), in the backend's recent readings
+(gpu/recent.py): the minute before a failure that an incident shows, at no extra NVML call. Any other failed read drops that
 sample and counts `spx_nvml_errors_total{function}`; the scrape always answers.
 """
 
@@ -24,6 +27,7 @@ from typing import Any
 import pynvml
 import structlog
 
+from spx.daemon.exporter import gpu_reading
 from spx.daemon.exporter.metrics import JOB_LABEL, Families
 from spx.daemon.gpu import fields as F
 from spx.daemon.gpu.backend import GpuBackend, GpuDevice
@@ -283,6 +287,7 @@ class GpuCollector:
         pid_jobs = {pid: v.name for v in views for pid in v.pids}
         watcher = self.backend.xid_watcher
         xids = watcher.counts() if watcher is not None else {}
+        recent = self.backend.recent
         for device in self.backend.devices():
             base = {"gpu": str(device.index), "uuid": device.uuid}
             if device.index in gpu_jobs:
@@ -299,10 +304,12 @@ class GpuCollector:
                 scrape.read(base, pid_jobs)
             except GpuLost as err:
                 log.warning("gpu_down", gpu=device.index, error=str(err))
+                recent.record(device.index, gpu_reading.LOST)
                 fam.add("spx_gpu_up", base, 0)
                 ok = False
                 continue
             ok = ok and scrape.ok
+            recent.record(device.index, gpu_reading.summary(scrape.samples))  # for incidents: no NVML call
             if self.board is not None:
                 self.board.record(scrape.reading(self.board))
             fam.add("spx_gpu_up", base, 1)

@@ -15,6 +15,7 @@ JOB_FAMILIES = [
     "spx_job_info", "spx_job_state", "spx_job_restarts_total", "spx_job_step", "spx_job_samples_per_second",
     "spx_job_last_checkpoint_timestamp_seconds", "spx_job_gpus", "spx_job_attempts",
     "spx_job_node_rank", "spx_job_generation", "spx_job_rank_step_seconds", "spx_job_straggler",
+    "spx_job_seconds_total", "spx_job_unsettled_seconds",
 ]
 
 
@@ -55,4 +56,8 @@ class JobCollector:
                     gpu = "" if s["gpu"] is None else str(s["gpu"])
                     fam.add("spx_job_straggler", {**job, "rank": str(s["rank"]), "gpu": gpu, "cause": s["cause"]},
                             s["slower"])
+            if view.ledger is not None:
+                for cause, seconds in view.ledger["seconds"].items():
+                    fam.add("spx_job_seconds_total", {**job, "cause": cause}, seconds)
+                fam.add("spx_job_unsettled_seconds", job, view.ledger["unsettled_seconds"])
         return fam.metrics(), True

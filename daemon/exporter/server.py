@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry, start_http_server
 
 from spx.daemon.exporter.gpu_collector import GpuCollector
+from spx.daemon.exporter.host_collector import HostCollector
 from spx.daemon.exporter.housekeeping_collector import HousekeepingCollector, Samples
 from spx.daemon.exporter.job_collector import JobCollector
 from spx.daemon.exporter.metrics import Families
@@ -28,6 +29,7 @@ from spx.daemon.exporter.quarantine_collector import QuarantineCollector, Quaran
 from spx.daemon.exporter.queue_collector import QueueCollector
 from spx.daemon.gpu.backend import GpuBackend
 from spx.daemon.gpu.evidence import EvidenceBoard
+from spx.daemon.state.ledger_view import HostAccount
 from spx.daemon.state.views import JobView
 
 log = structlog.get_logger(__name__)
@@ -83,6 +85,7 @@ class SpxCollector:
 def build_registry(
     backend: GpuBackend, jobs: Callable[[], list[JobView]], version: str, job_labels: bool = True,
     quarantined: Callable[[], Quarantined] | None = None, drained: Callable[[], str | None] | None = None,
+    host_account: HostAccount | None = None,
     housekeeping: list[Samples] | None = None, stragglers: StragglerExplainer | None = None,
 ) -> CollectorRegistry:
     """A fresh registry with the GPU and job collectors. Starts the backend's XID thread (see module doc).
@@ -100,6 +103,8 @@ def build_registry(
         parts["quarantine"] = QuarantineCollector(backend, quarantined)
     if drained is not None:  # the daemon's store (spx_queue_drained); not the standalone exporter
         parts["queue"] = QueueCollector(drained)
+    if host_account is not None:  # the daemon's store (spx_host_gpu_seconds_total); not the standalone exporter
+        parts["host"] = HostCollector(backend, host_account)
     if housekeeping is not None:  # the daemon's retention and notifications; not the standalone exporter
         parts["housekeeping"] = HousekeepingCollector(housekeeping)
     registry.register(SpxCollector(parts, version, backend.kind))

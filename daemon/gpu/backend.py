@@ -20,6 +20,8 @@ from typing import Any
 
 import structlog
 
+from spx.daemon.gpu.kernel_log import KMSG
+from spx.daemon.gpu.recent import RecentReadings
 from spx.daemon.gpu.xid import XidEvent, XidWatcher, handle_key
 
 __all__ = ["GpuBackend", "GpuBackendError", "GpuDevice", "open_backend", "fake_backend", "handle_key", "XidEvent"]
@@ -67,6 +69,10 @@ class GpuBackend:
         self._lock = threading.Lock()
         self._xid: XidWatcher | None = None
         self._closed = False
+        # What the collector read on its last scrapes and the XIDs heard: the minutes before an incident.
+        self.recent = RecentReadings()
+        # Where the kernel writes about these GPUs (the fake's: its fixture's file, or none).
+        self.kernel_log: str | None = KMSG if nvml is not None else None
         if nvml is not None:
             self._discover()
 
@@ -148,6 +154,7 @@ class GpuBackend:
                 raise GpuBackendError("backend is closed")
             if self._xid is None:
                 self._xid = XidWatcher(self.nvml, self._handles, simulated=self.kind == "fake")
+                self._xid.add_listener(lambda event: self.recent.xid(event.gpu, event.xid))
                 self._xid.start()
             if on_event is not None:
                 self._xid.add_listener(on_event)
@@ -198,6 +205,7 @@ def fake_backend(fake: Any) -> GpuBackend:
     """A "fake" backend over a `FakeNvml` built by the caller (tests: custom clock, fixture, filter)."""
     fake.nvmlInit()
     backend = GpuBackend("fake", "", fake, fake.driver_version)
+    backend.kernel_log = fake.kernel_log
     names = {d.name for d in backend.devices()}
     backend.description = f"fake: {len(backend.devices())}× {', '.join(sorted(names))} (fixture {fake.source})"
     faults = fake.injected_faults()

@@ -6,7 +6,9 @@ Constants, structs and `NVMLError` are pynvml's own, so field ids and error code
 
 Values are derived from the (injectable) monotonic clock: counters (energy, NVLink and PCIe bytes,
 NVLink errors) integrate a rate and move between scrapes; a GPU is busy while a live process of a job
-can see it (see `fake_procs`), which raises utilization, power, clocks and traffic.
+can see it (see `fake_procs`), which raises utilization, power, clocks and traffic. A fixture's
+top-level `kernel_log` names a file the fake writes each XID to as the driver writes it to the
+kernel log (`/dev/kmsg`'s format); the backend then reads the kernel's lines there for incidents.
 
 Test hooks (the fake's own API, not pynvml's): `fail_gpu()` makes a GPU answer like one that fell off
 the bus, `fail_function()` makes one function fail, `inject_xid()` queues an XID event; `calls` counts

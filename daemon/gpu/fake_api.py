@@ -210,7 +210,7 @@ class DeviceEvents(FakeNvmlState):
 
     @nvml_call
     def nvmlEventSetCreate(self) -> FakeEventSet:
-        es = FakeEventSet(self._t0)
+        es = FakeEventSet(self._t0, self.kernel_log)
         self._event_sets.append(es)
         return es
 

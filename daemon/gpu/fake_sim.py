@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import collections
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pynvml
+
+from spx.daemon.gpu.kernel_log import kernel_address
 
 MIB = 1024 * 1024
 LINK_ERROR_TYPES = ("replay", "recovery", "crc_flit")
@@ -202,10 +205,14 @@ _LINK_FIELDS: dict[int, tuple[int, Callable[[FakeDevice, int], float]]] = {
 
 
 class FakeEventSet:
-    """An `nvmlEventSet_t`: the devices registered on it, and XIDs due from the fixture's schedule."""
+    """An `nvmlEventSet_t`: the devices registered on it, and XIDs due from the fixture's schedule.
+    With the fixture's `kernel_log` (a file), each XID is also written there as the driver writes it
+    to the kernel log (`/dev/kmsg`'s record format), for the incidents' kernel lines."""
 
-    def __init__(self, t0: float) -> None:
+    def __init__(self, t0: float, kernel_log: str | None = None) -> None:
         self._t0 = t0
+        self._kernel_log = kernel_log
+        self._kernel_seq = 0
         self.freed = False
         self._devices: dict[int, tuple[FakeDevice, Any, int]] = {}
         self._fired: dict[tuple[int, int], int] = collections.defaultdict(int)
@@ -254,7 +261,13 @@ class FakeEventSet:
         return max(0.0, times[0][0] - now) if times else math.inf
 
     def _event(self, index: int, xid: int) -> Any:
-        _, handle, _ = self._devices[index]
+        dev, handle, _ = self._devices[index]
+        if self._kernel_log is not None:
+            self._kernel_seq += 1
+            address = kernel_address(str(dev.spec["pci_bus_id"])) or "0000:00:00"
+            with open(self._kernel_log, "a") as f:  # the kernel's clock: real monotonic microseconds
+                f.write(f"3,{self._kernel_seq},{int(time.monotonic() * 1e6)},-;NVRM: Xid (PCI:{address}): {xid}, "
+                        "pid='<unknown>', name=<unknown>, simulated by the fake fixture\n")
         return pynvml.nvmlFriendlyObject(
             {
                 "device": handle,

@@ -67,6 +67,8 @@ class FakeNvmlState:
         self.fixture = fixture
         self.source = source
         self.driver_version: str = fixture["driver_version"]
+        # Where the fake's XIDs are written as the kernel's lines (None: nowhere; the fake has no kernel log).
+        self.kernel_log: str | None = fixture.get("kernel_log")
         self.calls: collections.Counter[str] = collections.Counter()
         self._clock = clock
         self._lock = threading.RLock()

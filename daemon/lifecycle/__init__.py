@@ -7,8 +7,9 @@
     (heartbeats, activity, hangs), stopping (cancel, faults, signals, exit, leftovers), ending (the
     diagnosis, the decision, the record of the end), across_hosts (the generation a job across hosts
     runs in), failures (an action that failed, a store that refuses, a fault of the daemon's), moves
-    (what they share); policy (after an exit: restart, back off, give up) and resume_fallback (the
-    crash-loop fallback checkpoint).
+    (what they share); policy (after an exit: restart, back off, give up), resume_fallback (the
+    crash-loop fallback checkpoint) and rollback (after a divergence: the checkpoint before it, the
+    data skipped since).
 
 Between state and run in the package graph: it imports core, contract and state's job states only,
 and does no I/O — no process, file, clock or store; `run` performs its actions (run/executor.py) and

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spx.daemon.contract.worker_env import StepRanges
 from spx.daemon.core.causes import ReasonClass, StopCause
 from spx.daemon.lifecycle.record import GangTurn
 from spx.daemon.lifecycle.resume_fallback import Avoid
+from spx.daemon.lifecycle.rollback import Rollback
 from spx.daemon.state.states import JobState
 
 
@@ -37,7 +39,8 @@ class StopStaging:
 @dataclass(frozen=True)
 class FindCheckpoint:
     """Make attempt `number`'s files (as the user), then find the checkpoint to resume from (off the
-    loop, as the user), passing over `avoid` (the crash-loop fallback). With `standby`, the attempt's
+    loop, as the user), passing over `avoid` (the crash-loop fallback), and with `rollback` (after a
+    divergence) every checkpoint at or after its step. With `standby`, the attempt's
     launcher is started meanwhile (StartStandby). With `join`, a job across hosts first joins the
     generation after `generation` (its last). Answers CheckpointFound."""
 
@@ -46,6 +49,7 @@ class FindCheckpoint:
     standby: bool = False
     join: bool = False
     generation: int | None = None
+    rollback: Rollback | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class Spawn:
     number: int
     resume_from: str | None
     resume_step: int | None
+    skip_steps: StepRanges = ()  # a divergence rollback's skipped data (SPX_SKIP_STEPS)
+    extra_args: tuple[str, ...] = ()  # restart.on_failure.divergence.args, once the job diverged
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def decide_end(s: TrackedJob, now: float) -> tuple[TrackedJob, Decision]:
         return s, lost_host
     outcome = AttemptOutcome(
         exit_code=a.exit_code, signal=a.exit_signal, root_cause=a.root_cause,
-        preempted=a.beat_status == "preempted" or a.exit_code == EXIT_PREEMPTED,
+        preempted=a.beat_status == "preempted" or a.exit_code == EXIT_PREEMPTED, diverged=a.diverged,
         oom=a.oom, stop_cause=a.stop_cause, hang_seconds=a.hang_idle, gpu_fault=a.gpu_fault,
         progressed=a.progressed or (a.last_step is None and ran >= s.limits.healthy_seconds), ran_seconds=ran,
     )
@@ -129,7 +129,10 @@ def commit_end(s: TrackedJob, d: Decision, now: float) -> Result:
         ("exit_code", a.exit_code), ("signal", signal_name(a.exit_signal) if a.exit_signal else None),
         ("reason", d.reason), ("next_state", d.state.value), ("delay_seconds", d.delay_seconds),
         ("last_step", a.last_step), ("root_cause", a.root_cause)))
-    past = PastAttempt(s.number, True, d.reason_class, a.resume.path, a.resume.step, a.last_step, a.resume.fell_back)
+    diverged = ((a.diverged.step, a.diverged.describe())
+                if a.diverged is not None and d.reason_class is ReasonClass.DIVERGENCE else None)
+    past = PastAttempt(s.number, True, d.reason_class, a.resume.path, a.resume.step, a.last_step, a.resume.fell_back,
+                       diverged)
     s = replace(s, ledger=replace(
         ledger, job_state=d.state, backoff_level=d.backoff_level, no_progress_streak=d.no_progress_streak,
         restarts=ledger.restarts + (1 if counted else 0), backoff_remaining=d.delay_seconds,

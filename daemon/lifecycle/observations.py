@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from spx.daemon.contract.worker_env import Divergence
 from spx.daemon.lifecycle.record import GangTurn
 
 if TYPE_CHECKING:
@@ -62,9 +63,15 @@ class Spawned:
 
 @dataclass(frozen=True)
 class HeartbeatSeen:
+    """The attempt's heartbeat as read (contract.worker_env.Heartbeat, bounded): its step, time and
+    status; the loss and gradient norm it reports (None: not reported); why a "diverged" beat is one."""
+
     step: int
     time: float
     status: str
+    loss: float | None = None
+    grad_norm: float | None = None
+    diverged: Divergence | None = None
 
 
 @dataclass(frozen=True)

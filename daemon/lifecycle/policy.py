@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from spx.daemon.contract.worker_env import Divergence
 from spx.daemon.core.causes import ReasonClass, StopCause, cause_class, signal_name
 from spx.daemon.core.restart_spec import ClassLimit, ClassRule, Restart
 from spx.daemon.state.states import JobState
@@ -39,6 +40,7 @@ class AttemptOutcome:
     gpu_fault: str | None = None  # stop_cause "gpu-fault": what the daemon saw, e.g. "XID 79 on GPU 3 (...)"
     progressed: bool = False
     ran_seconds: float = 0.0
+    diverged: Divergence | None = None  # its heartbeat said it diverged (the trainer's, or the daemon's NaN rule)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ def failure_class(outcome: AttemptOutcome) -> ReasonClass:
         return ReasonClass.HANG
     if outcome.stop_cause == StopCause.GPU_FAULT:
         return ReasonClass.GPU_FAULT
+    if outcome.diverged is not None:
+        # Before preempted: the daemon's own NaN rule stops the attempt with SIGTERM, on which
+        # spx.trainer checkpoints and says "preempted".
+        return ReasonClass.DIVERGENCE
     if outcome.preempted:
         return ReasonClass.PREEMPTED
     if outcome.oom:
@@ -92,6 +98,8 @@ def classify(outcome: AttemptOutcome) -> tuple[ReasonClass, str]:
         return cls, f"hang: no step progress for {outcome.hang_seconds or 0:.0f} s"
     if outcome.stop_cause == StopCause.GPU_FAULT:
         return cls, f"gpu-fault: {outcome.gpu_fault or 'a fatal GPU error'}; stopped by the daemon"
+    if outcome.diverged is not None:
+        return cls, divergence_reason(outcome.diverged)
     if cls == ReasonClass.PREEMPTED:
         return cls, "preempted: checkpointed on SIGTERM and exited"
     if outcome.oom:
@@ -99,6 +107,22 @@ def classify(outcome: AttemptOutcome) -> tuple[ReasonClass, str]:
     if outcome.signal is not None:
         return cls, f"killed by {signal_name(outcome.signal)}"
     return cls, f"exit code {outcome.exit_code}"
+
+
+DIVERGED_AT = "diverged at step "
+
+
+def divergence_reason(d: Divergence) -> str:
+    """An attempt's reason when it diverged: "diverged at step 37: loss NaN" (`divergence_of` reads it)."""
+    return f"{DIVERGED_AT}{d.step}: {d.describe()}"
+
+
+def divergence_of(reason: str | None) -> tuple[int, str] | None:
+    """(step, what) of a `divergence_reason`, e.g. (37, "loss NaN"); None for any other reason."""
+    if not reason or not reason.startswith(DIVERGED_AT):
+        return None
+    step, _, what = reason[len(DIVERGED_AT):].partition(": ")
+    return (int(step), what) if step.isdigit() and len(step) < 16 else None
 
 
 def _restarted(
@@ -161,7 +185,7 @@ def decide(
     rule = policy.on_failure.get(cls, "counted")
     if (
         policy.on_exit_codes != "any"
-        and cls not in (ReasonClass.HANG, ReasonClass.PREEMPTED, ReasonClass.GPU_FAULT)
+        and cls not in (ReasonClass.HANG, ReasonClass.PREEMPTED, ReasonClass.GPU_FAULT, ReasonClass.DIVERGENCE)
         and not outcome.oom
         and outcome.signal is None
         and outcome.exit_code not in policy.on_exit_codes

@@ -21,6 +21,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from spx.daemon.contract.worker_env import Divergence
 from spx.daemon.core.causes import ReasonClass, StopCause
 from spx.daemon.core.restart_spec import Restart
 from spx.daemon.lifecycle.resume_fallback import PastAttempt
@@ -147,6 +148,7 @@ class Attempt:
     exit_signal: int | None = None
     root_cause: str | None = None
     oom: bool = False
+    diverged: Divergence | None = None   # its "diverged" heartbeat's (or the daemon's NaN rule's) evidence
 
     @property
     def progressed(self) -> bool:

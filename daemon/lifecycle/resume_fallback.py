@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spx.daemon.core.causes import ReasonClass
+from spx.daemon.lifecycle.policy import divergence_of
 
 # Attempt ends that say nothing about the checkpoint the attempt resumed from.
 NOT_THE_CHECKPOINTS = frozenset({ReasonClass.CANCELLED, ReasonClass.DAEMON_RESTART, ReasonClass.PREEMPTED,
@@ -48,6 +49,7 @@ class PastAttempt:
     resumed_from_step: int | None
     max_step: int | None
     fell_back: bool = False  # its discovery passed over a checkpoint (the fallback was taken)
+    diverged: tuple[int, str] | None = None  # class divergence: (step, what), e.g. (37, "loss NaN")
 
 
 class StoredAttempt(Protocol):
@@ -57,6 +59,8 @@ class StoredAttempt(Protocol):
     def number(self) -> int: ...
     @property
     def end(self) -> float | None: ...
+    @property
+    def reason(self) -> str | None: ...
     @property
     def reason_class(self) -> str | None: ...
     @property
@@ -80,7 +84,8 @@ class Avoid:
 def past_attempt(row: StoredAttempt) -> PastAttempt:
     """A stored attempt, as the rule reads it."""
     return PastAttempt(row.number, row.end is not None, row.reason_class, row.resumed_from, row.resumed_from_step,
-                       row.max_step, bool(discovery_of(row).get("fallback_from")))
+                       row.max_step, bool(discovery_of(row).get("fallback_from")),
+                       divergence_of(row.reason) if row.reason_class == ReasonClass.DIVERGENCE else None)
 
 
 def remember(history: tuple[PastAttempt, ...], attempt: PastAttempt) -> tuple[PastAttempt, ...]:

@@ -1,17 +1,21 @@
 """The machine's edges while an attempt runs: heartbeats restart its hang clock and teach it the
 attempt's step intervals, activity (GPUs computing, the log growing) stands in for an attempt without
-a heartbeat, and a hang (no progress for the hang timeout) begins the stop with a stack dump. The
-first step of an attempt asks for the next attempt's launcher ahead (StartStandby). PURE."""
+a heartbeat, and a hang (no progress for the hang timeout) begins the stop with a stack dump. A
+"diverged" beat keeps its evidence for the restart policy; a beat reporting a NaN/Inf loss or
+gradient norm from a script that went on training (the daemon's own NaN rule) stops the attempt as a
+divergence. The first step of an attempt asks for the next attempt's launcher ahead (StartStandby).
+PURE."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
 
+from spx.daemon.contract.worker_env import Divergence
 from spx.daemon.core.causes import StopCause
 from spx.daemon.lifecycle import across_hosts
-from spx.daemon.lifecycle.actions import Action, DumpStacks, Log, Note, RecordStop, StartStandby
-from spx.daemon.lifecycle.moves import Result, to, with_attempt
+from spx.daemon.lifecycle.actions import Action, DumpStacks, Log, Note, RecordStop, SignalTerm, StartStandby
+from spx.daemon.lifecycle.moves import Result, term, to, with_attempt
 from spx.daemon.lifecycle.observations import ActivitySeen, HeartbeatSeen, Tick
 from spx.daemon.lifecycle.record import Phase, TrackedJob
 
@@ -53,6 +57,9 @@ def heartbeat(s: TrackedJob, obs: HeartbeatSeen, now: float) -> Result:
     finishing = obs.status == "finished" and a.beat_status != "finished"
     was_checkpointing = a.beat_status == "checkpointing"
     a, hang = replace(a, last_beat_time=obs.time, beat_status=obs.status), s.hang
+    if obs.status == "diverged" and a.diverged is None:
+        # The trainer stopped on a divergence and says where: kept for the policy (class divergence).
+        a = replace(a, diverged=obs.diverged or Divergence(obs.step, "training", math.nan, "diverged heartbeat"))
     if a.last_step is None or obs.step != a.last_step or finishing:
         # running: progress — the hang clock restarts (it starts at the first heartbeat: scripts
         # that write none are supervised on exit status alone), and the interval is learned.
@@ -63,6 +70,16 @@ def heartbeat(s: TrackedJob, obs: HeartbeatSeen, now: float) -> Result:
                 hang = replace(hang, intervals=(*hang.intervals, interval)[-STEP_INTERVALS_KEPT:],
                                longest=max(hang.longest, interval))
         a = replace(a, last_step=obs.step, last_progress=now)
+    sampled = _non_finite(obs)
+    if sampled is not None and s.phase is Phase.RUNNING and a.stop_cause is None and a.diverged is None:
+        # running → stopping: the script reports a NaN/Inf and trains on (it does not check its own
+        # loss): every further step is garbage. Stopped as a divergence, rolled back by the policy.
+        s = term(replace(s, attempt=a, hang=hang), now, StopCause.DIVERGENCE, diverged=sampled)
+        return s, [RecordStop(s.number, StopCause.DIVERGENCE),
+                   Log("divergence_stop", "warning", (("step", sampled.step), ("value", sampled.describe()))),
+                   Note(f"diverged at step {sampled.step}: {sampled.describe()}; SIGTERM, "
+                        f"{s.limits.grace_seconds:.0f} s grace"),
+                   SignalTerm()]
     actions: list[Action] = []
     if (s.phase is Phase.RUNNING and s.limits.standby and s.limits.restart.max_restarts > 0
             and not a.standby_asked):
@@ -71,6 +88,19 @@ def heartbeat(s: TrackedJob, obs: HeartbeatSeen, now: float) -> Result:
         a = replace(a, standby_asked=True)
         actions.append(StartStandby(s.number + 1))
     return replace(s, attempt=a, hang=hang), actions
+
+
+DAEMON_NON_FINITE = "non-finite, in its heartbeat"
+
+
+def _non_finite(obs: HeartbeatSeen) -> Divergence | None:
+    """The daemon's NaN/Inf rule on what a running beat reports (the same rule spx.trainer applies)."""
+    if obs.status not in ("running", "checkpointing"):
+        return None
+    for metric, value in (("loss", obs.loss), ("grad_norm", obs.grad_norm)):
+        if value is not None and not math.isfinite(value):
+            return Divergence(obs.step, metric, value, DAEMON_NON_FINITE)
+    return None
 
 
 def activity(s: TrackedJob, obs: ActivitySeen, now: float) -> Result:

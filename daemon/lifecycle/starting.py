@@ -1,6 +1,7 @@
 """The machine's edges before an attempt runs: the backoff counts down, the scheduler says Go, the
 working set is staged, the attempt's files are made and its checkpoint found (off the loop, as the
-user; the crash-loop fallback says which one to pass over), and it is launched. PURE."""
+user; the crash-loop fallback says which one to pass over, a divergence rollback which step it must
+precede), and it is launched (a rollback's with the data window since its checkpoint skipped). PURE."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from spx.daemon.lifecycle.moves import Result, fail_before_attempt, finish_witho
 from spx.daemon.lifecycle.observations import CheckpointFound, Go, Spawned, StagingEnded, Tick
 from spx.daemon.lifecycle.record import Attempt, HangCalibration, Phase, Resume, TrackedJob
 from spx.daemon.lifecycle.resume_fallback import checkpoint_to_avoid
+from spx.daemon.lifecycle.rollback import divergence_args, rollback_after
 from spx.daemon.state.states import JobState
 
 # Checkpoint discovery comes back this long after it started, or the job fails (a hung network volume).
@@ -60,12 +62,14 @@ def go(s: TrackedJob, obs: Go, now: float) -> Result:
 
 def _prepare(s: TrackedJob, now: float, actions: list[Action]) -> Result:
     # → preparing: files made and the checkpoint found off the loop (the launcher, where it may,
-    # starting meanwhile); two failures in a row on one checkpoint pass over it (resume_fallback).
+    # starting meanwhile); two failures in a row on one checkpoint pass over it (resume_fallback);
+    # after a divergence, the checkpoints at or after its step (rollback).
     number = s.number + 1
     s = to(with_ledger(s, number=number), Phase.PREPARING, now)
     gang = s.limits.gang
     return s, [*actions, FindCheckpoint(number, checkpoint_to_avoid(s.ledger.history), s.limits.standby, gang,
-                                        s.share.generation if gang else None)]
+                                        s.share.generation if gang else None,
+                                        rollback_after(s.ledger.history, s.limits.restart))]
 
 
 def staging_ended(s: TrackedJob, obs: StagingEnded, now: float) -> Result:
@@ -95,10 +99,13 @@ def checkpoint_found(s: TrackedJob, obs: CheckpointFound, now: float) -> Result:
         # minutes and then keeps crashing on a bad newest checkpoint would be failed as a crash loop
         # one attempt before the crash-loop fallback (resume_fallback.py) resumes an older one.
         streak = 0
-    # preparing (answered) → running, once Spawned comes back: launched from the checkpoint found.
+    # preparing (answered) → running, once Spawned comes back: launched from the checkpoint found,
+    # skipping the data since it up to the divergent step when this is a rollback.
     s = replace(with_ledger(s, no_progress_streak=streak), clock=replace(s.clock, answered=True),
                 attempt=replace(s.attempt, resume=Resume(obs.path, obs.step, obs.fell_back)))
-    return s, [Spawn(s.number, obs.path, obs.step)]
+    rollback = rollback_after(s.ledger.history, s.limits.restart)
+    skip = rollback.skipped(obs.step if obs.path is not None else None) if rollback is not None else ()
+    return s, [Spawn(s.number, obs.path, obs.step, skip, divergence_args(s.limits.restart, s.ledger.class_counts))]
 
 
 def tick_preparing(s: TrackedJob, obs: Tick, now: float) -> Result:

@@ -11,12 +11,14 @@
     waits for its plan), attempt_prep (files and checkpoint as the user), postmortem (stack dumps,
     root cause), gang_link (across hosts: beats and agreement) ← gang (the generation every host's
     share runs in), store_writes, staging_runs (the copier), adoption (attempts a previous daemon
-    left), user_work (all of it that can wait on a user, in that user's lane: core.lanes)
+    left), incidents (an incident per failed attempt) ← incident (its document, assembled),
+    user_work (all of it that can wait on a user, in that user's lane: core.lanes)
     → launcher (argv, env, user) → attempt_monitor (records the exit) → enter_attempt (root exec shim:
     cgroup, user, exec) → workers; exit_wake (the loop wakes when a launcher exits);
     rendezvous (torchrun's meeting point, across hosts); attempt_files (the attempt's files, safely),
     checkpoint_report (what discovery decided), local_tier (the host-local checkpoint dir), timeline
-    (where a restart spent its time), lease_keeper (the job's `.spx/` lease), proctree/cgroups (the
+    (where a restart spent its time), progress_log (each attempt's progress from its heartbeats, for
+    the goodput ledger), lease_keeper (the job's `.spx/` lease), proctree/cgroups (the
     processes), device_filter (the attempt cgroup's device program: only its GPUs' /dev/nvidiaN
     open), rank_cpu (a rank's run-queue wait: CPU contention), log_relay (the capped attempt log),
     rootcause/oom (why it ended); invalid_specs (at

@@ -324,8 +324,10 @@ def note(files: AttemptFiles, text: str) -> None:
 
 
 def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float,
-                      exclude: dict[str, str] | None = None) -> tuple[CheckpointRef | None, dict[str, Any]]:
-    """The latest complete checkpoint not in `exclude` (path → why), found by a process running as
+                      exclude: dict[str, str] | None = None,
+                      before_step: int | None = None) -> tuple[CheckpointRef | None, dict[str, Any]]:
+    """The latest complete checkpoint not in `exclude` (path → why) and, for a divergence rollback,
+    before `before_step`, found by a process running as
     the job's owner (root never walks the user's tree), after `checkpoints.resume: never` set aside
     what predates the job; `require` without one is an error (the job fails before an attempt).
     With it, discovery's whole (capped) answer: the layout, the candidates skipped and why.
@@ -338,7 +340,8 @@ def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float,
             log.info("checkpoints_set_aside", job=job.name, attempt=None, moved=moved,
                      into=str(files.checkpoint_dir / f".before-job-{job.id}"))
     found = as_user.find_latest(user, str(files.checkpoint_dir), job.spec.checkpoints.pattern, timeout, exclude,
-                                local_dir=str(files.local_checkpoint_dir) if files.local_checkpoint_dir else None)
+                                local_dir=str(files.local_checkpoint_dir) if files.local_checkpoint_dir else None,
+                                before_step=before_step)
     path, step = found.get("path"), found.get("step")
     if path is None:
         if resume == "require":

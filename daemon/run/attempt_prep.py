@@ -2,7 +2,7 @@
 owner's lane (run/user_work.py) — the user's volume may be slow or hung, and a user's stalls cost
 only their own slots. For a job across hosts the attempt first joins its generation (run/gang.py);
 the checkpoint the machine says to avoid (the crash-loop fallback) is passed over where discovery
-can. Where the machine asks, the attempt's launcher starts meanwhile (standby_pool.py), so its
+can, and after a divergence every checkpoint at or after its step (the rollback, said in the answer). Where the machine asks, the attempt's launcher starts meanwhile (standby_pool.py), so its
 imports overlap the search. The answer, on the loop: CheckpointFound, LeaseLost (another host took
 the job's lease while this one could not renew: it runs the job now), or ActionFailed.
 """
@@ -61,9 +61,12 @@ class AttemptPrep:
                 if joined.final is not None:
                     return files, None, {}, None, CheckpointFound(None, None, a.number, final=joined.final)
             ref, found = attempt_files.latest_checkpoint(job, files, CHECKPOINT_TIMEOUT_SECONDS,
-                                                         {avoid.path: avoid.why} if avoid else None)
+                                                         {avoid.path: avoid.why} if avoid else None,
+                                                         a.rollback.step if a.rollback else None)
             if avoid is not None and fell_back(avoid, found):
                 found = {**found, "fallback_from": avoid.path, "fallback_why": avoid.why}
+            if a.rollback is not None:
+                found = {**found, "rollback": a.rollback.describe(ref.step if ref else None, ref is not None)}
             if joined is not None:
                 found = {**found, "generation": joined.gen, "join_waited_seconds": joined.waited,
                          "join_waited_for": joined.waited_for}

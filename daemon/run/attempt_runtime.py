@@ -31,6 +31,7 @@ from spx.daemon.lifecycle.observations import (
 from spx.daemon.lifecycle.record import Phase, TrackedJob
 from spx.daemon.run import attempt_files, cgroups, launcher, proctree, timeline
 from spx.daemon.run.attempt_files import AttemptFiles
+from spx.daemon.run.progress_log import ProgressLog
 from spx.daemon.state.jobs_table import JobRow
 
 log = get_logger()
@@ -99,9 +100,11 @@ def adopted_end(h: AttemptHandles) -> LauncherExited | None:
 
 class AttemptRuntime:
     def __init__(self, cfg: DaemonConfig, recorder: timeline.Recorder, clock: Callable[[], float] = time.monotonic,
-                 gpu_computing: Callable[[int], bool | None] | None = None):
+                 gpu_computing: Callable[[int], bool | None] | None = None, progress: ProgressLog | None = None):
         self.cfg = cfg
         self.timeline = recorder
+        # Each attempt's progress record, for the goodput ledger (run/progress_log.py).
+        self.progress = progress if progress is not None else ProgressLog(recorder.store, clock)
         self.clock = clock
         self.gpu_computing = gpu_computing  # backend.computing: None means "cannot say" (busy)
         self.handles: dict[int, AttemptHandles] = {}
@@ -133,12 +136,15 @@ class AttemptRuntime:
         """The attempt's end is recorded: nothing of it is ours to poll (its relay drains on its own)."""
         h = self.handles.get(job_id)
         if h is not None and h.number == number:
+            self.progress.forget(h.row_id)
             h.row_id, h.proc, h.pids = None, None, []
 
     def forget(self, job_id: int) -> None:
         """The job is done: its handles go (a relay still draining, no longer ours to poll, is
         collected by the orphan reaper; a launch still under way is ended when it lands)."""
-        self.handles.pop(job_id, None)
+        h = self.handles.pop(job_id, None)
+        if h is not None:
+            self.progress.forget(h.row_id)
 
     # --- observing -----------------------------------------------------------------------------------
 
@@ -156,8 +162,9 @@ class AttemptRuntime:
         if h.files is not None:
             beat = attempt_files.read_heartbeat(h.files.heartbeat_file)
             if beat is not None:
-                obs.append(HeartbeatSeen(beat.step, beat.time, beat.status))
+                obs.append(HeartbeatSeen(beat.step, beat.time, beat.status, beat.loss, beat.grad_norm, beat.diverged))
                 self.timeline.beat(s.job.id, h.row_id, beat)
+                self.progress.beat(s.job.id, h.row_id, beat)
         now = self.clock()
         if now - h.pids_checked >= PIDS_EVERY_SECONDS or h.exit_reported or h.proc is None:
             h.pids_checked = now
@@ -206,6 +213,7 @@ class AttemptRuntime:
         if record is not None and record.ended is not None:
             self.timeline.phase(h.row_id, "launcher_exit", record.ended)
         self.timeline.phase(h.row_id, "failure_seen")
+        self.progress.exited(h.row_id)
 
     # --- performing ----------------------------------------------------------------------------------
 

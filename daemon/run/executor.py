@@ -7,7 +7,8 @@ A small dispatcher over effects, each holding one kind of what a value of the ma
 - standby_pool: launchers started ahead for coming attempts;
 - attempt_prep, postmortem, gang_link: FindCheckpoint; DumpStacks and Diagnose; BeatGang and
   AgreeGeneration — all in the job owner's lane (user_work, over core.lanes);
-- store_writes: the machine's store writes; staging_runs: the copier; adoption: at daemon start.
+- store_writes: the machine's store writes; staging_runs: the copier; adoption: at daemon start;
+- incidents: an incident per failed attempt, gathered when its end is recorded.
 It decides nothing: what to do, when, and what a failure means is the machine's. It runs on the
 main loop's thread; `perform` never raises (an error is ActionFailed, retryable when the store
 could not take a write now; lifecycle.failures.in_order: later writes of the same batch are then
@@ -31,6 +32,7 @@ from spx.daemon.run import adoption, cgroups, device_filter, local_tier, postmor
 from spx.daemon.run.attempt_prep import AttemptPrep
 from spx.daemon.run.attempt_runtime import AttemptRuntime
 from spx.daemon.run.gang_link import GangLink
+from spx.daemon.run.incidents import GpuSources, Incidents
 from spx.daemon.run.launching import Launches
 from spx.daemon.run.staging_runs import StagingRuns
 from spx.daemon.run.standby_pool import StandbyPool
@@ -50,7 +52,8 @@ class Executor:
                  wake: Callable[[], None] = lambda: None, wall: Callable[[], float] = time.time,
                  clock: Callable[[], float] = time.monotonic,
                  gpu_computing: Callable[[int], bool | None] | None = None,
-                 device_filters: device_filter.DeviceFilters | None = None):
+                 device_filters: device_filter.DeviceFilters | None = None,
+                 gpu_sources: GpuSources | None = None):
         self.cfg = cfg
         self.cgroups = cgroup_tree
         self.timeline = timeline.Recorder(store, wall)  # per-attempt phase times (spx status --timeline)
@@ -60,6 +63,7 @@ class Executor:
         self.staging = StagingRuns(cfg, store, wall)
         self.writes = StoreWrites(store, self.runtime.row_of, wall)
         self.gang = GangLink(cfg, self.work, wall)
+        self.incidents = Incidents(store, self.work, gpu_sources or GpuSources(), wall)
         self.prep = AttemptPrep(cfg, self.runtime, self.standbys, self.work, self.timeline)
         self.launches = Launches(cfg, store, self.runtime, self.standbys, self.work, self.timeline, cgroup_tree,
                                  wall, clock, wake, device_filters)
@@ -81,7 +85,7 @@ class Executor:
             act.RemoveCgroup: lambda job, s, a: r.remove_cgroup(job, a),
             act.Note: lambda job, s, a: r.note(job, a.text),
             act.Log: lambda job, s, a: r.log(job, s, a),
-            act.RecordStop: lambda job, s, a: w.record_stop(job, a),
+            act.RecordStop: self._record_stop,
             act.RecordExit: lambda job, s, a: w.record_exit(job, a),
             act.FinishAttempt: self._finish,
             act.SaveBackoff: lambda job, s, a: w.save_backoff(job, a),
@@ -120,7 +124,14 @@ class Executor:
         if a.state.terminal:
             local_tier.remove(self.cfg, job)  # host RAM; the persistent copy outlives the job
         self.timeline.phase(row, "end_recorded")
+        h = self.runtime.handles.get(job.id)
+        mine = h is not None and h.number == a.number
+        self.incidents.failed(job, a, s.ledger.gpus, h.files if mine and h else None, h.spawned_wall if mine and h else 0.0)
         self.runtime.attempt_over(job.id, a.number)
+
+    def _record_stop(self, job: JobRow, s: TrackedJob, a: act.RecordStop) -> None:
+        self.writes.record_stop(job, a)
+        self.incidents.stop_began(job.id, a.number, str(a.cause))
 
     # --- tracking ------------------------------------------------------------------------------------
 
@@ -135,6 +146,7 @@ class Executor:
         self.runtime.forget(job_id)
         self.timeline.forget(job_id)
         self.gang.forget(job_id)
+        self.incidents.forget(job_id)
         self.standbys.forget(job_id)
         self.work.forget(job_id)
 

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from spx.daemon.contract import worker_env
@@ -55,6 +55,8 @@ class LaunchContext:
     local_checkpoint_dir: Path | None = None
     generation: int | None = None  # a job across hosts: the round this attempt joins (run/gang.py)
     fence: int | None = None  # the job's lease generation taken for this attempt: SPX_FENCE (contract/fencing.py)
+    skip_steps: worker_env.StepRanges = ()  # a divergence rollback's skipped data: SPX_SKIP_STEPS
+    extra_args: list[str] = field(default_factory=list)  # restart.on_failure.divergence.args, once diverged
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
     args = _expand(spec.args, ctx)
     if ctx.resume_from is not None:
         args += _expand(spec.resume_args, ctx)
+    args += _expand(ctx.extra_args, ctx)
     nproc = spec.worker_count
     if spec.launcher == "torchrun":
         argv = [
@@ -149,6 +152,7 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
         **({worker_env.ENV_LOCAL_CHECKPOINT_DIR: str(ctx.local_checkpoint_dir)} if ctx.local_checkpoint_dir else {}),
         **({worker_env.ENV_FENCE: str(ctx.fence)} if ctx.fence is not None else {}),
         **({worker_env.ENV_CHECKPOINT_KEEP: str(spec.checkpoints.keep)} if spec.checkpoints.keep is not None else {}),
+        **({worker_env.ENV_SKIP_STEPS: worker_env.format_skip_steps(ctx.skip_steps)} if ctx.skip_steps else {}),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(ctx.port),
     }

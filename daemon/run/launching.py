@@ -92,7 +92,7 @@ class Launches:
             checkpoint_dir=files.checkpoint_dir, resume_from=Path(a.resume_from) if a.resume_from else None,
             heartbeat_file=files.heartbeat_file, rank_log_dir=files.rank_log_dir, home=user.pw_dir, user=user.pw_name,
             local_checkpoint_dir=files.local_checkpoint_dir, generation=s.share.generation if s.limits.gang else None,
-            fence=files.fence,
+            fence=files.fence, skip_steps=a.skip_steps, extra_args=list(a.extra_args),
         )
         plan = launcher.plan_launch(job.spec, ctx)
         resumed = (f"resuming from {a.resume_from} (step {a.resume_step})" if a.resume_from

@@ -13,6 +13,10 @@ Bounded: at most MAX_PENDING_PER_OWNER sends of one owner are waiting or running
 new ones are dropped and counted, so a crash-looping job cannot queue without end), the body's text
 fields are cut to MAX_FIELD_CHARS, and the deadline of each call is the spec's timeout_seconds
 (≤ 60 s). Events written while no daemon ran are not sent (the cursor starts at the newest event).
+
+A failure's body carries its incident (run/incidents.py, at most 64 KiB): the incident is written a
+moment after the event (its reads are off the loop), so the event waits for it, asked again each
+turn, at most INCIDENT_WAIT_SECONDS; then it is sent with `incident: null`.
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from spx.daemon.core.causes import NOT_FAILURES
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Lanes, Outcome
 from spx.daemon.core.log import get_logger
 from spx.daemon.core.notify_spec import Notify
 from spx.daemon.run import notify_send
+from spx.daemon.run.incident import for_notification
+from spx.daemon.run.incidents import READ_DEADLINE_SECONDS
 from spx.daemon.state.housekeeping_table import Event
 from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.store import Store
@@ -45,6 +52,10 @@ MAX_FIELD_CHARS = 2000
 RETRY_BACKOFF_SECONDS = (5.0, 30.0, 120.0)
 SLOTS_PER_OWNER = 1
 SLOTS_TOTAL = 8
+# A failure's incident is written a moment after its event (its kernel and log reads are off the
+# loop): its notification waits for it this long at most, then goes without (`incident: null`).
+INCIDENT_WAIT_SECONDS = READ_DEADLINE_SECONDS + 5.0
+MAX_AWAITING = 1000  # events waiting for their incident; past it, one is sent without waiting
 
 
 @dataclass
@@ -69,7 +80,7 @@ def body_of(event: str, job: JobRow, attempts: int, reason_class: str | None, ro
     return {
         "event": event, "job": job.name, "job_id": job.id, "job_uid": job.uid, "owner": job.owner,
         "state": job.state.value, "reason": cut(job.reason), "class": reason_class, "attempts": attempts,
-        "root_cause": cut(root_cause), "host": socket.gethostname(),
+        "root_cause": cut(root_cause), "host": socket.gethostname(), "incident": None,
         "links": {"logs": str(cfg.log_dir / job.name), "status": f"spx status {job.name}",
                   "metrics": f"http://{cfg.metrics_address}/metrics"},
     }
@@ -86,12 +97,15 @@ class Notifications:
     """The main loop's side (see the module doc); `tick` is its stage of each turn."""
 
     def __init__(self, cfg: DaemonConfig, store: Store, wake: Callable[[], None],
-                 clock: Callable[[], float] = time.monotonic, lanes: Lanes | None = None):
+                 clock: Callable[[], float] = time.monotonic, lanes: Lanes | None = None,
+                 wall: Callable[[], float] = time.time):
         self.cfg = cfg
         self.store = store
         self.lanes = lanes or Lanes(SLOTS_TOTAL, SLOTS_PER_OWNER, wake=wake, clock=clock, name="spx-notify")
         self.clock = clock
+        self.wall = wall  # an event's time is wall time: how long it has waited for its incident
         self._cursor = store.housekeeping.last_event_id()
+        self._awaiting: list[tuple[Event, int]] = []  # failures (event, attempt) whose incident is not written yet
         self._retries: list[Send] = []
         self._pending: Counter[int] = Counter()   # owner → sends waiting (retry) or in a lane
         # What /metrics shows, since the daemon started: sends by result (ok, failed, dropped).
@@ -105,11 +119,16 @@ class Notifications:
             self._retries = [s for s in self._retries if s.due > now]
             for send in due:
                 self._start(send)
+        awaiting, self._awaiting = self._awaiting, []
+        for event, number in awaiting:
+            self._on_event(event, number)
         for event in self.store.housekeeping.events_after(self._cursor, EVENTS_PER_TURN):
             self._cursor = event.id
             self._on_event(event)
 
-    def _on_event(self, event: Event) -> None:
+    def _on_event(self, event: Event, attempt: int | None = None) -> None:
+        """`attempt`: the attempt an event that waited for its incident is about (a later one may
+        have started since)."""
         name = EVENT_NAMES.get(event.kind)
         if name is None or event.job_id is None:
             return
@@ -118,9 +137,18 @@ class Notifications:
         if notify is None or not notify.wants(name):
             return
         attempts = self.store.attempts.for_job(job.id)
+        if attempt is not None:
+            attempts = [a for a in attempts if a.number <= attempt]
         last = attempts[-1] if attempts else None
         body = body_of(name, job, len(attempts), last.reason_class if last else None,
                        last.root_cause if last else None, self.cfg)
+        if last is not None and last.reason_class is not None and last.reason_class not in NOT_FAILURES:
+            found = self.store.incidents.get(job.id, last.number)
+            waited = self.wall() - event.time
+            if found is None and waited < INCIDENT_WAIT_SECONDS and len(self._awaiting) < MAX_AWAITING:
+                self._awaiting.append((event, last.number))  # asked again next turn
+                return
+            body["incident"] = for_notification(job.name, last.number, last.reason_class, found.doc) if found else None
         if name == "restarted":
             body["reason"] = (event.detail or "")[:MAX_FIELD_CHARS] or None
         for way in ("webhook", "command"):

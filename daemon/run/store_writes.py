@@ -58,7 +58,8 @@ class StoreWrites:
         if row is not None:
             attempt_fields = {"end": now, "exit_code": a.exit_code, "signal": a.signal, "reason": a.reason,
                               "reason_class": a.reason_class, "max_step": a.max_step, "root_cause": a.root_cause,
-                              "memory_peak": memory_peak}
+                              "memory_peak": memory_peak,
+                              "backoff": a.backoff_remaining if a.state is JobState.RESTARTING else None}
         job_fields: dict[str, object] = {"backoff_level": a.backoff_level, "no_progress_streak": a.no_progress_streak,
                                          "backoff_remaining": a.backoff_remaining}
         if a.release_gpus:

@@ -1,4 +1,4 @@
-"""The control socket's reads (`spx ls`, `history`, `accounting`, `status`, `gpus`, `queue`, `adopt`),
+"""The control socket's reads (`spx ls`, `history`, `accounting`, `status`, `incidents`, `gpus`, `queue`, `adopt`),
 answered on the client's own thread.
 
 Each reads the store through that thread's own connection and the snapshot the supervisor
@@ -23,7 +23,7 @@ from spx.daemon.run.snapshot import Snapshot
 from spx.daemon.service.gpu_rows import gpu_rows
 from spx.daemon.service.requests import find_job
 from spx.daemon.service.stragglers import StragglerWatch
-from spx.daemon.state import accounting, jobviews
+from spx.daemon.state import accounting, incident_views, jobviews
 from spx.daemon.state.store import Store
 
 
@@ -75,6 +75,14 @@ class Answers:
         view = self.stragglers.view(jobviews.job_view(self.store, job, self.cfg.run_dir, snap.live_pids(),
                                                       with_history=True, gang_hosts=hosts))
         return {"ok": True, "result": view.to_json(with_history=True)}
+
+    def incidents(self, name: str | None, uid: int) -> dict:
+        """`spx incidents [NAME]`: a job the caller may not see does not exist for them (as `status`)."""
+        admin = is_admin(uid, self.cfg.admin_group)
+        found = incident_views.visible(self.store, name, lambda job: admin or job.owner_uid == uid)
+        if found is None:
+            return {"ok": False, "error": f"no job named {name!r}", "code": 1}
+        return {"ok": True, "result": found}
 
     def gpus(self, _name: str | None, uid: int) -> dict:
         """The daemon's own backend and allocation (what `spx top` shows); the job on a GPU is named

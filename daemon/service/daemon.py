@@ -33,6 +33,7 @@ from spx.daemon.intake.adopt import Adopter
 from spx.daemon.lifecycle.record import Phase
 from spx.daemon.run import cgroups, proctree
 from spx.daemon.run.device_filter import DeviceFilters
+from spx.daemon.run.incidents import GpuSources
 from spx.daemon.run.invalid_specs import fail_invalid_specs
 from spx.daemon.run.lease_keeper import LeaseKeeper
 from spx.daemon.run.notify import Notifications
@@ -50,6 +51,7 @@ from spx.daemon.service.status_line import format_status
 from spx.daemon.state import jobviews
 from spx.daemon.state.backup import Backups
 from spx.daemon.state.db import StoreUnavailable
+from spx.daemon.state.ledger_view import HostAccount
 from spx.daemon.state.store import Store
 from spx.daemon.state.views import JobView
 
@@ -87,7 +89,7 @@ class Daemon:
                                             functools.partial(handover.mark_device_filter, cfg.run_dir))
         self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"),
                                      gpu_computing=backend.computing, lanes=self.lanes,
-                                     device_filters=self.device_filters)
+                                     device_filters=self.device_filters, gpu_sources=GpuSources.of(backend))
         self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake, self.lanes)
@@ -143,7 +145,7 @@ class Daemon:
         registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
                                   quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained,
                                   housekeeping=[self.retention.samples, self.notifications.samples],
-                                  stragglers=self.stragglers)
+                                  host_account=HostAccount(self.store, time.time()), stragglers=self.stragglers)
         try:  # first: a daemon that cannot serve /metrics adopts no job and claims no file
             metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         except OSError as e:
@@ -188,7 +190,7 @@ class Daemon:
         return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot().live_pids)
 
     def status_text(self) -> str:
-        live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live")
+        live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live", with_ledger=False)
         return format_status(live, len(self.backend.devices()), self.supervisor.last_restart, time.time(),
                              self.store_problem(), adopted=self.supervisor.adopted, drained=self.queue.drained)
 

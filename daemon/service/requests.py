@@ -56,6 +56,8 @@ REQUESTS: dict[str, Request] = {
     "gpus": Request(Who.ANYONE, on_loop=False, target=Target.NONE),
     "queue": Request(Who.ANYONE, on_loop=False, target=Target.NONE),
     "status": Request(Who.OWNER, on_loop=False),
+    # `spx incidents [NAME]`: one job's (its owner's or an admin's), or those of every job the caller sees.
+    "incidents": Request(Who.ANYONE, on_loop=False, target=Target.NONE),
     # A walk of a volume: slow, so on the client's thread; the jobs it finds are queued by the loop.
     "adopt": Request(Who.ROOT, on_loop=False, target=Target.DIR,
                      denied="only root may adopt jobs (spx adopt runs them as their owners)"),

@@ -42,12 +42,14 @@ class AttemptRow:
     checkpoint_discovery: str | None = None  # JSON: the layout found, what was skipped and why (checkpoint_discovery)
     generation: int | None = None   # a job across hosts: the round it joined (run/gang.py)
     memory_peak: int | None = None  # bytes: its cgroup's memory.peak at the end (None: not measured)
+    progress: str | None = None     # JSON: what its heartbeats said of its progress (state/attempt_progress.py)
+    backoff: float | None = None    # seconds of backoff decided at its end (the goodput ledger's `backoff`)
 
 
 _COLUMNS = frozenset(AttemptRow.__dataclass_fields__)
 # What an attempt's end may write.
 _END_FIELDS = frozenset({"end", "exit_code", "signal", "reason", "reason_class", "max_step", "root_cause",
-                         "memory_peak"})
+                         "memory_peak", "backoff"})
 # Attempt classes that are not the job's own fault: a daemon stop or restart, a lost attempt, a
 # peer host's restart, a cancel, a daemon error, a failed launch.
 _NOT_THE_JOBS_FAULT = "('daemon-restart', 'lost', 'peer-restart', 'cancelled', 'daemon-error', 'launch')"
@@ -115,6 +117,13 @@ class AttemptsTable:
                 return
             merged = {**phases, **json.loads(row[0] or "{}")}
             db.execute("UPDATE attempts SET phases = ? WHERE id = ?", (json.dumps(merged, sort_keys=True), attempt_row))
+
+    def set_progress(self, attempt_row: int, progress: str) -> None:
+        """The attempt's progress record (state/attempt_progress.py), replaced. Not a fault point, as
+        `add_phases`: how many a job's life writes depends on its heartbeats, and nothing is decided
+        on them (the goodput ledger reads them)."""
+        with self._db.write(None) as db:
+            db.execute("UPDATE attempts SET progress = ? WHERE id = ?", (progress, attempt_row))
 
     def finish(self, job_id: int, attempt_row: int | None, new_state: JobState, reason: str | None,
                now: float, attempt_fields: dict[str, object], job_fields: dict[str, object]) -> None:

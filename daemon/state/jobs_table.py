@@ -237,6 +237,23 @@ class JobsTable:
         ).fetchall()
         return [_job(r) for r in rows]
 
+    def ended_ids_since(self, since: float) -> list[int]:
+        """The ids of the jobs in a terminal state whose last change was at or after `since` (as
+        `ended_since`, without reading their specs)."""
+        rows = self._db.conn.execute(
+            f"SELECT id FROM jobs WHERE state IN ({_TERMINAL_SQL}) AND updated >= ? ORDER BY id", (since,)).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def allocated_and_ended(self, job_id: int) -> tuple[float | None, float | None, float | None]:
+        """When the job's GPUs were first allocated and when it was last placed (its first and latest
+        `starting` events) and when it ended (its terminal event); None for what has not happened."""
+        row = self._db.conn.execute(
+            "SELECT MIN(CASE WHEN kind = 'starting' THEN time END), MAX(CASE WHEN kind = 'starting' THEN time END),"
+            f" MAX(CASE WHEN kind IN ({_TERMINAL_SQL}) THEN time END) FROM events WHERE job_id = ?",
+            (job_id,),
+        ).fetchone()
+        return (row[0], row[1], row[2]) if row is not None else (None, None, None)
+
     def spec_files(self) -> set[str]:
         """Every job's `spec_file`: the accepted copies intake has recorded."""
         return {r[0] for r in self._db.conn.execute("SELECT spec_file FROM jobs").fetchall()}

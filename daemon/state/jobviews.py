@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from spx.daemon.state import ledger_view
 from spx.daemon.state import phases as timeline
 from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.node_view import node_view
@@ -23,9 +24,10 @@ def heartbeat_path(run_dir: Path, job: JobRow) -> Path:
 
 def job_view(
     store: Store, job: JobRow, run_dir: Path, pids: dict[str, list[int]] | None = None, with_history: bool = False,
-    gang_hosts: list[dict] | None = None,
+    gang_hosts: list[dict] | None = None, with_ledger: bool = True,
 ) -> JobView:
-    """`gang_hosts`: for a job across hosts, every host's line as the supervisor last read it."""
+    """`gang_hosts`: for a job across hosts, every host's line as the supervisor last read it.
+    `with_ledger=False` leaves the goodput ledger out (the STATUS line, on the main loop, shows none)."""
     attempts = store.attempts.for_job(job.id)
     # Through userfs: the file is the user's, and this runs for every `spx ls` and scrape — a FIFO,
     # a link to a root-only file, a huge file or garbage there is "no heartbeat" with the reason,
@@ -74,6 +76,7 @@ def job_view(
         rank_step_seconds=beat.rank_step_seconds if beat and not stale and job.state.value == "running" else None,
         node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat,
                        attempts[-1].generation if attempts else None, gang_hosts),
+        ledger=ledger_view.job_ledger(store, job, attempts, time.time()).to_json() if with_ledger else None,
     )
 
 
@@ -86,7 +89,7 @@ Scope = Literal["live", "recent", "all"]
 
 
 def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int]]] | None = None,
-              scope: Scope = "recent", now: float | None = None) -> list[JobView]:
+              scope: Scope = "recent", now: float | None = None, with_ledger: bool = True) -> list[JobView]:
     """Views of the live jobs ("live"), plus each name's latest job that finished in the last
     RECENT_SECONDS ("recent"), or of every job ever submitted ("all")."""
     live_pids = pids() if pids else {}
@@ -96,4 +99,4 @@ def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int
         rows = store.jobs.current(finished_since=(time.time() if now is None else now) - RECENT_SECONDS)
     else:
         rows = store.jobs.all()
-    return [job_view(store, j, run_dir, live_pids) for j in rows]
+    return [job_view(store, j, run_dir, live_pids, with_ledger=with_ledger) for j in rows]

@@ -20,6 +20,19 @@ from pathlib import Path
 
 from spx.daemon.state.db import StoreRefused
 
+_INCIDENTS = """CREATE TABLE IF NOT EXISTS incidents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    attempt INTEGER NOT NULL,
+    time REAL NOT NULL,
+    reason_class TEXT,
+    doc TEXT NOT NULL,
+    UNIQUE (job_id, attempt)
+)"""
+# An incident goes with its job, whoever removes the job (retention, an operator's SQL).
+_INCIDENTS_GO_WITH_THE_JOB = """CREATE TRIGGER IF NOT EXISTS incidents_go_with_the_job BEFORE DELETE ON jobs
+BEGIN DELETE FROM incidents WHERE job_id = OLD.id; END"""
+
 TABLES = (
     """CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -66,6 +79,8 @@ TABLES = (
     checkpoint_discovery TEXT,
     generation INTEGER,
     memory_peak INTEGER,
+    progress TEXT,
+    backoff REAL,
     UNIQUE (job_id, number)
 )""",
     # Written once, when the store is created: a store without it was not made whole (integrity.py).
@@ -86,6 +101,8 @@ TABLES = (
     kind TEXT NOT NULL,
     detail TEXT
 )""",
+    # One row per failed attempt: what an operator reads after it (run/incidents.py), a bounded JSON document.
+    _INCIDENTS,
 )
 _FIRST_INDEXES = (
     # Names are unique among live jobs only: a finished job's name may be reused.
@@ -100,7 +117,7 @@ _RETENTION_INDEXES = (
     "CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(updated) WHERE state IN ('cancelled', 'failed', 'succeeded')",
     "CREATE INDEX IF NOT EXISTS events_job ON events(job_id)",
 )
-INDEXES = (*_FIRST_INDEXES, *_RETENTION_INDEXES)
+INDEXES = (*_FIRST_INDEXES, *_RETENTION_INDEXES, _INCIDENTS_GO_WITH_THE_JOB)
 _CREATED = "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', datetime('now'))"
 
 # Columns added to the tables of the first release before stores had a version; a store of
@@ -150,7 +167,24 @@ def _version_3(db: sqlite3.Connection) -> None:
         db.execute(index)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3)
+def _version_4(db: sqlite3.Connection) -> None:
+    """`incidents`: one row per failed attempt (run/incidents.py), removed with its job (a trigger)."""
+    db.execute(_INCIDENTS)
+    db.execute(_INCIDENTS_GO_WITH_THE_JOB)
+
+
+def _version_5(db: sqlite3.Connection) -> None:
+    """The goodput ledger's facts (state/goodput.py): an attempt's progress record (its first beat,
+    last progress, saves, how far it is known kept: state/attempt_progress.py) and the backoff
+    decided at its end; the ledger reads a job's events through retention's index (version 3).
+    Attempts recorded before have neither record: their time is `running`/`unknown` in the ledger."""
+    have = {r[1] for r in db.execute("PRAGMA table_info(attempts)").fetchall()}
+    for column, decl in (("progress", "TEXT"), ("backoff", "REAL")):
+        if column not in have:  # a version-0 store without the table got it from `TABLES` in version 1
+            db.execute(f"ALTER TABLE attempts ADD COLUMN {column} {decl}")
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3, _version_4, _version_5)
 VERSION = len(MIGRATIONS)
 
 

@@ -1,6 +1,6 @@
 """The durable state store: one SQLite file (`db`), its tables by subject — `jobs`, `attempts`,
 `host` (quarantined GPUs, the drain switch), `housekeeping` (events in order; finished jobs'
-removal) — made or upgraded to this version's schema at open.
+removal), `incidents` (one per failed attempt) — made or upgraded to this version's schema at open.
 
 Every state change is one transaction, so a daemon killed with SIGKILL at any instant restarts into
 a consistent store: each job is in exactly one state, each attempt is open or closed. The main loop
@@ -16,6 +16,7 @@ from spx.daemon.state.attempts_table import AttemptsTable
 from spx.daemon.state.db import Database
 from spx.daemon.state.host_tables import HostTables
 from spx.daemon.state.housekeeping_table import HousekeepingTable
+from spx.daemon.state.incidents_table import IncidentsTable
 from spx.daemon.state.jobs_table import JobsTable
 
 
@@ -34,6 +35,7 @@ class Store:
         self.jobs = JobsTable(self.db)
         self.attempts = AttemptsTable(self.db)
         self.host = HostTables(self.db)
+        self.incidents = IncidentsTable(self.db)
         self.housekeeping = HousekeepingTable(self.db)
 
     def close(self) -> None:

@@ -86,6 +86,9 @@ class JobView:
     # threshold slower than the median, with its GPU's evidence; for a script without rank times,
     # its throttled GPUs. Filled by the service, which holds the GPU evidence.
     stragglers: list[dict] = field(default_factory=list)
+    # Where every second of the job's life went, by cause (state/goodput.py `Ledger.to_json`):
+    # wall_seconds, gpus, goodput, seconds and gpu_seconds by cause. None where not computed.
+    ledger: dict | None = None
 
     def to_json(self, with_history: bool = False) -> dict:
         doc = asdict(self)

@@ -115,12 +115,15 @@ def _own_checkpoint_dir(path: str) -> None:
 
 def _find_latest(args: dict[str, Any]) -> dict[str, Any]:
     """checkpoint_discovery's answer (capped): the checkpoint to resume from, its layout, the
-    candidates skipped and why, the older complete ones; `exclude` maps paths not to choose to why."""
+    candidates skipped and why, the older complete ones; `exclude` maps paths not to choose to why;
+    `before_step` (a divergence rollback) passes over checkpoints at or after that step."""
     _own_checkpoint_dir(str(args["dir"]))
     exclude = {str(k): str(v) for k, v in dict(args.get("exclude") or {}).items()}
     local = args.get("local_dir")
+    before = args.get("before_step")
     found, _tier = checkpoint_tiers.discover_tiers(Path(args["dir"]), Path(local) if local else None,
-                                                   args.get("pattern"), exclude)
+                                                   args.get("pattern"), exclude,
+                                                   int(before) if before is not None else None)
     return found.to_json()
 
 

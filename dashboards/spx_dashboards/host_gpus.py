@@ -37,6 +37,26 @@ def overview() -> list[g.Panel]:
     ]
 
 
+def goodput() -> list[g.Panel]:
+    """The host's account of its GPU time since the daemon started (the jobs' goodput ledgers)."""
+    return [
+        g.row("Goodput"),
+        g.timeseries("Host goodput (since the daemon started)", "Share of the host's settled GPU-seconds that "
+                     "produced kept training (idle and quarantined GPUs count against it).",
+                     [g.query(f"max by (instance) (instance:spx_host_goodput:ratio{{{HOST}}})", "{{instance}}")],
+                     unit="percentunit", min_=0, max_=1, w=8),
+        g.timeseries("Host badput by cause (GPUs' worth)", "GPUs' worth of time lost, stacked by cause: the jobs' "
+                     "recomputed steps, checkpoint stalls, hangs, restarts, backoff, ..., and idle and "
+                     "quarantined GPUs.",
+                     [g.query(f"sum by (cause) (instance_cause:spx_host_badput_gpu_seconds:rate5m{{{HOST}}})",
+                              "{{cause}}")], stack=True, min_=0, w=8),
+        g.timeseries("GPU-seconds not yet settled", "The running jobs' GPU-seconds not in the counters yet "
+                     "(training since each one's newest checkpoint).",
+                     [g.query(f"max by (instance) (spx_host_unsettled_gpu_seconds{{{HOST}}})", "{{instance}}")],
+                     unit="s", min_=0, w=8),
+    ]
+
+
 def gpu_table() -> list[g.Panel]:
     columns = {"A": "info", "B": "Up", "C": "GPU util", "D": "Memory used", "E": "Memory used %",
                "F": "Memory busy", "G": "Power", "H": "Temperature", "I": "SM clock"}
@@ -197,9 +217,9 @@ def build() -> dict:
     return g.dashboard(
         "spx-host-gpus", "spx-trainer / Host GPUs",
         "Per-GPU utilization, memory, power, temperature, clocks, throttle reasons, errors and the spx job "
-        "on each GPU, for one host.",
+        "on each GPU, and where the host's GPU time went (goodput, badput by cause), for one host.",
         tags=[TAG, "gpu"], variables=standard_variables(),
         panels=[*overview(), *gpu_table(), *utilization(), *power_thermal(), *clocks(), *pcie(), *errors(),
-                *processes(), *exporter()],
+                *processes(), *goodput(), *exporter()],
         links=g.dashboard_links(TAG),
     )

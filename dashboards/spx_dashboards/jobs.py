@@ -1,4 +1,5 @@
-"""Dashboard 3, "spx-trainer / Jobs": state, restarts by reason, progress, checkpoints, GPUs held."""
+"""Dashboard 3, "spx-trainer / Jobs": state, restarts by reason, progress, checkpoints, goodput,
+GPUs held."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from .common import JOB, JOB_STATE_CODES, TAG, standard_variables
 STATE = "instance_spx_job:spx_job_state:code"
 CKPT_AGE = "instance_spx_job:spx_job_checkpoint_age:seconds"
 CKPT_INTERVAL = "instance_spx_job:spx_job_checkpoint_interval:avg6h"
+GOODPUT = "instance_spx_job:spx_job_goodput:ratio"
+BADPUT = "instance_spx_job_cause:spx_job_badput_seconds:rate5m"
 # GPU series of held GPUs only: "All" (".*") also matches an idle GPU, which has no spx_job.
 JOB_GPUS = f'{JOB}, spx_job!=""'
 
@@ -105,6 +108,25 @@ def restarts() -> list[g.Panel]:
     ]
 
 
+def goodput() -> list[g.Panel]:
+    """The goodput ledger (docs/metrics.md): where each second of the jobs' lives went."""
+    return [
+        g.row("Goodput"),
+        g.timeseries("Goodput (since submission)", "Share of each job's settled time holding GPUs that produced "
+                     "kept training: productive / all but queued (its goodput ledger).",
+                     [g.query(f"max by (spx_job) ({GOODPUT}{{{JOB}}})", "{{spx_job}}")],
+                     unit="percentunit", min_=0, max_=1, w=8),
+        g.timeseries("Badput by cause", "Seconds per second the selected jobs lost, stacked by cause (recomputed "
+                     "steps, checkpoint stalls, hangs, restart phases, backoff, daemon outages, ...); 1 is one "
+                     "job's whole time. Recomputed time shows when the failed attempt's successor resumes.",
+                     [g.query(f"sum by (cause) ({BADPUT}{{{JOB}}})", "{{cause}}")], stack=True, min_=0, w=8),
+        g.timeseries("Not yet settled", "Each job's time not in the ledger's counters yet: its running attempt's "
+                     "training since its newest checkpoint (kept or recomputed as the attempt ends).",
+                     [g.query(f"max by (spx_job) (spx_job_unsettled_seconds{{{JOB}}})", "{{spx_job}}")],
+                     unit="s", min_=0, w=8),
+    ]
+
+
 def resources() -> list[g.Panel]:
     return [
         g.row("GPUs held"),
@@ -126,8 +148,8 @@ def build() -> dict:
     return g.dashboard(
         "spx-jobs", "spx-trainer / Jobs",
         "Training jobs supervised by spx-trainer: state, restarts by reason, step and samples/s, checkpoint "
-        "age and the GPUs each job holds.",
+        "age, goodput and badput by cause, and the GPUs each job holds.",
         tags=[TAG, "jobs"], variables=standard_variables(multi_instance=True),
-        panels=[*overview(), *job_table(), *progress(), *restarts(), *resources()],
+        panels=[*overview(), *job_table(), *progress(), *goodput(), *restarts(), *resources()],
         links=g.dashboard_links(TAG),
     )

@@ -35,8 +35,9 @@ CONTRACT_METRICS = frozenset({
     "spx_gpu_nvlink_transmit_bytes_total", "spx_gpu_nvlink_receive_bytes_total",
     "spx_gpu_nvlink_errors_total", "spx_job_info", "spx_job_state", "spx_job_restarts_total", "spx_job_step",
     "spx_job_samples_per_second", "spx_job_last_checkpoint_timestamp_seconds", "spx_job_gpus",
-    "spx_job_attempts", "spx_job_rank_step_seconds", "spx_job_straggler", "spx_scrape_duration_seconds", "spx_scrape_success", "spx_nvml_errors_total",
-    "spx_build_info",
+    "spx_job_attempts", "spx_job_rank_step_seconds", "spx_job_straggler", "spx_scrape_duration_seconds",
+    "spx_scrape_success", "spx_nvml_errors_total", "spx_build_info", "spx_job_seconds_total",
+    "spx_job_unsettled_seconds", "spx_host_gpu_seconds_total", "spx_host_unsettled_gpu_seconds",
 })
 PROMETHEUS_METRICS = frozenset({"up"})  # written by Prometheus itself for every target
 BUILTIN_VARIABLES = frozenset({"__rate_interval", "__interval", "__range", "__interval_ms", "__range_s"})

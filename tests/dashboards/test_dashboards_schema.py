@@ -152,7 +152,7 @@ def test_required_panels_exist(dashboards):
 
     host = titles("spx-host-gpus.json")
     for word in ("utilization", "memory", "power", "temperature", "clock", "throttle", "job on each gpu",
-                 "xid", "ecc", "nvlink"):
+                 "xid", "ecc", "nvlink", "host goodput", "host badput by cause"):
         assert word in host, word
     nvlink = titles("spx-nvlink.json")
     for word in ("link state (gpu × link)", "transmit per gpu", "receive per gpu", "transmit per link",
@@ -160,7 +160,7 @@ def test_required_panels_exist(dashboards):
         assert word in nvlink, word
     jobs = titles("spx-jobs.json")
     for word in ("state", "restarts by reason", "step", "samples per second", "time since last checkpoint",
-                 "gpus held"):
+                 "gpus held", "goodput", "badput by cause"):
         assert word in jobs, word
 
 

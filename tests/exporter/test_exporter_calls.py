@@ -51,3 +51,14 @@ def test_counters_move_between_scrapes(make_backend):
     assert value(second, "spx_gpu_nvlink_up", gpu="3", link="7") == 0
     assert value(second, "spx_gpu_nvlink_transmit_bytes_total", gpu="3", link="7") == value(
         first, "spx_gpu_nvlink_transmit_bytes_total", gpu="3", link="7")
+
+
+def test_each_scrape_feeds_the_gpus_recent_readings_at_no_extra_call(make_backend):
+    """The incidents' minute before a failure (gpu/recent.py) is the collector's own reads, kept:
+    the call count above is the same with it, and each scrape adds one reading per GPU."""
+    backend = make_backend()
+    calls = calls_of_one_scrape(backend)  # two scrapes
+    assert sum(calls.values()) == 8 * len(CALLS_PER_GPU)
+    for g in range(8):
+        readings = backend.recent.readings(g, 0, float("inf"))
+        assert len(readings) == 2 and {"utilization", "power_watts", "sm_clock_hertz"} <= set(readings[-1])

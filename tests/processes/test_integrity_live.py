@@ -53,7 +53,8 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused(state):
 
 @pytest.fixture
 def small_fs(tmp_path) -> Iterator[Path]:
-    with small_tmpfs(tmp_path / "small", "1m") as mnt:
+    # Room for a new store and its write-ahead log with some to spare: the test fills the rest itself.
+    with small_tmpfs(tmp_path / "small", "4m") as mnt:
         yield mnt
 
 

@@ -95,6 +95,8 @@ def test_preemption_checkpoints_the_current_step_and_resume_is_exact_across_epoc
     assert layout.latest_complete(tmp_path / "run").step == 13
     beat = read_heartbeat(hb)
     assert beat.status == "preempted" and beat.step == 13 and beat.last_checkpoint_step == 13
+    # Saves at steps 5 and 10 and SIGTERM's at 13: the loop's time in them, for the goodput ledger.
+    assert beat.checkpoint_stall_seconds is not None and beat.checkpoint_stall_seconds > 0
     trainer, resumed = _fit(tmp_path / "run", steps=23)
     assert resumed == reference  # 10 batches per epoch, 2 per step: the resume point is mid-epoch 2
 

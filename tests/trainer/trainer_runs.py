@@ -67,12 +67,13 @@ class Run:
         return found[0]
 
 
-def start_ddp(work: Path, name: str, *extra: str, attempt: int = 1, ckpt: Path | None = None, nproc: int = 2) -> Run:
+def start_ddp(work: Path, name: str, *extra: str, attempt: int = 1, ckpt: Path | None = None, nproc: int = 2,
+              env: dict[str, str] | None = None) -> Run:
     ckpt = ckpt or work / f"{name}-ckpt"
     hb = work / f"{name}-a{attempt}.heartbeat"
     log = work / f"{name}-a{attempt}.log"
     env = {**os.environ, "SPX_CHECKPOINT_DIR": str(ckpt), "SPX_HEARTBEAT_FILE": str(hb),
-           "SPX_ATTEMPT": str(attempt), "OMP_NUM_THREADS": "1", ENV_ATTEMPT_ID: (tag := uuid.uuid4().hex)}
+           "SPX_ATTEMPT": str(attempt), "OMP_NUM_THREADS": "1", ENV_ATTEMPT_ID: (tag := uuid.uuid4().hex), **(env or {})}
     argv = [PY, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
             f"--master-port={free_port()}", str(EXAMPLES / "train_ddp.py"), *DDP_ARGS, *extra]
     with log.open("w") as out:

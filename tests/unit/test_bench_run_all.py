@@ -17,7 +17,7 @@ from benchlib import Goal, machine, write_result  # noqa: E402
 
 @pytest.mark.parametrize(("op", "value", "target", "met"), [
     ("<=", 1.02, 1.05, True), ("<=", 1.2, 1.05, False), (">=", 0.97, 0.95, True), (">=", 0.9, 0.95, False),
-    ("==", 0, 0, True), ("==", 1, 0, False),
+    ("==", 0, 0, True), ("==", 1, 0, False), (">", 0.5, 0, True), (">", 0, 0, False),
 ])
 def test_goal_met(op, value, target, met):
     assert Goal("g", value, op, target).met is met
@@ -121,3 +121,41 @@ def test_goodput_steps_misses_and_goals():
                      "(reported) spx goodput, SIGTERM (spot reclaim)": False,
                      "spx misses + unfinished runs, kill -9 runs": True,
                      "(baseline) torchrun misses + unfinished runs, kill -9 runs": False}
+
+
+def test_goodput_bench_measures_kept_training_and_checks_the_ledger_against_it():
+    import bench_goodput as g
+
+    # Attempt a trains steps 1..25 (10 → 13 s); b resumed from step 12 (its first beat is step 13), so a
+    # kept 10 → when it reached step 12 (11 + 3/8 s); b, the last, kept all of its 20 → 22 s.
+    log = g.StepLog(beats=[(10.0, 1, 1.0), (11.0, 9, 1.0), (12.0, 17, 1.0), (13.0, 25, 1.0),
+                           (20.0, 13, 2.0), (21.0, 21, 2.0), (22.0, 40, 2.0)])
+    assert log.kept_training_seconds() == pytest.approx(1.375 + 2.0)
+    assert g.reached([(5.0, 3), (6.0, 5)], 1) == 5.0 and g.reached([(5.0, 3), (6.0, 5)], 9) == 6.0
+    assert "--no-jit-checkpoint" in g.train_args(10, jit=False) and "--no-jit-checkpoint" not in g.train_args(10)
+    assert g.Disturbance("kill", every=20, jit=False).label == "kill -9 every 20 s, JIT off"
+
+    def job(productive, recomputed, queued, unsettled, submitted, end):
+        seconds = dict.fromkeys(("productive", "recomputed", "queued", "restart_detect"), 0.0)
+        seconds.update(productive=productive, recomputed=recomputed, queued=queued)
+        seconds["restart_detect"] = end - submitted - productive - recomputed - queued - unsettled
+        return {"submitted": submitted, "history": [{"end": end}],
+                "ledger": {"seconds": seconds, "unsettled_seconds": unsettled}}
+
+    o = g.Outcome(wall_s=10.0, finished=True, steps=log, jobs=[job(2.7, 1.0, 1.0, 0.0, 0.0, 11.0)])
+    numbers = g.ledger_numbers(o)
+    assert (numbers["ledger_goodput"], numbers["external_goodput"]) == (0.27, 0.3375)
+    assert (numbers["recomputed_s"], numbers["ledger_sum_error"]) == (1.0, 0.0)
+    rows = [{"launcher": "spx", "disturbance": label, "ledger_goodput": 0.8, "external_goodput": ext,
+             "ledger_sum_error": 0.002, "recomputed_s": rec}
+            for label, ext, rec in [("kill -9 every 20 s", 0.805, 0.0), ("kill -9 every 20 s, JIT off", 0.82, 4.2),
+                                    ("kill -9 every 60 s", 0.5, 0.0)]]
+    goals = {x.name: x.met for x in g.ledger_goals(rows)}
+    assert goals == {
+        "spx ledger goodput - bench's, kill -9 every 20 s": True,
+        "spx ledger sum - wall (fraction), kill -9 every 20 s": True,
+        "spx ledger recomputed s, kill -9 every 20 s": True,
+        "spx ledger goodput - bench's, kill -9 every 20 s, JIT off": False,   # 0.02 apart
+        "spx ledger sum - wall (fraction), kill -9 every 20 s, JIT off": True,
+        "spx ledger recomputed s, kill -9 every 20 s, JIT off": True,
+    }

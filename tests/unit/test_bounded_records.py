@@ -144,6 +144,13 @@ def test_an_odd_phase_is_dropped_and_the_beat_still_counts(phase):
     assert beat.step == 3 and beat.phases == {"rendezvous": 90.5}
 
 
+@pytest.mark.parametrize("stall", ["1e400", "-1", "NaN", '"long"', "1e300"])
+def test_an_odd_checkpoint_stall_is_dropped_and_the_beat_still_counts(stall):
+    beat = load_heartbeat(f'{{"step": 3, "time": 100.0, "checkpoint_stall_seconds": {stall}}}')
+    assert beat.step == 3 and beat.checkpoint_stall_seconds is None
+    assert load_heartbeat('{"step": 3, "time": 100.0, "checkpoint_stall_seconds": 12.5}').checkpoint_stall_seconds == 12.5
+
+
 def _running_job(tmp_path: Path) -> tuple[Store, int, Path]:
     store = Store(tmp_path / "s.sqlite")
     jid = store.jobs.add(parse_spec("name: j\nscript: a.py\n"), 1000, "alice", "/x", 1.0)

@@ -288,6 +288,21 @@ def test_exclude_never_leaves_nothing_to_resume(tmp_path):
     assert [c.step for c in found.skipped] == [10]
 
 
+def test_before_step_chooses_the_newest_complete_checkpoint_before_a_divergence(tmp_path):
+    for s in (10, 20, 30, 40):
+        torch.save(state(), tmp_path / f"checkpoint_epoch0_step{s}.pt")
+    found = cd.discover(tmp_path, before_step=37)
+    assert found.chosen.step == 30 and [c.step for c in found.skipped] == [40]
+    assert found.skipped[0].problem == "at or after step 37, where training diverged"
+    assert cd.discover(tmp_path, before_step=30).chosen.step == 20  # a checkpoint of the divergent step is after it
+
+
+def test_before_step_starts_from_scratch_when_nothing_precedes_the_divergence(tmp_path):
+    torch.save(state(), tmp_path / "checkpoint_epoch0_step10.pt")
+    found = cd.discover(tmp_path, before_step=5)
+    assert found.chosen is None and [c.step for c in found.skipped] == [10]
+
+
 def attempt(number, resumed_from, reason_class="user-code", max_step=None, fallback_from=None):
     doc = {"fallback_from": fallback_from} if fallback_from else {"layout": "epoch-step"}
     return SimpleNamespace(number=number, end=100.0 + number, reason_class=reason_class, resumed_from=resumed_from,

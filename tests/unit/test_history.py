@@ -225,6 +225,7 @@ def test_check_plans_attempt_1_as_the_daemon_would(tmp_path):
     lines = submit_check.describe(plan)
     assert [line.split(":")[0] for line in lines] == ["run", "in", "gpus", "checkpoints", "restart", " " * 13 + "per failure class", "stop"]
     assert "2 GPUs (any free ones" in lines[2]
+    assert "divergence max 3, rolled back" in lines[5], lines[5]
     normal = submit_check.normalised(spec)
     assert yaml.safe_load(yaml.safe_dump(normal)) == normal and normal["checkpoints"]["dir"] == plan["checkpoint_dir"]
 

@@ -58,3 +58,15 @@ def test_checkpoints_keep_reaches_the_workers_only_when_the_job_file_sets_it():
     assert kept["SPX_CHECKPOINT_KEEP"] == "7" and checkpoint_keep(kept) == 7
     for garbage in ("0", "-1", "1001", "3.5", "99999999999999999999", "x", ""):
         assert checkpoint_keep({"SPX_CHECKPOINT_KEEP": garbage}) is None, garbage
+
+
+def test_a_divergence_rollback_reaches_the_workers_as_skip_steps_and_the_jobs_divergence_args():
+    from dataclasses import replace
+
+    spec = parse_spec("name: j\nscript: t.py\nargs: ['--lr', '3e-4']\n")
+    plain = plan_launch(spec, ctx([]))
+    assert "SPX_SKIP_STEPS" not in plain.env and plain.argv[-3:] == ["t.py", "--lr", "3e-4"]
+    rolled = plan_launch(spec, replace(ctx([], Path("/ck/j/step-000000030")), skip_steps=((31, 37),),
+                                       extra_args=["--lr", "1e-4"]))
+    assert rolled.env["SPX_SKIP_STEPS"] == "31-37"
+    assert rolled.argv[-5:] == ["t.py", "--lr", "3e-4", "--lr", "1e-4"]  # the last --lr wins in argparse

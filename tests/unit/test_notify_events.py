@@ -155,3 +155,59 @@ def test_a_stored_spec_this_version_refuses_falls_back_to_the_configs_notify(tmp
     refused = dataclasses.replace(row, spec_problem="notify.webhook: only http")
     default = Notify(command=["true"])
     assert notify_of(refused, default) is default and notify_of(row, default) is row.spec.notify
+
+
+def test_a_failures_notification_waits_for_its_incident_and_carries_it(tmp_path):
+    """The incident is written a moment after the failure's event (its reads are off the loop): the
+    notification waits for it, turn by turn, and carries it; one that never comes is not waited for
+    past INCIDENT_WAIT_SECONDS (`incident: null`)."""
+    from spx.daemon.run.notify import INCIDENT_WAIT_SECONDS
+
+    cfg = load_config(None, tmp_path / "root")
+    cfg.state_dir.mkdir(parents=True)
+    store = Store(cfg.store_path)
+    lanes, wall = RecordedLanes(), Clock()
+    wall.now = 3.0  # the failure's event is written at 3.0 (`_fail`)
+    notes = Notifications(cfg, store, lambda: None, clock=Clock(), lanes=lanes, wall=wall)  # type: ignore[arg-type]
+    first = _fail(store, "train", HOOK)
+    notes.tick()
+    assert lanes.sends == []  # waiting for the incident
+    doc = {"failed_at": 2.5, "gpus": [{"index": 2, "xids": [{"time": 2.4, "xid": 79, "what": "XID 79 on GPU 2"}],
+                                       "kernel": [], "readings": [{"time": 2.0, "utilization": 0.9}]}], "stacks": None}
+    store.incidents.add(first, 1, 2.5, "user-error", doc)
+    wall.now = 4.0
+    notes.tick()
+    (send,) = lanes.sends
+    assert send.body["incident"] == {**doc, "job": "train", "attempt": 1, "class": "user-error"}
+    second = _fail(store, "other", HOOK)
+    notes.tick()
+    assert len(lanes.sends) == 1  # waiting: no incident of `other` yet
+    wall.now = 3.0 + INCIDENT_WAIT_SECONDS
+    notes.tick()
+    assert [s.body["job"] for s in lanes.sends] == ["train", "other"] and lanes.sends[1].body["incident"] is None
+    assert store.incidents.get(second, 1) is None
+    store.close()
+
+
+def test_a_restart_that_waited_for_its_incident_is_told_of_the_attempt_that_failed(tmp_path):
+    cfg = load_config(None, tmp_path / "root")
+    cfg.state_dir.mkdir(parents=True)
+    store = Store(cfg.store_path)
+    lanes, wall = RecordedLanes(), Clock()
+    wall.now = 3.0
+    notes = Notifications(cfg, store, lambda: None, clock=Clock(), lanes=lanes, wall=wall)  # type: ignore[arg-type]
+    jid = store.jobs.add(parse_spec(f"name: r\nscript: a.py\n{HOOK}"), 1000, "alice", "/x", 1.0)
+    store.jobs.transition(jid, JobState.STARTING, None, 2.0)
+    row = store.attempts.start(jid, number=1, attempt_id="u1", now=2.0, resumed_from=None, resumed_from_step=None,
+                               port=1)
+    store.attempts.finish(jid, row, JobState.RESTARTING, "exit 1", 3.0,
+                          {"end": 3.0, "exit_code": 1, "reason_class": "user-code", "root_cause": "ValueError: x"}, {})
+    notes.tick()
+    store.jobs.transition(jid, JobState.STARTING, None, 3.5)  # attempt 2 starts before the incident lands
+    store.attempts.start(jid, number=2, attempt_id="u2", now=3.5, resumed_from=None, resumed_from_step=None, port=1)
+    store.incidents.add(jid, 1, 3.0, "user-code", {"failed_at": 3.0, "gpus": [], "stacks": None})
+    notes.tick()
+    (send,) = lanes.sends
+    assert send.body["event"] == "restarted" and send.body["class"] == "user-code" and send.body["attempts"] == 1
+    assert send.body["incident"]["attempt"] == 1 and send.body["root_cause"] == "ValueError: x"
+    store.close()

@@ -144,6 +144,11 @@ def test_the_daemons_ledger_and_progress_records_take_over_when_present():
     assert "restart_detect" in text and "hang" not in text  # a cause with no time is left out of the table
     root = parse(report_chart.draw("train", st, acc))
     assert len([c for c in root.iter(f"{NS}circle") if c.get("class") == "marker save"]) == 2
+    # A live job: the time its ledger has not settled yet is a line of its own.
+    doc["ledger"]["unsettled_seconds"] = 5.0
+    live = job_story.account(doc, 5000.0)
+    assert live.seconds["unsettled"] == 5.0 and live.gpu_seconds["unsettled"] == 10.0
+    assert "unsettled" in report.table(doc, live, st)
 
 
 # --- the picture ---------------------------------------------------------------------------------------------

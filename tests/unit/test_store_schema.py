@@ -64,7 +64,7 @@ def test_a_new_store_is_made_at_the_latest_version(tmp_path):
     Store(path).close()
     tables, indexes, version = schema_of(path)
     assert version == schema.VERSION
-    assert set(tables) == {"jobs", "attempts", "events", "meta", "gpu_quarantine", "queue_settings"}
+    assert set(tables) == {"jobs", "attempts", "events", "meta", "gpu_quarantine", "queue_settings", "incidents"}
     assert {"jobs_live_name", "jobs_name", "jobs_uid"} <= indexes
     assert "held" in tables["jobs"] and "generation" in tables["attempts"]
 
@@ -126,3 +126,31 @@ def test_a_store_of_a_newer_version_is_refused(tmp_path):
         assert f"schema version {schema.VERSION + 1}" in str(err.value) and "newer spx-trainer" in str(err.value)
         assert err.value.exit_code == 2
     assert schema_of(path)[2] == schema.VERSION + 1  # left as found
+
+
+def test_a_version_4_store_gains_the_ledgers_columns(tmp_path):
+    """Version 5 (the goodput ledger's facts): a store a version-4 daemon wrote (memory_peak,
+    retention's indexes, incidents, no progress record, no backoff) gets them, keeps its rows, and is
+    then a new store's twin."""
+    fresh, path = tmp_path / "fresh.sqlite", tmp_path / "s.sqlite"
+    Store(fresh).close()
+    store = Store(path)
+    jid = store.jobs.add(parse_spec("name: a\nscript: a.py\n"), 1000, "alice", "/x", 1.0)
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO attempts (job_id, number, attempt_id, start, memory_peak) VALUES (?, 1, 'u1', 2.0, 5)",
+               (jid,))
+    for column in ("progress", "backoff"):
+        db.execute(f"ALTER TABLE attempts DROP COLUMN {column}")
+    db.execute("PRAGMA user_version = 4")
+    db.commit()
+    db.close()
+    assert "progress" not in schema_of(path)[0]["attempts"]
+    store = Store(path)
+    try:
+        assert schema_of(path) == schema_of(fresh) and schema_of(path)[2] == schema.VERSION == 5
+        store.attempts.set_progress(store.attempts.for_job(jid)[0].id, '{"first": [2.5, 1]}')
+        (attempt,) = store.attempts.for_job(jid)
+        assert (attempt.memory_peak, attempt.progress, attempt.backoff) == (5, '{"first": [2.5, 1]}', None)
+    finally:
+        store.close()

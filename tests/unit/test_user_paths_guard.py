@@ -65,6 +65,8 @@ ALLOWED: dict[str, str] = {
     "run/proctree.py": "/proc",
     "run/rank_cpu.py": "/proc (a rank's environ and schedstat)",
     "run/oom.py": "/dev/kmsg",
+    "gpu/kernel_log.py": "/dev/kmsg (a test's own file in tests)",
+    "gpu/fake_sim.py": "the fake fixture's simulated kernel log: a file the fixture (a test) names",
     "state/store.py": "state_dir (root-only)",
     "state/backup.py": "state_dir/backup (root-only)",
     "state/integrity.py": "state_dir (root-only)",

@@ -1,0 +1,30 @@
+"""`spx_host_gpu_seconds_total`: where the host's GPU time went since the daemon started — the jobs'
+goodput ledgers times their GPUs, quarantined GPUs, idle ones (state/ledger_view.py `HostAccount`) —
+and `spx_host_unsettled_gpu_seconds`, the live jobs' time not settled yet."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from spx.daemon.exporter.metrics import Families
+from spx.daemon.gpu.backend import GpuBackend
+from spx.daemon.state.ledger_view import HostAccount
+
+
+class HostCollector:
+    """One series per cause (every cause, 0 where none), so a ratio of two never lacks a side."""
+
+    def __init__(self, backend: GpuBackend, account: HostAccount, wall: Callable[[], float] = time.time) -> None:
+        self.backend = backend
+        self.account = account
+        self.wall = wall
+
+    def collect(self) -> tuple[list[Any], bool]:
+        fam = Families(["spx_host_gpu_seconds_total", "spx_host_unsettled_gpu_seconds"])
+        host = self.account.gpu_seconds(len(self.backend.devices()), self.wall())
+        for cause, seconds in host.settled.items():
+            fam.add("spx_host_gpu_seconds_total", {"cause": cause}, seconds)
+        fam.add("spx_host_unsettled_gpu_seconds", {}, host.unsettled)
+        return fam.metrics(), True

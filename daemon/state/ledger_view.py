@@ -1,0 +1,61 @@
+"""A job's goodput ledger from its store rows: gathers the facts `goodput.account` needs (the job's
+allocation and end events, each attempt's timeline, progress record, resume step, end and backoff)
+and asks it. Every reader (`spx status --json`, /metrics) gets the ledger through here."""
+
+from __future__ import annotations
+
+from spx.daemon.state import attempt_progress, goodput
+from spx.daemon.state import phases as timeline
+from spx.daemon.state.attempts_table import AttemptRow
+from spx.daemon.state.jobs_table import JobRow
+from spx.daemon.state.states import JobState
+from spx.daemon.state.store import Store
+
+
+def facts(store: Store, job: JobRow, attempts: list[AttemptRow]) -> goodput.JobFacts:
+    allocated, placed, ended = store.jobs.allocated_and_ended(job.id)
+    if job.state.terminal and ended is None:  # no terminal event (never written so): its last record
+        ended = max([job.submitted, *(a.end for a in attempts if a.end is not None)])
+    return goodput.JobFacts(
+        submitted=job.submitted, gpus=job.spec.gpu_count, allocated=allocated, placed=placed,
+        ended=ended if job.state.terminal else None, staged=job.spec.data.stage is not None,
+        succeeded=job.state is JobState.SUCCEEDED,
+        attempts=tuple(goodput.AttemptFacts(
+            start=a.start, end=a.end, phases=timeline.stored(a.phases), progress=attempt_progress.stored(a.progress),
+            resumed_from_step=a.resumed_from_step, reason_class=a.reason_class, stop_cause=a.stop_cause,
+            backoff=a.backoff, exited=a.exited,
+        ) for a in attempts),
+    )
+
+
+def job_ledger(store: Store, job: JobRow, attempts: list[AttemptRow], now: float) -> goodput.Ledger:
+    """The job's ledger at `now` (its end if it ended)."""
+    return goodput.account(facts(store, job, attempts), now)
+
+
+class HostAccount:
+    """The host's GPU-seconds by cause since `since` (the daemon's start): /metrics asks on every
+    scrape, from its own thread. A job that ended is accounted once and kept (its ledger no longer
+    changes); live ones are accounted afresh. A GPU released from quarantine keeps the quarantined
+    time it had (its span ends at the first scrape that sees it released), so no cause goes down."""
+
+    def __init__(self, store: Store, since: float):
+        self.store = store
+        self.since = since
+        self._ended: dict[int, goodput.Ledger] = {}
+        self._quarantined: dict[int, float] = {}           # GPU → since, as last seen
+        self._released: list[tuple[float, float]] = []     # (since, until) of quarantines since ended
+
+    def gpu_seconds(self, gpus: int, now: float) -> goodput.HostSeconds:
+        for job_id in self.store.jobs.ended_ids_since(self.since):
+            if job_id not in self._ended:
+                job = self.store.jobs.get(job_id)
+                self._ended[job_id] = job_ledger(self.store, job, self.store.attempts.for_job(job_id), now)
+        live = [job_ledger(self.store, job, self.store.attempts.for_job(job.id), now) for job in self.store.jobs.live()]
+        quarantined = {gpu: since for gpu, (_uuid, _reason, since) in self.store.host.quarantined_gpus().items()}
+        for gpu, since in self._quarantined.items():
+            if quarantined.get(gpu) != since:
+                self._released.append((since, now))
+        self._quarantined = quarantined
+        spans = [*self._released, *((since, None) for since in quarantined.values())]
+        return goodput.host_account([*self._ended.values(), *live], gpus, spans, self.since, now)

@@ -1,0 +1,74 @@
+"""state/ledger_view.py: a job's ledger from its store rows (what `spx status --json` shows as
+`ledger`) and the host's GPU-seconds (`spx_host_gpu_seconds_total`), from a real store written as the
+daemon writes it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from spx.daemon.core.spec import parse_spec
+from spx.daemon.state import ledger_view
+from spx.daemon.state.attempt_progress import Progress
+from spx.daemon.state.jobviews import job_view
+from spx.daemon.state.states import JobState
+from spx.daemon.state.store import Store
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "spx.sqlite")
+    yield s
+    s.close()
+
+
+def crashed_once(store: Store) -> int:
+    """Submitted at 100, GPUs at 110, attempt 1 trains 120 → 180 (saves step 50 at 150) and
+    crashes; attempt 2 resumes from step 50 and finishes at 300."""
+    job = store.jobs.add(parse_spec("name: l\nscript: /bin/true\ngpus: 2\n"), os.getuid(), "u", "/spool/l", 100.0)
+    store.jobs.transition(job, JobState.STARTING, "GPUs allocated", 110.0, gpus=[0, 1])
+    one = store.attempts.start(job, number=1, attempt_id="a1", now=112.0, resumed_from=None, resumed_from_step=None,
+                               port=None)
+    store.attempts.add_phases(one, {"placed": 110.0, "spawn": 112.0, "launcher_exit": 182.0, "failure_seen": 183.0})
+    store.attempts.running(job, one, pgid=1, boot_id=None, start_ticks=None, reason="running", now=112.0)
+    store.attempts.set_progress(one, Progress(first=(120.0, 1), last=(180.0, 80), saves=((50, 150.0),),
+                                              kept=(150.0, 0.0)).to_json())
+    store.attempts.finish(job, one, JobState.RESTARTING, "exit code 1", 185.0,
+                          {"end": 185.0, "reason_class": "user-code", "backoff": 5.0}, {})
+    store.jobs.transition(job, JobState.STARTING, "relaunching", 192.0)
+    two = store.attempts.start(job, number=2, attempt_id="a2", now=195.0, resumed_from="/c/50", resumed_from_step=50,
+                               port=None)
+    store.attempts.add_phases(two, {"placed": 192.0, "spawn": 195.0, "launcher_exit": 298.0, "failure_seen": 299.0})
+    store.attempts.running(job, two, pgid=2, boot_id=None, start_ticks=None, reason="running", now=195.0)
+    store.attempts.set_progress(two, Progress(first=(205.0, 51), last=(297.0, 200)).to_json())
+    store.attempts.finish(job, two, JobState.SUCCEEDED, "exit code 0", 300.0, {"end": 300.0}, {"gpus": []})
+    return job
+
+
+def test_a_finished_jobs_ledger_from_the_store_sums_to_its_wall_time(store, tmp_path):
+    job = store.jobs.get(crashed_once(store))
+    ledger = job_view(store, job, tmp_path / "run").to_json()["ledger"]
+    assert ledger["wall_seconds"] == 200 and ledger["gpus"] == 2 and ledger["unsettled_seconds"] == 0
+    assert sum(ledger["seconds"].values()) == pytest.approx(200)
+    assert {k: v for k, v in ledger["seconds"].items() if v} == {
+        "queued": 10, "startup": 10, "productive": 30 + 92, "recomputed": 30, "restart_detect": 3,
+        "restart_teardown": 2, "backoff": 5, "restart_placed": 2, "restart_relaunch": 3, "restart_restore": 10,
+        "shutdown": 3}
+    assert ledger["gpu_seconds"]["recomputed"] == 60
+
+
+def test_the_hosts_gpu_seconds_count_the_jobs_the_quarantined_and_the_idle(store):
+    crashed_once(store)
+    store.host.quarantine_gpu(7, None, "XID 79", 250.0)
+    account = ledger_view.HostAccount(store, since=200.0)
+    host = account.gpu_seconds(8, now=400.0).settled
+    assert sum(host.values()) == pytest.approx(8 * 200)
+    assert host["productive"] == pytest.approx(2 * (297 - 205))
+    assert host["quarantined"] == pytest.approx(150)
+    assert host["idle"] == pytest.approx(1600 - 2 * 100 - 150)
+    assert account.gpu_seconds(8, now=400.0).settled == host  # the ended job, kept, counts the same
+    # Released at 420: the GPU's quarantined time stays (its span ends when a scrape sees it gone).
+    store.host.release_gpu(7, "root", 420.0)
+    later = account.gpu_seconds(8, now=430.0).settled
+    assert later["quarantined"] == pytest.approx(180) and later["idle"] == pytest.approx(1600 + 240 - 200 - 180)
