@@ -41,7 +41,7 @@ from spx.daemon.run.placement import Placement
 from spx.daemon.run.queue_control import QueueControl
 from spx.daemon.run.retention import Retention
 from spx.daemon.run.supervisor import Supervisor
-from spx.daemon.service import handover, reload
+from spx.daemon.service import handover, reload, wedge_hook
 from spx.daemon.service.answers import Answers
 from spx.daemon.service.control import Command, ControlServer
 from spx.daemon.service.dcgm_mapping import DcgmJobMapping
@@ -205,7 +205,7 @@ class Daemon:
         dcgm_mapping = self.dcgm_mapping
         while True:
             now = time.monotonic()
-            self._test_wedge_hook()
+            wedge_hook.wedge_if_asked(self.cfg.run_dir)
             self._stage("backup", functools.partial(self.backups.tick, now))
             self._stage("lanes", self.lanes.deliver)
             self._stage("intake", functools.partial(self.intake.claim_due, now))
@@ -288,17 +288,6 @@ class Daemon:
             text = f"stopping: {self.supervisor.busy} jobs checkpointing; " + text
             self.notifier.extend_timeout(15.0)
         self.notifier.status(text)
-
-    def _test_wedge_hook(self) -> None:
-        """Test hook (SPX_TEST_HOOKS=1): a file `run_dir/wedge-main-loop` blocks the loop, so tests
-        can prove the systemd watchdog restarts a wedged daemon. One-shot (the file is removed):
-        run_dir outlives the restart (RuntimeDirectoryPreserve=restart)."""
-        wedge = self.cfg.run_dir / "wedge-main-loop"
-        if os.environ.get("SPX_TEST_HOOKS") == "1" and wedge.exists():
-            wedge.unlink(missing_ok=True)
-            log.warning("main_loop_wedged_by_test_hook")
-            while True:
-                time.sleep(3600)
 
     def _gpu_holders(self) -> dict[int, str]:
         """GPU → the job holding it, from the supervisor's ledgers (a job that ended holds none)."""

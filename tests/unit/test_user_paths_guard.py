@@ -71,8 +71,8 @@ ALLOWED: dict[str, str] = {
     "state/backup.py": "state_dir/backup (root-only)",
     "state/integrity.py": "state_dir (root-only)",
     "core/config.py": "the config file the admin names",
-    "service/daemon.py": "creates the configured top-level dirs (state, log, run, checkpoints root, spool) at start; "
-                         "the test hook's marker in run_dir",
+    "service/daemon.py": "creates the configured top-level dirs (state, log, run, checkpoints root, spool) at start",
+    "service/wedge_hook.py": "the test hook's marker in run_dir (root's own dir; only with SPX_TEST_HOOKS=1)",
     "service/handover.py": "the reload and stop markers in run_dir (verified the daemon's own by "
                            "fsafe.open_root_dir, written/read/unlinked by its fd, O_NOFOLLOW); /proc/self",
     "service/control.py": "the control socket: bound and chmod-ed in run_dir, verified the daemon's own and "
