@@ -5,7 +5,8 @@ Prometheus sees it).
 The stack is `spx-trainer --gpu-backend fake` (tests/harness.py) with one job, "llama-ft": a
 2-worker torchrun of examples/train_ddp.py on GPUs 0 and 1 that crashes at step 5 of its first
 attempt (so restarts by reason have data), is relaunched by the daemon and then trains slowly,
-checkpointing every couple of seconds. The fixture is the bundled one with one NVML call failing on
+checkpointing every couple of seconds; its rank 1 is slow on GPU 1, in thermal slowdown (so the
+straggler series have data). The fixture is the bundled one with one NVML call failing on
 GPU 7, so the NVML-error series exist as on a host with a flaky call. Prometheus runs with
 dashboards/prometheus.yml's scrape config (job name spx-trainer, no honor_labels) at a 1 s scrape and
 rule interval, with our rules loaded; the alerting rules are loaded with every `for:` set to 0 s,
@@ -32,13 +33,15 @@ from spx.daemon.run.launcher import free_port
 JOB = "llama-ft"
 JOB_GPUS = [0, 1]
 FLAKY_GPU, FLAKY_CALL = 7, "nvmlDeviceGetPcieThroughput"
+STRAGGLER_GPU = 1
 JOB_SPEC = {
     "name": JOB,
     "launcher": "torchrun",
     "script": str(EXAMPLES / "train_ddp.py"),
     # ~5 steps/s and a checkpoint every 2 s, lightly loaded so the rest of the stack keeps up.
     "args": ["--steps", "1000000", "--checkpoint-every", "10", "--sleep-per-step", "0.2", "--keep", "2",
-             "--crash-at-step", "5", "--model-size", "tiny", "--batch_size", "4"],
+             "--crash-at-step", "5", "--model-size", "tiny", "--batch_size", "4",
+             "--slow-rank", "1", "--slow-rank-seconds", "0.005", "--rank-timing-every", "5"],
     "gpus": JOB_GPUS,
     "restart": {"max_restarts": 3, "backoff_seconds": [1, 5], "hang_timeout_seconds": 600},
     "stop": {"grace_seconds": 20},
@@ -51,6 +54,9 @@ class LiveHost:
     def __init__(self, workdir: Path) -> None:
         fixture = json.loads(DEFAULT_FIXTURE.read_text())
         fixture["devices"][FLAKY_GPU]["failing_functions"] = {FLAKY_CALL: "UNKNOWN"}
+        # Rank 1 is slow (`--slow-rank 1`) on a GPU in thermal slowdown: the straggler series exist.
+        fixture["devices"][STRAGGLER_GPU].update(clock_event_reasons_busy=["HwThermalSlowdown"],
+                                                 sm_clock_busy_mhz=1410, temperature_busy_c=87)
         (workdir / "fixture.json").write_text(json.dumps(fixture))
         self.daemon = Daemon(workdir / "root", gpu_backend="fake",
                              extra_args=["--fake-gpus", str(workdir / "fixture.json")])
@@ -70,7 +76,8 @@ class LiveHost:
         job = self.daemon.job(JOB)
         if job is None or job["state"] not in ("running", "restarting", "starting"):
             raise AssertionError(f"{JOB} is not running: {job}\n{self.daemon.lines[-20:]}")
-        return job["attempts"] == 2 and job["state"] == "running" and bool(job["last_checkpoint_step"])
+        return (job["attempts"] == 2 and job["state"] == "running" and bool(job["last_checkpoint_step"])
+                and bool(self.daemon.status(JOB).get("stragglers")))
 
     def scrape(self) -> str:
         with urllib.request.urlopen(self.url, timeout=30) as response:

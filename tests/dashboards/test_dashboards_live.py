@@ -17,7 +17,7 @@ import subprocess
 import time
 
 import pytest
-from dashboards_live import JOB, JOB_GPUS, Prometheus
+from dashboards_live import JOB, JOB_GPUS, STRAGGLER_GPU, Prometheus
 from dashboards_testlib import (
     LABEL_VALUES,
     PROMETHEUS_METRICS,
@@ -129,10 +129,15 @@ def test_healthy_fixture_fires_no_gpu_or_job_alert(stack):
     """Everything else on the fixture is healthy: no other GPU, NVLink or job alert fires (with
     `for: 0s`, so a threshold that is wrong by orders of magnitude would show here)."""
     _, prom = stack
-    # SpxCollectorFailing is expected: the stack injects one failing NVML call (see dashboards_live).
-    expected = {"SpxGpuXidError", "SpxNvlinkDown", "SpxCollectorFailing"}
-    firing = {a["labels"]["alertname"] for a in prom.alerts() if a["state"] == "firing"}
-    assert firing - expected == set()
+    # SpxCollectorFailing is expected: the stack injects one failing NVML call; and the straggler on a
+    # thermally throttled GPU (see dashboards_live).
+    expected = {"SpxGpuXidError", "SpxNvlinkDown", "SpxCollectorFailing", "SpxJobStraggler", "SpxGpuThermalThrottling"}
+    alerts = [a["labels"] for a in prom.alerts() if a["state"] == "firing"]
+    assert {a["alertname"] for a in alerts} - expected == set()
+    # the straggler's alerts name its GPU alone (its rank, and the thermal cause)
+    slow = [a for a in alerts if a["alertname"] in ("SpxJobStraggler", "SpxGpuThermalThrottling")]
+    assert {a["gpu"] for a in slow} <= {str(STRAGGLER_GPU)}, slow
+    assert all(a.get("cause", "thermal") == "thermal" for a in slow), slow
 
 
 def test_the_scrape_config_without_honor_labels_keeps_target_and_job_labels_apart(stack):
