@@ -68,7 +68,7 @@ def test_checkpoints_in_both_tiers_resume_local_then_persistent_and_the_local_di
         os.kill(victim, signal.SIGKILL)
         jit = wait_for(lambda: next((r for r in layout.complete_checkpoints(persistent)
                                      if r.step % 10 and (layout.read_manifest(r.path) or {}).get("extra", {}).get("jit")),
-                                    None), 60, "the JIT checkpoint's replica in the persistent dir")
+                                    None), 180, "the JIT checkpoint's replica in the persistent dir")
         assert layout.read_manifest(local / jit.path.name) is not None, "the JIT checkpoint is in the local tier too"
         # The host "loses" its RAM before the daemon looks for attempt 3's checkpoint (it does so only
         # after the launcher exited and the backoff passed).

@@ -99,7 +99,11 @@ def test_a_slow_rank_on_a_thermally_throttled_gpu_is_named_with_its_cause(tmp_pa
 
 
 def undisturbed(tmp_path: Path, seconds: float) -> None:
-    d = Daemon(tmp_path / "root", gpu_backend="fake", extra_args=["--fake-gpus", str(fixture(tmp_path, None))]).start()
+    # Four ranks on this 2-core box share two cores with the rest of the suite: a rank of an undisturbed
+    # run was seen 10.7 % above the median under full-suite load (CPU contention, truthfully), so here
+    # the threshold is 20 % (the default 10 % is for a GPU host, where ranks do not share cores).
+    d = Daemon(tmp_path / "root", gpu_backend="fake", extra_args=["--fake-gpus", str(fixture(tmp_path, None))],
+               config={"straggler_threshold_percent": 20}).start()
     try:
         d.drop("calm.yaml", job("calm", ""))
         first_step(d, "calm", 180)
