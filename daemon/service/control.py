@@ -92,7 +92,7 @@ class ControlServer:
                 os.unlink(path.name, dir_fd=run_fd)
             self._sock.bind(str(path))
             # Anyone may connect; what they may see and do is decided per request from SO_PEERCRED.
-            os.chmod(path.name, 0o666, dir_fd=run_fd)
+            fsafe.chmod_socket_at(run_fd, path.name, 0o666)
         finally:
             os.close(run_fd)
         self._sock.listen(64)

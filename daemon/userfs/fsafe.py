@@ -210,6 +210,20 @@ def lexists_at(dir_fd: int, name: str) -> bool:
         return False
 
 
+def chmod_socket_at(dir_fd: int, name: str, mode: int) -> None:
+    """chmod the Unix socket `name` in `dir_fd` without following a link: Linux has no lchmod, so
+    the entry is opened O_PATH|O_NOFOLLOW, checked to be a socket, and changed through its fd's
+    /proc path (a link there is refused, never followed)."""
+    _check_name(name)
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise UserPathError(errno.EINVAL, f"{name}: not a socket")
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    finally:
+        os.close(fd)
+
+
 def open_regular(dir_fd: int, name: str, flags: int = os.O_RDONLY) -> int:
     """Open `name` in `dir_fd` without following a link or blocking on a FIFO; regular files only."""
     _check_name(name)

@@ -173,3 +173,26 @@ def test_ensure_owned_dir_is_handed_over_on_its_fd(base):
     assert os.lstat(base / "d" / "mine").st_uid == NOBODY
     assert os.lstat(base / "d" / "link").st_uid == NOBODY and stat.S_ISDIR(os.lstat(base / "d" / "link").st_mode)
     assert os.stat("/etc").st_uid == 0
+
+
+def test_chmod_socket_at_changes_the_socket_and_never_follows_a_link(tmp_path):
+    import socket as socketlib
+
+    sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    sock.bind(str(tmp_path / "s.sock"))
+    target = tmp_path / "target"
+    target.write_text("x")
+    target.chmod(0o600)
+    (tmp_path / "link").symlink_to(target)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fsafe.chmod_socket_at(fd, "s.sock", 0o666)
+        assert stat.S_IMODE(os.stat(tmp_path / "s.sock").st_mode) == 0o666
+        with pytest.raises(OSError):
+            fsafe.chmod_socket_at(fd, "link", 0o666)
+        with pytest.raises(fsafe.UserPathError):
+            fsafe.chmod_socket_at(fd, "target", 0o666)
+    finally:
+        os.close(fd)
+        sock.close()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
