@@ -95,16 +95,21 @@ def test_a_user_who_freezes_their_own_helpers_delays_only_their_own_jobs(users, 
         probe.answering(d)
         bait.untouched()
     finally:
-        if freezer is not None:
-            freezer.kill()
-            freezer.wait()
-        for pid in helpers_of(owner.pw_uid):  # what the daemon has not killed yet (its timeout does)
-            for sig in (signal.SIGKILL, signal.SIGCONT):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
+        _thaw(freezer, owner.pw_uid)
         d.stop()
+
+
+def _thaw(freezer: subprocess.Popen | None, uid: int) -> None:
+    """Stop the freezer, and end the owner's helpers the daemon has not killed yet (its timeout does)."""
+    if freezer is not None:
+        freezer.kill()
+        freezer.wait()
+    for pid in helpers_of(uid):
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def _stopped(pid: int) -> bool:
@@ -182,15 +187,7 @@ def test_300_spool_files_and_20_held_lease_locks_of_one_owner_never_delay_anothe
         probe.answering(d)
         bait.untouched()
     finally:
-        if freezer is not None:
-            freezer.kill()
-            freezer.wait()
-        for pid in helpers_of(owner.pw_uid):  # what the daemon has not killed yet (its timeout does)
-            for sig in (signal.SIGKILL, signal.SIGCONT):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
+        _thaw(freezer, owner.pw_uid)
         if holder is not None:
             holder.kill()
             holder.wait()
