@@ -124,7 +124,7 @@ class HeartbeatWriter:
             status=status,
             phases=phases.recorded() or None,
             rank_step_seconds=[round(s, 6) for s in self._rank_step_seconds[:MAX_RANKS_REPORTED]]
-            if self._rank_step_seconds else None,
+            if self._rank_step_seconds is not None else None,
             checkpoint_stall_seconds=None if checkpoint_stall is None else round(checkpoint_stall, 3),
             loss=loss,
             grad_norm=grad_norm,

@@ -36,9 +36,10 @@ class RankTimer:
         self.cuda = device.type == "cuda"
         self.distributed = distributed
         self.group = group
-        self.latest: list[float] | None = None
-        """Each rank's mean forward seconds per step in its best of the last `windows` windows (None
-        before the first)."""
+        self.latest: list[float] | None = [] if every else None
+        """Each rank's mean forward seconds per step in its best of the last `windows` windows: empty
+        before the first (the daemon then waits for them rather than judge the job's GPUs alone),
+        None when timing is off."""
         self._windows: deque[list[float]] = deque(maxlen=windows)
         self._seconds = 0.0
         self._events: list[tuple[Any, Any]] = []

@@ -137,7 +137,8 @@ class Heartbeat:
     Where the writer is (torch's numbering, docs/multinode.md; None where its env did not say):
     `node_rank` (GROUP_RANK) of `nnodes` (GROUP_WORLD_SIZE), and `ranks`, the node's global ranks
     [first, last] (first: RANK of its local rank 0, the writer; last: first + LOCAL_WORLD_SIZE - 1).
-    `rank_step_seconds[r]`: global rank r's own work per step (see MAX_RANKS_REPORTED); None: not reported.
+    `rank_step_seconds[r]`: global rank r's own work per step (see MAX_RANKS_REPORTED); empty: timed,
+    nothing measured yet (the first window of steps is not over); None: not reported.
     `checkpoint_stall_seconds`: the seconds this attempt's training loop has waited on checkpoint
     saves so far (None: not reported), the goodput ledger's `checkpoint` time.
     `loss` and `grad_norm` are the last step's (any script may report them; the daemon applies the
@@ -302,8 +303,9 @@ def _known_phases(raw: object) -> dict[str, float] | None:
 
 def _rank_step_seconds(raw: object) -> list[float] | None:
     """Every rank's seconds per step, each in [0, MAX_RANK_STEP_SECONDS], at most MAX_RANKS_REPORTED
-    of them; anything else is dropped (None), never the beat (its step drives hang detection)."""
-    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_RANKS_REPORTED:
+    of them (empty: none measured yet); anything else is dropped (None), never the beat (its step
+    drives hang detection)."""
+    if not isinstance(raw, list) or len(raw) > MAX_RANKS_REPORTED:
         return None
     try:
         return [bounded.real(v, "heartbeat", 0.0, MAX_RANK_STEP_SECONDS, name="rank_step_seconds") for v in raw]

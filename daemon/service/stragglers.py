@@ -4,7 +4,9 @@ A view of a running job carries its heartbeat's per-rank step times; here the sl
 is `threshold_percent` above the median, is joined with its GPU's evidence from the board the
 exporter's scrapes fill (gpu/evidence.py, gpu/straggler.py) and, where the GPU shows no cause,
 with its process's run-queue wait (run/rank_cpu.py). A job without rank times (a script
-that does not use spx.trainer) gets its throttled GPUs instead. Each new finding is logged once.
+that does not use spx.trainer) gets its throttled GPUs instead; one whose first window of rank times
+is not over yet (an empty list) gets nothing until they come, so its first finding names the rank.
+Each new finding is logged once.
 """
 
 from __future__ import annotations
