@@ -8,7 +8,7 @@
     (`--me`, `--user`, `--state`, `--since`) · submit (`spx submit FILE`: into the spool, intake's
     answer, the job id for scripts, what it resumes from) ← submit_check (`spx submit --check`) ←
     submit_cmdline (`spx submit -- COMMAND`) ← launch_cmdline (what a torchrun/deepspeed/python line
-    says) · history (`spx history`: what each job used) · incidents (`spx incidents`: a record per
+    says) · verify (`spx verify`: a replay of a job's checkpoints, submitted through submit) · history (`spx history`: what each job used) · incidents (`spx incidents`: a record per
     failed attempt) · job_schema (`spx schema`) · logs (`spx
     logs`: through restarts, an earlier job's by its id) ← log_lines (rank prefix, timestamps, --since,
     reading from the end, the separator) · queue_cmds (hold, release, priority, drain) · timeline (`spx

@@ -53,7 +53,7 @@ def ask(cfg: DaemonConfig, op: str, name: str | None = None, arg: str | None = N
 
 
 def _ask_store(cfg: DaemonConfig, op: str, name: str | None, arg: str | None = None) -> object:
-    if op in ("cancel", "gpu-release", *queue_cmds.COMMANDS, "queue") or not os.access(cfg.store_path, os.R_OK):
+    if op in ("cancel", "gpu-release", "replay-spec", *queue_cmds.COMMANDS, "queue") or not os.access(cfg.store_path, os.R_OK):
         raise NotRunning(not_running_message(cfg))
     if op == "gpus":
         return []  # the GPUs a daemon uses: none while it is not running

@@ -30,7 +30,17 @@ import os
 import sys
 import time
 
-from spx.daemon.cli import colour, filters, history, incidents, logs, queue_cmds, render, submit_cmdline
+from spx.daemon.cli import (
+    colour,
+    filters,
+    history,
+    incidents,
+    logs,
+    queue_cmds,
+    render,
+    submit_cmdline,
+    verify,
+)
 from spx.daemon.cli.client import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
@@ -164,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
         return incidents.cmd_incidents(cfg, args)
     if args.command == "logs":
         return logs.cmd_logs(cfg, args)
+    if args.command == "verify":
+        return verify.cmd_verify(cfg, args)
     if args.command == "cancel":
         queue_cmds.print_change(args, ask(cfg, "cancel", args.name), job=args.name)
         return EXIT_OK

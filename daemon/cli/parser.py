@@ -12,7 +12,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from spx.daemon.cli import colour, filters, history, incidents, queue_cmds, report, submit_cmdline
+from spx.daemon.cli import colour, filters, history, incidents, queue_cmds, report, submit_cmdline, verify
 from spx.daemon.cli.client import EXIT_CODES
 from spx.daemon.core.version import daemon_version
 
@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
         "or a time today (21:00); lines are dated by a timestamp at their start or above them, undated ones kept"))
     s.add_argument("--rank", type=int, metavar="R", help=(
         "only rank R's lines (torchrun's [default0]: prefix, PyTorch's [rank0]:), and spx's own notes"))
+
+    s = _command(sub, "verify", "replay a job's checkpoint intervals on other GPUs and compare every step "
+                 "(docs/verify.md)", parents)
+    verify.add_arguments(s)
 
     s = _command(sub, "cancel", "stop a job (it gets its grace period to checkpoint)", parents)
     s.add_argument("name", help="the job's name")

@@ -59,6 +59,9 @@ def print_status(doc: dict, paint: Paint = PLAIN) -> None:
         print(f"  heartbeat unreadable: {doc['heartbeat_problem']}")
     for s in doc.get("stragglers") or []:  # a slow rank and its GPU's evidence (service/stragglers.py)
         print(f"  straggler: {s['text']}")
+    for v in (doc.get("verifications") or [])[:3]:  # replays of its checkpoints (run/verification.py)
+        where = f"replay {v.get('replay')} on GPUs {_fmt(v.get('replay_gpus'))}"
+        print(f"  verify: {paint.check(v.get('text') or '', {True: 'ok', False: 'fail'}.get(v.get('verified'), 'unknown'))} ({where})")
     if doc.get("node"):
         for line in node_view.describe(doc["node"], time.time()):
             print(f"  {line}")
@@ -107,12 +110,14 @@ def _kept_checkpoint(doc: dict) -> str:
 
 
 def print_gpus(rows: list[dict]) -> None:
-    """Index, name and UUID, the job on it, health, and why it is quarantined."""
+    """Index, name and UUID, the job on it, health, and why it is quarantined (or suspect: replays
+    found it computing wrong numbers, `spx verify`)."""
     print(f"{'GPU':<4} {'NAME':<24} {'UUID':<42} {'JOB':<20} {'HEALTH':<12} QUARANTINE")
     for r in rows:
-        health = "quarantined" if r.get("quarantine") else r.get("health", "ok")
+        health = "quarantined" if r.get("quarantine") else "suspect" if r.get("suspect") else r.get("health", "ok")
+        why = "; ".join(w for w in (r.get("quarantine"), r.get("suspect") and f"suspect: {r['suspect']}") if w)
         print(f"{r['index']:<4} {r['name'][:24]:<24} {(r.get('uuid') or '-'):<42} {(r.get('job') or '-')[:20]:<20} "
-              f"{health:<12} {r.get('quarantine') or ''}")
+              f"{health:<12} {why}")
 
 
 def retention_footer(days: float | None) -> str:

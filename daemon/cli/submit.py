@@ -41,7 +41,7 @@ def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
     if args.parsable and args.json:
         raise CliError("give --parsable or --json, not both", EXIT_USAGE)
     if submit_cmdline.is_command_submit(args):
-        return submit_cmdline.submit_command(cfg, args, lambda spec, text: _drop(cfg, spec, text, args, "the command line"))
+        return submit_cmdline.submit_command(cfg, args, lambda spec, text: drop(cfg, spec, text, args, "the command line"))
     source = Path(args.file)
     try:
         with open(source, "rb") as f:
@@ -60,14 +60,16 @@ def cmd_submit(cfg: DaemonConfig, args: argparse.Namespace) -> int:
         raise CliError(e.render(str(source)), EXIT_USAGE) from e
     if args.check:
         return submit_check.check_job(cfg, spec, source, args.json)
-    return _drop(cfg, spec, text, args, str(source))
+    return drop(cfg, spec, text, args, str(source))
 
 
-def _drop(cfg: DaemonConfig, spec: JobSpec, text: str, args: argparse.Namespace, origin: str) -> int:
+def drop(cfg: DaemonConfig, spec: JobSpec, text: str, args: argparse.Namespace, origin: str) -> int:
     """Drop a validated job file into the spool (a dotfile renamed in) and report intake's answer;
-    a rejection is said of `origin` (the user's file), not of the spool's copy."""
+    a rejection is said of `origin` (the user's file), not of the spool's copy. (`spx verify` drops
+    its replay's file here too: a replay resumes nothing of its own, so nothing is said of resuming.)"""
     quiet = args.parsable or args.json  # stdout is the answer alone; what a person reads goes to stderr
-    _say_what_resumes(cfg, spec, sys.stderr if quiet else sys.stdout)
+    if spec.replay is None:
+        _say_what_resumes(cfg, spec, sys.stderr if quiet else sys.stdout)
     final = f"{spec.name}-{time.time_ns()}.yaml"
     tmp = cfg.spool_dir / f".{final}.tmp"
     try:

@@ -301,11 +301,14 @@ def discover(ckpt_dir: Path, pattern: str | None = None, exclude: Mapping[str, s
 
 def describe(doc: dict[str, Any]) -> list[str]:
     """Discovery's stored answer (`Discovery.to_json`, plus `fallback_from` when the crash-loop
-    fallback passed over the newest, `rollback` when a divergence rolled the job back) in the lines
-    the attempt log and `spx status` show."""
+    fallback passed over the newest, `rollback` when a divergence or a replay rolled the job back,
+    `set_aside` the checkpoints a replay found wrong) in the lines the attempt log and `spx status` show."""
     lines = []
     if isinstance(doc.get("rollback"), str):
         lines.append(doc["rollback"])
+    if isinstance(doc.get("set_aside"), list) and doc["set_aside"]:
+        lines.append(f"set aside (a replay differed): {', '.join(str(p) for p in doc['set_aside'][:5])}"
+                     + (f" and {len(doc['set_aside']) - 5} more" if len(doc["set_aside"]) > 5 else ""))
     layout = doc.get("layout")
     chosen = doc.get("path")
     if chosen:

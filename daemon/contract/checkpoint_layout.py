@@ -45,6 +45,12 @@ def step_dirname(step: int) -> str:
     return f"step-{step:09d}"
 
 
+def step_of_dirname(name: str) -> int | None:
+    """The step a checkpoint's name holds (`step_dirname`'s inverse); None for any other name."""
+    m = _STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
 def tmp_dirname(step: int, token: str) -> str:
     """The staging directory a checkpoint is written into before it is published.
 

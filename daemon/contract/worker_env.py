@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from spx.daemon.contract.replay_verdict import ReplayVerdict, parse_verdict
 from spx.daemon.core import bounded
 
 ENV_JOB = "SPX_JOB"
@@ -45,8 +46,13 @@ MAX_CHECKPOINT_KEEP = 1000
 # on them and records the ranges in its checkpoints, so a later resume keeps skipping them.
 ENV_SKIP_STEPS = "SPX_SKIP_STEPS"
 MAX_SKIP_RANGES = 64
+# This run replays the checkpoint intervals of its checkpoint dir to verify them (a job file's `replay:`,
+# `spx verify`): the step to verify from, or empty (from the oldest kept). spx.trainer then resumes from
+# the chain's first checkpoint, compares each step's numbers with what the checkpoints recorded, saves
+# nothing, and says the verdict in its last heartbeat (`replay`).
+ENV_REPLAY = "SPX_REPLAY"
 ENV_NAMES = (ENV_JOB, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_HEARTBEAT_FILE, ENV_ATTEMPT_ID,
-             ENV_LOCAL_CHECKPOINT_DIR, ENV_FENCE, ENV_CHECKPOINT_KEEP, ENV_SKIP_STEPS)
+             ENV_LOCAL_CHECKPOINT_DIR, ENV_FENCE, ENV_CHECKPOINT_KEEP, ENV_SKIP_STEPS, ENV_REPLAY)
 
 StepRanges = tuple[tuple[int, int], ...]
 
@@ -143,6 +149,7 @@ class Heartbeat:
     saves so far (None: not reported), the goodput ledger's `checkpoint` time.
     `loss` and `grad_norm` are the last step's (any script may report them; the daemon applies the
     NaN/Inf rule to what it reads); `diverged` says why a "diverged" beat is one (`Divergence`).
+    `replay`: a verification run's verdict (SPX_REPLAY; replay_verdict.py), in its last beat ("replayed").
     """
 
     step: int
@@ -161,12 +168,15 @@ class Heartbeat:
     loss: float | None = None
     grad_norm: float | None = None
     diverged: Divergence | None = None
+    replay: ReplayVerdict | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
         doc["loss"], doc["grad_norm"] = metric_json(self.loss), metric_json(self.grad_norm)
         if self.diverged is not None:
             doc["diverged"]["value"] = metric_json(self.diverged.value)
+        if self.replay is not None:
+            doc["replay"] = self.replay.to_json()
         return json.dumps(doc, sort_keys=True)
 
 
@@ -275,6 +285,7 @@ def load_heartbeat(data: str | bytes) -> Heartbeat:
         loss=_metric(f.doc.get("loss")),
         grad_norm=_metric(f.doc.get("grad_norm")),
         diverged=_divergence(f.doc.get("diverged"), step),
+        replay=parse_verdict(f.doc.get("replay")),
         **({"time": when} if when is not None else {}),
     )
 

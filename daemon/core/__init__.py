@@ -5,7 +5,8 @@
     admin; its name; who reads its logs) · spec (the job file's model) ← spec_yaml (the safe YAML
     reader it parses with), nodes (a job across hosts: its `nodes:` block), restart_spec (its
     `restart:` block: relaunches, backoff, hang timeout, a rule per failure class), notify_spec (its
-    `notify:` block, also the config's default: webhook, command, events) · lanes (off-loop work
+    `notify:` block, also the config's default: webhook, command, events), replay_spec (its `replay:`
+    block: the job verifies another's checkpoints) · lanes (off-loop work
     for users, fair by owner, deadlines from the start) · bounded (the one reader for numbers and
     structures in files a user writes: JSON with size, depth and number caps, typed fields, Garbage)
     · causes (why an attempt stopped, how its end is classed: the words the store, the machine, root

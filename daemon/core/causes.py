@@ -33,7 +33,9 @@ class StopCause(_Word):
     record of how it ended (or a launch that never got going); `peer-restart` across hosts, another
     host began a newer generation; `lease-lost` another host took the job's lease (it adopted the job
     while this host could not renew) and runs it now; `divergence` its heartbeat reported a NaN/Inf
-    loss or gradient norm and the job's script did not stop on it itself."""
+    loss or gradient norm and the job's script did not stop on it itself; `corruption` a replay of one of
+    its checkpoint intervals on other GPUs computed different numbers (`spx verify`): a GPU computed
+    wrong ones, and the job goes back to the last checkpoint before them."""
 
     CANCEL = "cancel"
     HANG = "hang"
@@ -44,20 +46,22 @@ class StopCause(_Word):
     PEER_RESTART = "peer-restart"
     LEASE_LOST = "lease-lost"
     DIVERGENCE = "divergence"
+    CORRUPTION = "corruption"
 
 
 # Stop causes that are not the job's fault: its attempt does not count as a restart.
 NOT_THE_JOBS = frozenset({StopCause.DAEMON_STOP, StopCause.DAEMON_RESTART, StopCause.LOST, StopCause.PEER_RESTART,
-                          StopCause.LEASE_LOST})
+                          StopCause.LEASE_LOST, StopCause.CORRUPTION})
 # Stops a daemon may find under way when it adopts an attempt: the stop goes on.
 CONTINUED_STOPS = frozenset({StopCause.CANCEL, StopCause.HANG, StopCause.DAEMON_STOP, StopCause.GPU_FAULT,
-                             StopCause.PEER_RESTART, StopCause.LEASE_LOST, StopCause.DIVERGENCE})
+                             StopCause.PEER_RESTART, StopCause.LEASE_LOST, StopCause.DIVERGENCE, StopCause.CORRUPTION})
 
 
 class ReasonClass(_Word):
     """The class of an attempt's end: the `reason` label of spx_job_restarts_total and the store's
     `reason_class`. The first ten are the job's own failures (`restart.on_failure` sets a rule per
-    class); the rest are ends that say nothing about the job's code."""
+    class); the rest are ends that say nothing about the job's code (`corruption`: a GPU's wrong
+    numbers, found by a replay; the job is rolled back, uncounted)."""
 
     USER_CODE = "user-code"
     COMMUNICATION = "communication"
@@ -77,6 +81,7 @@ class ReasonClass(_Word):
     HOST_LOST = "host-lost"
     DAEMON_ERROR = "daemon-error"
     LEASE_LOST = "lease-lost"
+    CORRUPTION = "corruption"
 
 
 # The classes `restart.on_failure` may name: the job's own failures.

@@ -27,6 +27,7 @@ from pydantic import (
 
 from spx.daemon.core.nodes import Nodes, multi_node_problem
 from spx.daemon.core.notify_spec import Notify
+from spx.daemon.core.replay_spec import Replay
 from spx.daemon.core.restart_spec import Restart
 from spx.daemon.core.spec_yaml import SpecError, line_of, read_yaml
 
@@ -125,6 +126,9 @@ class JobSpec(_Strict):
         "Names of jobs this one waits for: it starts once each has succeeded, and fails if one failed or was "
         "cancelled. A name means the latest job of that name submitted before this one that the submitter "
         "can see (their own; root and the admin group: anyone's); none is an intake error."))
+    replay: Replay | None = Field(None, description=(
+        "This job replays another job's checkpoint intervals to verify them ({of: NAME, from_step: S}); "
+        "`spx verify NAME` writes it (replay_spec.py, docs/verify.md)."))
     notify: Notify | None = Field(None, description=(
         "Who is told of the job's end or restarts: {webhook: URL, command: ARGV, events: [failed, succeeded, "
         "restarted, cancelled]} (notify_spec.py, docs/notify.md); unset: the daemon config's `notify`, if any."))
@@ -184,6 +188,9 @@ class JobSpec(_Strict):
             raise ValueError("launcher: deepspeed runs a `script`, not a `module`")
         if self.launcher == "python" and self.worker_count > 1:
             raise ValueError("launcher: python runs one process; use torchrun for procs > 1")
+        if self.replay is not None and (self.checkpoints.dir is None or self.checkpoints.resume == "never"):
+            raise ValueError("`replay` reads the checkpoints of the job it verifies: give that job's dir as "
+                             "`checkpoints.dir`, and `checkpoints.resume` other than never (spx verify does both)")
         if self.nodes.count > 1 and (problem := multi_node_problem(
                 self.launcher, self.checkpoints.dir is not None, self.checkpoints.resume)):
             raise ValueError(problem)

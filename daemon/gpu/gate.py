@@ -85,7 +85,13 @@ class GpuGate:
             released = self.store.host.release_gpu(g, by, time.time())
         except StoreUnavailable as e:
             return {"ok": False, "error": f"cannot record the release now: {e}", "code": 1}
+        struck = g in self.store.verifications.strikes()
+        if struck:
+            self.store.verifications.clear(g)  # its strikes (replays that differed) go with it
         if not released:
+            if struck:
+                log.info("gpu_strikes_cleared", gpu=g, by=by)
+                return {"ok": True, "result": f"GPU {g}: its strikes cleared (it was not quarantined)"}
             return {"ok": False, "error": f"GPU {g} is not quarantined", "code": 1}
         self.quarantined.pop(g, None)
         self._passed.pop(g, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spx.daemon.contract.replay_verdict import ReplayVerdict
 from spx.daemon.contract.worker_env import StepRanges
 from spx.daemon.core.causes import ReasonClass, StopCause
 from spx.daemon.lifecycle.record import GangTurn
@@ -197,6 +198,18 @@ class RecordExit:
 
 
 @dataclass(frozen=True)
+class RecordVerdict:
+    """Store a replay job's verdict on the job it verified (`of`); when it differs, that job is rolled
+    back and the GPUs that trained the step are suspect (run/verification.py). `verdict` None: the
+    replay ended without one (`reason` says how)."""
+
+    number: int
+    of: str
+    verdict: ReplayVerdict | None
+    reason: str
+
+
+@dataclass(frozen=True)
 class SaveBackoff:
     """Store the backoff's remaining seconds (the daemon stops mid-backoff; the next one resumes it)."""
 
@@ -205,10 +218,10 @@ class SaveBackoff:
 
 Action = (MarkStarting | StartStaging | StopStaging | FindCheckpoint | StartStandby | Spawn | RecordRunning
           | SignalTerm | SignalKill | DumpStacks | Diagnose | BeatGang | AgreeGeneration | RemoveCgroup | Note | Log
-          | RecordStop | RecordExit | FinishAttempt | SaveBackoff)
+          | RecordStop | RecordExit | FinishAttempt | RecordVerdict | SaveBackoff)
 ACTIONS: tuple[type, ...] = (
     MarkStarting, StartStaging, StopStaging, FindCheckpoint, StartStandby, Spawn, RecordRunning, SignalTerm,
     SignalKill, DumpStacks, Diagnose, BeatGang, AgreeGeneration, RemoveCgroup, Note, Log, RecordStop, RecordExit,
-    FinishAttempt, SaveBackoff)
+    FinishAttempt, RecordVerdict, SaveBackoff)
 # Writes to the store: a refused one (disk full, locked) is retried, and later ones wait behind it.
-STORE_ACTIONS = (MarkStarting, Spawn, RecordRunning, RecordStop, RecordExit, FinishAttempt, SaveBackoff)
+STORE_ACTIONS = (MarkStarting, Spawn, RecordRunning, RecordStop, RecordExit, FinishAttempt, RecordVerdict, SaveBackoff)

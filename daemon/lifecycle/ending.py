@@ -11,7 +11,7 @@ from dataclasses import replace
 from spx.daemon.contract.worker_env import EXIT_PREEMPTED
 from spx.daemon.core.causes import NOT_THE_JOBS, ReasonClass, StopCause, signal_name
 from spx.daemon.lifecycle import across_hosts
-from spx.daemon.lifecycle.actions import FinishAttempt, Log
+from spx.daemon.lifecycle.actions import FinishAttempt, Log, RecordVerdict
 from spx.daemon.lifecycle.moves import Result, to, with_attempt
 from spx.daemon.lifecycle.observations import Diagnosed, GenerationAgreed, Tick
 from spx.daemon.lifecycle.policy import AttemptOutcome, Decision, decide
@@ -99,6 +99,7 @@ def decide_end(s: TrackedJob, now: float) -> tuple[TrackedJob, Decision]:
     outcome = AttemptOutcome(
         exit_code=a.exit_code, signal=a.exit_signal, root_cause=a.root_cause,
         preempted=a.beat_status == "preempted" or a.exit_code == EXIT_PREEMPTED, diverged=a.diverged,
+        corrupted=a.corrupted,
         oom=a.oom, stop_cause=a.stop_cause, hang_seconds=a.hang_idle, gpu_fault=a.gpu_fault,
         progressed=a.progressed or (a.last_step is None and ran >= s.limits.healthy_seconds), ran_seconds=ran,
     )
@@ -132,7 +133,7 @@ def commit_end(s: TrackedJob, d: Decision, now: float) -> Result:
     diverged = ((a.diverged.step, a.diverged.describe())
                 if a.diverged is not None and d.reason_class is ReasonClass.DIVERGENCE else None)
     past = PastAttempt(s.number, True, d.reason_class, a.resume.path, a.resume.step, a.last_step, a.resume.fell_back,
-                       diverged)
+                       diverged, a.corrupted if d.reason_class is ReasonClass.CORRUPTION else None)
     s = replace(s, ledger=replace(
         ledger, job_state=d.state, backoff_level=d.backoff_level, no_progress_streak=d.no_progress_streak,
         restarts=ledger.restarts + (1 if counted else 0), backoff_remaining=d.delay_seconds,
@@ -140,7 +141,10 @@ def commit_end(s: TrackedJob, d: Decision, now: float) -> Result:
         else ledger.class_counts,
         history=remember(ledger.history, past)))
     if terminal or s.ledger.daemon_stopping:
-        # recorded → done: terminal, or a restart the next daemon resumes.
-        return to(s, Phase.DONE, now), [finish, log]
+        # recorded → done: terminal, or a restart the next daemon resumes. A replay job's end takes
+        # its verdict to the job it verified.
+        verdict = [RecordVerdict(s.number, s.limits.replay_of, a.replay, d.reason)] if (
+            terminal and s.limits.replay_of is not None) else []
+        return to(s, Phase.DONE, now), [finish, *verdict, log]
     # recorded → backoff (→ ready at once when the delay is 0).
     return to(s, Phase.BACKOFF if d.delay_seconds > 0 else Phase.READY, now), [finish, log]

@@ -68,6 +68,7 @@ from spx.daemon.lifecycle.observations import (
     LauncherExited,
     LeaseLost,
     Observation,
+    ReplayDiffered,
     Spawned,
     StacksDumped,
     StagingEnded,
@@ -98,7 +99,8 @@ def _nothing(s: TrackedJob, obs: object, now: float) -> Result:
 
 
 _EVERY_PHASE: dict[type, Handler] = {CancelRequested: stopping.cancel, DaemonStopping: stopping.daemon_stopping,
-                                      LeaseLost: stopping.lease_lost, ActionFailed: failures.action_failed}
+                                      LeaseLost: stopping.lease_lost, ReplayDiffered: stopping.replay_differed,
+                                      ActionFailed: failures.action_failed}
 # The phases waiting on slow work (moves.AWAITED): it may wait for a slot of its owner's lane first.
 _SLOW_WORK: dict[type, Handler] = {WorkQueued: work_queued, WorkStarted: work_started}
 # What each phase answers (besides _EVERY_PHASE): its Tick handler first, then the rest.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from spx.daemon.contract.replay_verdict import ReplayVerdict
 from spx.daemon.contract.worker_env import Divergence
 from spx.daemon.lifecycle.record import GangTurn
 
@@ -72,6 +73,7 @@ class HeartbeatSeen:
     loss: float | None = None
     grad_norm: float | None = None
     diverged: Divergence | None = None
+    replay: ReplayVerdict | None = None  # a replay job's verdict (its last beat)
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,16 @@ class GpuFault:
 
     gpu: int
     detail: str
+
+
+@dataclass(frozen=True)
+class ReplayDiffered:
+    """A replay of the job's checkpoints on other GPUs (`spx verify`) computed different numbers at
+    `step` (`what`: "rank 1's gradient norm 0.8312, recorded 0.8311"): a GPU that trained it the first
+    time computes wrong numbers, and every checkpoint from that step on holds them."""
+
+    step: int
+    what: str
 
 
 @dataclass(frozen=True)
@@ -189,9 +201,9 @@ class ActionFailed:
 
 
 Observation = (Tick | Go | StagingEnded | CheckpointFound | Spawned | HeartbeatSeen | ActivitySeen | LauncherExited
-               | AllGone | StacksDumped | Diagnosed | CancelRequested | GpuFault | LeaseLost | GangSeen
+               | AllGone | StacksDumped | Diagnosed | CancelRequested | GpuFault | ReplayDiffered | LeaseLost | GangSeen
                | GenerationAgreed | WorkQueued | WorkStarted | DaemonStopping | ActionFailed)
 OBSERVATIONS: tuple[type, ...] = (
     Tick, Go, StagingEnded, CheckpointFound, Spawned, HeartbeatSeen, ActivitySeen, LauncherExited, AllGone,
-    StacksDumped, Diagnosed, CancelRequested, GpuFault, LeaseLost, GangSeen, GenerationAgreed, WorkQueued,
+    StacksDumped, Diagnosed, CancelRequested, GpuFault, ReplayDiffered, LeaseLost, GangSeen, GenerationAgreed, WorkQueued,
     WorkStarted, DaemonStopping, ActionFailed)

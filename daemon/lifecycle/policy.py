@@ -41,6 +41,7 @@ class AttemptOutcome:
     progressed: bool = False
     ran_seconds: float = 0.0
     diverged: Divergence | None = None  # its heartbeat said it diverged (the trainer's, or the daemon's NaN rule)
+    corrupted: tuple[int, str] | None = None  # stop_cause corruption: (step, what) a replay found different
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,23 @@ def divergence_of(reason: str | None) -> tuple[int, str] | None:
     return (int(step), what) if step.isdigit() and len(step) < 16 else None
 
 
+CORRUPTED_AT = "a replay on other GPUs differs at step "
+
+
+def corruption_reason(step: int, what: str) -> str:
+    """An attempt's reason when a replay differed: "a replay on other GPUs differs at step 25: rank 1's
+    gradient norm 0.8312, recorded 0.8311" (`corruption_of` reads it)."""
+    return f"{CORRUPTED_AT}{step}: {what}"
+
+
+def corruption_of(reason: str | None) -> tuple[int, str] | None:
+    """(step, what) of a `corruption_reason`; None for any other reason."""
+    if not reason or not reason.startswith(CORRUPTED_AT):
+        return None
+    step, _, what = reason[len(CORRUPTED_AT):].partition(": ")
+    return (int(step), what) if step.isdigit() and len(step) < 16 else None
+
+
 def _restarted(
     outcome: AttemptOutcome, policy: Restart, cls: ReasonClass, why: str, earlier: int, class_earlier: int, rule: ClassRule,
 ) -> str | None:
@@ -171,6 +189,12 @@ def decide(
         # Across hosts: stopped because another host began a newer generation (a daemon restarted
         # meanwhile, so that host's decision is not known here): it counted the failure, if any.
         return Decision(JobState.RESTARTING, "restarted with the job's other hosts", ReasonClass.PEER_RESTART, 0.0,
+                        backoff_level, no_progress_streak)
+    if outcome.stop_cause == StopCause.CORRUPTION:
+        # A GPU computed wrong numbers (a replay differed): not the job's fault, relaunched at once
+        # from before them (rollback.py), uncounted.
+        step, what = outcome.corrupted or (0, "a replay differed")
+        return Decision(JobState.RESTARTING, corruption_reason(step, what), ReasonClass.CORRUPTION, 0.0,
                         backoff_level, no_progress_streak)
     if outcome.stop_cause == StopCause.LOST:
         # Its monitor is gone without a record (killed with it, or the launch never got going): how

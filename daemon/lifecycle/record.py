@@ -21,6 +21,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from spx.daemon.contract.replay_verdict import ReplayVerdict
 from spx.daemon.contract.worker_env import Divergence
 from spx.daemon.core.causes import ReasonClass, StopCause
 from spx.daemon.core.restart_spec import Restart
@@ -65,6 +66,7 @@ class Limits:
     stages: bool = False
     gang: bool = False      # the job spans hosts: attempt ends and restarts are agreed with the others
     standby: bool = False   # its launcher may be started ahead of its attempt (torchrun, DeepSpeed; the config allows)
+    replay_of: str | None = None  # it replays this job's checkpoints (spec `replay:`): its end carries a verdict
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ class Ledger:
     staged: bool = False
     daemon_stopping: bool = False
     history: tuple[PastAttempt, ...] = ()  # what the crash-loop fallback reads (resume_fallback.remember)
+    # A replay of its checkpoints differed at this step ("what" differed): the next attempt's discovery
+    # sets aside every checkpoint at or after it (a GPU computed them wrong) and resumes from before it.
+    reject: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,8 @@ class Attempt:
     root_cause: str | None = None
     oom: bool = False
     diverged: Divergence | None = None   # its "diverged" heartbeat's (or the daemon's NaN rule's) evidence
+    corrupted: tuple[int, str] | None = None  # stop_cause corruption: (step, what) the replay found different
+    replay: ReplayVerdict | None = None  # a replay job's verdict, from its last heartbeat
 
     @property
     def progressed(self) -> bool:

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spx.daemon.core.causes import ReasonClass
-from spx.daemon.lifecycle.policy import divergence_of
+from spx.daemon.lifecycle.policy import corruption_of, divergence_of
 
 # Attempt ends that say nothing about the checkpoint the attempt resumed from.
 NOT_THE_CHECKPOINTS = frozenset({ReasonClass.CANCELLED, ReasonClass.DAEMON_RESTART, ReasonClass.PREEMPTED,
                                  ReasonClass.GPU_FAULT, ReasonClass.LOST, ReasonClass.LAUNCH,
-                                 ReasonClass.PEER_RESTART})
+                                 ReasonClass.PEER_RESTART, ReasonClass.CORRUPTION})
 LOOP_LENGTH = 2
 
 
@@ -50,6 +50,7 @@ class PastAttempt:
     max_step: int | None
     fell_back: bool = False  # its discovery passed over a checkpoint (the fallback was taken)
     diverged: tuple[int, str] | None = None  # class divergence: (step, what), e.g. (37, "loss NaN")
+    corrupted: tuple[int, str] | None = None  # class corruption: (step, what) a replay found different
 
 
 class StoredAttempt(Protocol):
@@ -85,7 +86,8 @@ def past_attempt(row: StoredAttempt) -> PastAttempt:
     """A stored attempt, as the rule reads it."""
     return PastAttempt(row.number, row.end is not None, row.reason_class, row.resumed_from, row.resumed_from_step,
                        row.max_step, bool(discovery_of(row).get("fallback_from")),
-                       divergence_of(row.reason) if row.reason_class == ReasonClass.DIVERGENCE else None)
+                       divergence_of(row.reason) if row.reason_class == ReasonClass.DIVERGENCE else None,
+                       corruption_of(row.reason) if row.reason_class == ReasonClass.CORRUPTION else None)
 
 
 def remember(history: tuple[PastAttempt, ...], attempt: PastAttempt) -> tuple[PastAttempt, ...]:

@@ -1,6 +1,9 @@
-"""The divergence rollback: after an attempt whose training diverged at step S (a NaN or spiking loss
-or gradient norm), resume from the newest complete checkpoint before S and skip the data of the
-steps since that checkpoint, so the relaunch does not walk into the same batch again.
+"""The rollbacks: after an attempt whose training diverged at step S (a NaN or spiking loss or
+gradient norm), resume from the newest complete checkpoint before S and skip the data of the steps
+since that checkpoint, so the relaunch does not walk into the same batch again. After a replay on
+other GPUs differed at step S (`spx verify`: a GPU computed wrong numbers), resume from the newest
+checkpoint before S too, but train the same data again, and set aside the checkpoints from S on
+(their numbers are wrong; they are kept for a person to look at, never resumed from).
 
 PURE: the attempt history (resume_fallback.remember keeps it, seeded from the store's rows) and the
 job's `restart.on_failure.divergence` rule in, the `Rollback` for the next attempt out. Its
@@ -25,20 +28,27 @@ from spx.daemon.lifecycle.resume_fallback import PastAttempt
 
 @dataclass(frozen=True)
 class Rollback:
-    """Resume from before `step`, where the last attempt diverged (`what`: "loss NaN")."""
+    """Resume from before `step`, where the last attempt diverged (`what`: "loss NaN"), or
+    (`sets_aside`) where a replay found its numbers wrong: its checkpoints from `step` on are set aside
+    and no data is skipped."""
 
     step: int
     what: str
+    sets_aside: bool = False
 
     def skipped(self, resume_step: int | None) -> StepRanges:
         """The steps whose data the relaunch from a checkpoint at `resume_step` (None: from scratch) skips."""
         first = (resume_step or 0) + 1
-        return ((first, self.step),) if first <= self.step else ()
+        return ((first, self.step),) if first <= self.step and not self.sets_aside else ()
 
     def describe(self, resume_step: int | None, resumed: bool) -> str:
         """The line `spx status` shows: "rolled back from step 37 (loss NaN) to checkpoint 30, skipping
-        batches 31–37"."""
+        batches 31–37", or "rolled back from step 25 (a replay differs: …) to checkpoint 20, the
+        checkpoints from step 25 on set aside"."""
         where = f"checkpoint {resume_step}" if resumed and resume_step is not None else "the start"
+        if self.sets_aside:
+            return (f"rolled back from step {self.step} (a replay differs: {self.what}) to {where}, "
+                    f"the checkpoints from step {self.step} on set aside")
         skip = self.skipped(resume_step if resumed else None)
         batches = f", skipping batches {skip[0][0]}–{skip[0][1]}" if skip else ""
         return f"rolled back from step {self.step} ({self.what}) to {where}{batches}"
@@ -53,12 +63,18 @@ def divergence_args(restart: Restart, class_counts: tuple[tuple[str, int], ...])
     return tuple(rule.args)
 
 
-def rollback_after(history: Sequence[PastAttempt], restart: Restart) -> Rollback | None:
-    """The rollback the next attempt makes: the last attempt diverged and the job's divergence rule
-    says `rollback`; else None (a plain relaunch from the newest checkpoint)."""
+def rollback_after(history: Sequence[PastAttempt], restart: Restart,
+                   reject: tuple[int, str] | None = None) -> Rollback | None:
+    """The rollback the next attempt makes: a replay differed (`reject`, the ledger's; or the last
+    attempt was stopped for it, as the store remembers), or the last attempt diverged and the job's
+    divergence rule says `rollback`; else None (a plain relaunch from the newest checkpoint)."""
+    if reject is not None:
+        return Rollback(*reject, sets_aside=True)
     if not history:
         return None
     last = max(history, key=lambda a: a.number)
+    if last.reason_class == ReasonClass.CORRUPTION and last.corrupted is not None:
+        return Rollback(*last.corrupted, sets_aside=True)
     rule = restart.on_failure.get(ReasonClass.DIVERGENCE)
     if last.reason_class != ReasonClass.DIVERGENCE or last.diverged is None:
         return None

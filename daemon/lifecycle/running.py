@@ -57,6 +57,9 @@ def heartbeat(s: TrackedJob, obs: HeartbeatSeen, now: float) -> Result:
     finishing = obs.status == "finished" and a.beat_status != "finished"
     was_checkpointing = a.beat_status == "checkpointing"
     a, hang = replace(a, last_beat_time=obs.time, beat_status=obs.status), s.hang
+    if obs.replay is not None:
+        # A replay job's verdict (its last beat): what its end reports about the job it verified.
+        a = replace(a, replay=obs.replay)
     if obs.status == "diverged" and a.diverged is None:
         # The trainer stopped on a divergence and says where: kept for the policy (class divergence).
         a = replace(a, diverged=obs.diverged or Divergence(obs.step, "training", math.nan, "diverged heartbeat"))

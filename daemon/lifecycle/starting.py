@@ -69,7 +69,7 @@ def _prepare(s: TrackedJob, now: float, actions: list[Action]) -> Result:
     gang = s.limits.gang
     return s, [*actions, FindCheckpoint(number, checkpoint_to_avoid(s.ledger.history), s.limits.standby, gang,
                                         s.share.generation if gang else None,
-                                        rollback_after(s.ledger.history, s.limits.restart))]
+                                        rollback_after(s.ledger.history, s.limits.restart, s.ledger.reject))]
 
 
 def staging_ended(s: TrackedJob, obs: StagingEnded, now: float) -> Result:
@@ -101,7 +101,8 @@ def checkpoint_found(s: TrackedJob, obs: CheckpointFound, now: float) -> Result:
         streak = 0
     # preparing (answered) → running, once Spawned comes back: launched from the checkpoint found,
     # skipping the data since it up to the divergent step when this is a rollback.
-    s = replace(with_ledger(s, no_progress_streak=streak), clock=replace(s.clock, answered=True),
+    # The discovery set aside what a replay found wrong (ledger.reject): done with it.
+    s = replace(with_ledger(s, no_progress_streak=streak, reject=None), clock=replace(s.clock, answered=True),
                 attempt=replace(s.attempt, resume=Resume(obs.path, obs.step, obs.fell_back)))
     rollback = rollback_after(s.ledger.history, s.limits.restart)
     skip = rollback.skipped(obs.step if obs.path is not None else None) if rollback is not None else ()

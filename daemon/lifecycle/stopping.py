@@ -31,6 +31,7 @@ from spx.daemon.lifecycle.observations import (
     GpuFault,
     LauncherExited,
     LeaseLost,
+    ReplayDiffered,
     StacksDumped,
     Tick,
 )
@@ -87,6 +88,22 @@ def gpu_fault(s: TrackedJob, obs: GpuFault, now: float) -> Result:
         Note(f"gpu-fault: {obs.detail}; GPU {obs.gpu} quarantined; SIGTERM, {s.limits.grace_seconds:.0f} s grace, "
              "then a restart on healthy GPUs"),
         SignalTerm()]
+
+
+def replay_differed(s: TrackedJob, obs: ReplayDiffered, now: float) -> Result:
+    """What the job trained from `obs.step` on came from a GPU that computes wrong numbers (a replay on
+    other GPUs differed): the next attempt's discovery sets those checkpoints aside (ledger.reject)."""
+    s = with_ledger(s, reject=(obs.step, obs.what))
+    log = Log("replay_differed", "error", (("step", obs.step), ("detail", obs.what)))
+    if s.phase in (Phase.RUNNING, Phase.DUMPING) and s.attempt.stop_cause is None:
+        # running|dumping → stopping: SIGKILL at once (nothing it trained since is worth a checkpoint);
+        # relaunched, uncounted, from the newest checkpoint before the step.
+        s = term(s, now, StopCause.CORRUPTION, corrupted=(obs.step, obs.what), kill_at=now)
+        return s, [RecordStop(s.number, StopCause.CORRUPTION), log,
+                   Note(f"a replay on other GPUs differs at step {obs.step}: {obs.what}; SIGKILL, then a relaunch "
+                        f"from the newest checkpoint before step {obs.step}"), SignalKill()]
+    # Between attempts, or already on the way down: the next attempt's discovery does it.
+    return s, [log]
 
 
 def lease_lost(s: TrackedJob, obs: LeaseLost, now: float) -> Result:

@@ -12,6 +12,7 @@
     root cause), gang_link (across hosts: beats and agreement) ← gang (the generation every host's
     share runs in), store_writes, staging_runs (the copier), adoption (attempts a previous daemon
     left), incidents (an incident per failed attempt) ← incident (its document, assembled),
+    verification (a replay job's verdict, stored on the job it verified, which is rolled back),
     user_work (all of it that can wait on a user, in that user's lane: core.lanes)
     → launcher (argv, env, user) → attempt_monitor (records the exit) → enter_attempt (root exec shim:
     cgroup, user, exec) → workers; exit_wake (the loop wakes when a launcher exits);

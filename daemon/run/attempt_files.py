@@ -134,6 +134,11 @@ def prepare(cfg: DaemonConfig, job: JobRow, number: int) -> AttemptFiles:
     finally:
         os.close(jobs_fd)
     _prepare_checkpoint_dir(cfg, user, files.checkpoint_dir)
+    if job.spec.replay is not None:
+        # A replay reads the checkpoints of the job it verifies and writes none: it takes no lease
+        # in that job's dir (it would fence that job's saves, or be refused as "in use") and needs
+        # no host-local tier.
+        return files
     fence = _publish_record(cfg, user, job, files.checkpoint_dir)
     return replace(files, local_checkpoint_dir=local_tier.prepare(cfg, job, user.uid, user.gid), fence=fence)
 
@@ -321,6 +326,21 @@ def note(files: AttemptFiles, text: str) -> None:
             os.close(lfd)
     except OSError as e:
         log.warning("attempt_log_note_failed", job=files.log_dir.name, attempt=files.log_name, error=str(e))
+
+
+def set_aside_wrong(job: JobRow, files: AttemptFiles, from_step: int, timeout: float) -> list[str]:
+    """After a replay differed at `from_step`: move the job's spx.trainer checkpoints of that step and
+    later (both tiers) into `.replay-differs-at-STEP/` of their dir, as the owner — never resumed from,
+    kept for a person to look at. The names moved."""
+    user = as_user.owner(job.owner_uid)
+    into = f".replay-differs-at-{from_step}"
+    moved = []
+    for where in (files.checkpoint_dir, files.local_checkpoint_dir):
+        if where is not None:
+            moved += [f"{where}/{name}" for name in as_user.set_aside(user, str(where), 0.0, into, timeout, from_step)]
+    if moved:
+        log.warning("checkpoints_set_aside", job=job.name, attempt=None, moved=moved, why=f"a replay differs at step {from_step}")
+    return moved
 
 
 def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float,

@@ -60,6 +60,10 @@ class AttemptPrep:
                 joined = gang.join(cfg, job, str(files.checkpoint_dir), a.generation, GANG_JOIN_WAIT_SECONDS)
                 if joined.final is not None:
                     return files, None, {}, None, CheckpointFound(None, None, a.number, final=joined.final)
+            if job.spec.replay is not None:  # the replay finds its own start in the chain (SPX_REPLAY)
+                return files, None, {"replay": f"replays the checkpoints of {job.spec.replay.of}"}, None, None
+            wrong = (attempt_files.set_aside_wrong(job, files, a.rollback.step, CHECKPOINT_TIMEOUT_SECONDS)
+                     if a.rollback is not None and a.rollback.sets_aside else [])
             ref, found = attempt_files.latest_checkpoint(job, files, CHECKPOINT_TIMEOUT_SECONDS,
                                                          {avoid.path: avoid.why} if avoid else None,
                                                          a.rollback.step if a.rollback else None)
@@ -67,6 +71,8 @@ class AttemptPrep:
                 found = {**found, "fallback_from": avoid.path, "fallback_why": avoid.why}
             if a.rollback is not None:
                 found = {**found, "rollback": a.rollback.describe(ref.step if ref else None, ref is not None)}
+            if wrong:
+                found = {**found, "set_aside": wrong[:20]}
             if joined is not None:
                 found = {**found, "generation": joined.gen, "join_waited_seconds": joined.waited,
                          "join_waited_for": joined.waited_for}

@@ -8,7 +8,8 @@ A small dispatcher over effects, each holding one kind of what a value of the ma
 - attempt_prep, postmortem, gang_link: FindCheckpoint; DumpStacks and Diagnose; BeatGang and
   AgreeGeneration — all in the job owner's lane (user_work, over core.lanes);
 - store_writes: the machine's store writes; staging_runs: the copier; adoption: at daemon start;
-- incidents: an incident per failed attempt, gathered when its end is recorded.
+- incidents: an incident per failed attempt, gathered when its end is recorded;
+- verification: a replay job's verdict, stored on the job it verified (which hears when it differs).
 It decides nothing: what to do, when, and what a failure means is the machine's. It runs on the
 main loop's thread; `perform` never raises (an error is ActionFailed, retryable when the store
 could not take a write now; lifecycle.failures.in_order: later writes of the same batch are then
@@ -38,6 +39,7 @@ from spx.daemon.run.staging_runs import StagingRuns
 from spx.daemon.run.standby_pool import StandbyPool
 from spx.daemon.run.store_writes import StoreWrites
 from spx.daemon.run.user_work import UserWork
+from spx.daemon.run.verification import Verifications
 from spx.daemon.state.attempts_table import AttemptRow
 from spx.daemon.state.db import StoreUnavailable
 from spx.daemon.state.jobs_table import JobRow
@@ -53,7 +55,8 @@ class Executor:
                  clock: Callable[[], float] = time.monotonic,
                  gpu_computing: Callable[[int], bool | None] | None = None,
                  device_filters: device_filter.DeviceFilters | None = None,
-                 gpu_sources: GpuSources | None = None):
+                 gpu_sources: GpuSources | None = None,
+                 quarantine: Callable[[int, str], None] | None = None):
         self.cfg = cfg
         self.cgroups = cgroup_tree
         self.timeline = timeline.Recorder(store, wall)  # per-attempt phase times (spx status --timeline)
@@ -64,6 +67,7 @@ class Executor:
         self.writes = StoreWrites(store, self.runtime.row_of, wall)
         self.gang = GangLink(cfg, self.work, wall)
         self.incidents = Incidents(store, self.work, gpu_sources or GpuSources(), wall)
+        self.verifications = Verifications(store, quarantine or (lambda gpu, reason: None), wall)
         self.prep = AttemptPrep(cfg, self.runtime, self.standbys, self.work, self.timeline)
         self.launches = Launches(cfg, store, self.runtime, self.standbys, self.work, self.timeline, cgroup_tree,
                                  wall, clock, wake, device_filters)
@@ -88,6 +92,7 @@ class Executor:
             act.RecordStop: self._record_stop,
             act.RecordExit: lambda job, s, a: w.record_exit(job, a),
             act.FinishAttempt: self._finish,
+            act.RecordVerdict: self.verifications.record,
             act.SaveBackoff: lambda job, s, a: w.save_backoff(job, a),
         }
 
@@ -97,8 +102,8 @@ class Executor:
         self.runtime.begin_turn()
 
     def results(self) -> list[tuple[int, Observation]]:
-        """Observations from work done off the loop (on the loop's thread)."""
-        return self.work.results()
+        """Observations from work done off the loop, and a verdict's news for the job it verified."""
+        return [*self.work.results(), *self.verifications.results()]
 
     def observe(self, job: JobRow, s: TrackedJob) -> list[Observation]:
         """What changed for this job since the last turn, ending with a Tick."""

@@ -153,6 +153,8 @@ def plan_launch(spec: JobSpec, ctx: LaunchContext, default_python: str = sys.exe
         **({worker_env.ENV_FENCE: str(ctx.fence)} if ctx.fence is not None else {}),
         **({worker_env.ENV_CHECKPOINT_KEEP: str(spec.checkpoints.keep)} if spec.checkpoints.keep is not None else {}),
         **({worker_env.ENV_SKIP_STEPS: worker_env.format_skip_steps(ctx.skip_steps)} if ctx.skip_steps else {}),
+        **({worker_env.ENV_REPLAY: str(spec.replay.from_step if spec.replay.from_step is not None else "")}
+           if spec.replay is not None else {}),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(ctx.port),
     }

@@ -73,7 +73,8 @@ class Supervisor:
                  wake: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
                  gpu_computing: Callable[[int], bool | None] | None = None, lanes: Lanes | None = None,
                  executor: Effects | None = None, wall: Callable[[], float] = time.time,
-                 device_filters: DeviceFilters | None = None, gpu_sources: GpuSources | None = None):
+                 device_filters: DeviceFilters | None = None, gpu_sources: GpuSources | None = None,
+                 quarantine: Callable[[int, str], None] | None = None):
         self.cfg = cfg
         self.store = store
         self.cgroups = cgroup_tree  # None: attempts are found by tag and process group only
@@ -84,7 +85,7 @@ class Supervisor:
         self.lanes = lanes or Lanes(cfg.user_work.slots_total, cfg.user_work.slots_per_owner, wake, clock)
         self.executor: Effects = executor if executor is not None else Executor(
             cfg, store, self.lanes, cgroup_tree, wake=wake, wall=wall, clock=clock, gpu_computing=gpu_computing,
-            device_filters=device_filters, gpu_sources=gpu_sources)
+            device_filters=device_filters, gpu_sources=gpu_sources, quarantine=quarantine)
         self.turns = JobTurns(self.executor, clock)
         self.records = self.turns.records  # job → its machine's value
         self.jobs = self.turns.jobs        # job → the row it was loaded from (its spec, owner)

@@ -37,7 +37,8 @@ def limits_of(job: JobRow, cfg: DaemonConfig) -> Limits:
     return Limits(grace_seconds=job.spec.stop.grace_seconds, hang_timeout_seconds=job.spec.restart.hang_timeout_seconds,
                   healthy_seconds=cfg.healthy_seconds, restart=job.spec.restart,
                   stages=job.spec.data.stage is not None, gang=job.spec.nodes.count > 1,
-                  standby=cfg.launch_standby and job.spec.launcher in STANDBY_LAUNCHERS)
+                  standby=cfg.launch_standby and job.spec.launcher in STANDBY_LAUNCHERS,
+                  replay_of=job.spec.replay.of if job.spec.replay is not None else None)
 
 
 def placed(job: JobRow, cfg: DaemonConfig, store: Store, gpus: tuple[int, ...], now: float,

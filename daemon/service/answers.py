@@ -20,11 +20,23 @@ from spx.daemon.gpu.evidence import EvidenceBoard
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.run.queue_control import QueueControl
 from spx.daemon.run.snapshot import Snapshot
+from spx.daemon.service import replay_request
 from spx.daemon.service.gpu_rows import gpu_rows
 from spx.daemon.service.requests import find_job
 from spx.daemon.service.stragglers import StragglerWatch
 from spx.daemon.state import accounting, incident_views, jobviews
 from spx.daemon.state.store import Store
+from spx.daemon.state.verifications_table import Strike
+
+
+def _suspect_text(strikes: list[Strike]) -> str | None:
+    """A GPU's strikes (replays that found it computing wrong numbers), in a few words; None: none."""
+    if not strikes:
+        return None
+    owners = len({s.owner_uid for s in strikes})
+    last = strikes[-1]
+    return (f"{len(strikes)} strike{'s' if len(strikes) != 1 else ''} from {owners} owner{'s' if owners != 1 else ''};"
+            f" last: {last.job} step {last.step}")
 
 
 class Answers:
@@ -42,6 +54,8 @@ class Answers:
     def __call__(self, op: str, name: str | None, uid: int, arg: str | None = None) -> dict:
         if op == "accounting":
             return self.accounting(uid, arg)
+        if op == "replay-spec":
+            return self.replay_spec(name, uid, arg)
         return getattr(self, op.replace("-", "_"))(name, uid)
 
     def ls(self, _name: str | None, uid: int, scope: jobviews.Scope = "recent") -> dict:
@@ -76,6 +90,11 @@ class Answers:
                                                       with_history=True, gang_hosts=hosts))
         return {"ok": True, "result": view.to_json(with_history=True)}
 
+    def replay_spec(self, name: str | None, uid: int, arg: str | None) -> dict:
+        """`spx verify NAME`: the job file of a replay of NAME's checkpoints, for its owner to submit."""
+        job = find_job(self.store, name or "", uid, self.cfg.admin_group)
+        return job if isinstance(job, dict) else replay_request.replay_file(self.store, job, uid, arg)
+
     def incidents(self, name: str | None, uid: int) -> dict:
         """`spx incidents [NAME]`: a job the caller may not see does not exist for them (as `status`)."""
         admin = is_admin(uid, self.cfg.admin_group)
@@ -91,8 +110,10 @@ class Answers:
         rows = gpu_rows(self.backend, live, self.store.host.quarantined_gpus())
         admin = is_admin(uid, self.cfg.admin_group)
         seen = {v.name for v in live if admin or v.owner_uid == uid}
+        strikes = self.store.verifications.strikes()
         return {"ok": True, "result": [
-            {**r.to_json(), "job": r.job if r.job is None or r.job in seen else "(another user's job)"} for r in rows]}
+            {**r.to_json(), "job": r.job if r.job is None or r.job in seen else "(another user's job)",
+             "suspect": _suspect_text(strikes.get(r.index, []))} for r in rows]}
 
     def queue(self, _name: str | None, _uid: int) -> dict:
         return self.queue_control.answer()

@@ -87,9 +87,11 @@ class Daemon:
         self.device_filters = DeviceFilters({d.index: d.minor for d in backend.devices()},
                                             None if cgroup_tree else cgroups_reason,
                                             functools.partial(handover.mark_device_filter, cfg.run_dir))
+        self.gate = GpuGate(backend, self.store)
         self.supervisor = Supervisor(cfg, self.store, cgroup_tree=cgroup_tree, wake=lambda: self.wake.put("slow"),
                                      gpu_computing=backend.computing, lanes=self.lanes,
-                                     device_filters=self.device_filters, gpu_sources=GpuSources.of(backend))
+                                     device_filters=self.device_filters, gpu_sources=GpuSources.of(backend),
+                                     quarantine=self.gate.quarantine)
         self.store_problems: dict[str, str] = {}  # loop stage → the store's refusal (disk full, locked)
         self._faults_logged: set[str] = set()
         self.intake = Intake(cfg, self.store, self.wake, self.lanes)
@@ -102,7 +104,6 @@ class Daemon:
             self.wake.put("lease")
 
         self.leases = LeaseKeeper(cfg, self.store, on_lost=lease_lost)
-        self.gate = GpuGate(backend, self.store)
         self.queue = QueueControl(cfg, self.store)  # hold/release/priority/drain, and the queue's rules
         self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend)
         answers = Answers(cfg, self.store, backend, self.adopter, self.queue, self.supervisor.snapshot)

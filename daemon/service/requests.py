@@ -58,6 +58,9 @@ REQUESTS: dict[str, Request] = {
     "status": Request(Who.OWNER, on_loop=False),
     # `spx incidents [NAME]`: one job's (its owner's or an admin's), or those of every job the caller sees.
     "incidents": Request(Who.ANYONE, on_loop=False, target=Target.NONE),
+    # `spx verify NAME`: the job file of a replay of NAME's checkpoints (its `arg`: from_step, gpus), which
+    # spx submits as the caller; only NAME's owner gets one (the replay runs as whoever submits it).
+    "replay-spec": Request(Who.OWNER, on_loop=False),
     # A walk of a volume: slow, so on the client's thread; the jobs it finds are queued by the loop.
     "adopt": Request(Who.ROOT, on_loop=False, target=Target.DIR,
                      denied="only root may adopt jobs (spx adopt runs them as their owners)"),

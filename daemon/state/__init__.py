@@ -3,6 +3,7 @@
     states (enum + allowed edges, stdlib only) · store (the `Store` callers hold: its tables by
     subject) ← jobs_table (jobs, JobRow), attempts_table (attempts, AttemptRow), host_tables
     (quarantined GPUs, the drain switch), incidents_table (one incident per failed attempt),
+    verifications_table (replays' verdicts; strikes against GPUs that computed wrong numbers),
     housekeeping_table (events in order; removing finished
     jobs) ← db (the SQLite file: per-thread connections, write
     transactions, StoreUnavailable/StoreRefused) ← fault_points (the tests' kill-at-a-write hook);

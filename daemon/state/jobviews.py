@@ -77,6 +77,8 @@ def job_view(
         node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat,
                        attempts[-1].generation if attempts else None, gang_hosts),
         ledger=ledger_view.job_ledger(store, job, attempts, time.time()).to_json() if with_ledger else None,
+        verifications=[{**v.doc, "time": v.time, "verified": v.verified}
+                       for v in store.verifications.for_job(job.id)] if with_history else [],
     )
 
 

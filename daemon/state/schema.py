@@ -33,6 +33,29 @@ _INCIDENTS = """CREATE TABLE IF NOT EXISTS incidents (
 _INCIDENTS_GO_WITH_THE_JOB = """CREATE TRIGGER IF NOT EXISTS incidents_go_with_the_job BEFORE DELETE ON jobs
 BEGIN DELETE FROM incidents WHERE job_id = OLD.id; END"""
 
+# Replay verification (run/verification.py): each replay's verdict on the job it verified, removed with
+# either job; and the strikes against GPUs a replay found computing wrong numbers, the host's memory
+# of its GPUs like the quarantine (kept past the job; cleared when an operator releases the GPU).
+_VERIFICATIONS = """CREATE TABLE IF NOT EXISTS verifications (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    replay_job_id INTEGER NOT NULL REFERENCES jobs(id),
+    time REAL NOT NULL,
+    verified INTEGER,
+    doc TEXT NOT NULL
+)"""
+_VERIFICATIONS_GO_WITH_THE_JOB = """CREATE TRIGGER IF NOT EXISTS verifications_go_with_the_job BEFORE DELETE ON jobs
+BEGIN DELETE FROM verifications WHERE job_id = OLD.id OR replay_job_id = OLD.id; END"""
+_GPU_SUSPECTS = """CREATE TABLE IF NOT EXISTS gpu_suspects (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    gpu INTEGER NOT NULL,
+    owner_uid INTEGER NOT NULL,
+    job TEXT NOT NULL,
+    step INTEGER,
+    time REAL NOT NULL,
+    detail TEXT NOT NULL
+)"""
+
 TABLES = (
     """CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -103,6 +126,8 @@ TABLES = (
 )""",
     # One row per failed attempt: what an operator reads after it (run/incidents.py), a bounded JSON document.
     _INCIDENTS,
+    _VERIFICATIONS,
+    _GPU_SUSPECTS,
 )
 _FIRST_INDEXES = (
     # Names are unique among live jobs only: a finished job's name may be reused.
@@ -117,7 +142,9 @@ _RETENTION_INDEXES = (
     "CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(updated) WHERE state IN ('cancelled', 'failed', 'succeeded')",
     "CREATE INDEX IF NOT EXISTS events_job ON events(job_id)",
 )
-INDEXES = (*_FIRST_INDEXES, *_RETENTION_INDEXES, _INCIDENTS_GO_WITH_THE_JOB)
+_VERIFICATION_INDEXES = ("CREATE INDEX IF NOT EXISTS verifications_job ON verifications(job_id)",)
+INDEXES = (*_FIRST_INDEXES, *_RETENTION_INDEXES, _INCIDENTS_GO_WITH_THE_JOB, *_VERIFICATION_INDEXES,
+           _VERIFICATIONS_GO_WITH_THE_JOB)
 _CREATED = "INSERT OR IGNORE INTO meta (key, value) VALUES ('created', datetime('now'))"
 
 # Columns added to the tables of the first release before stores had a version; a store of
@@ -184,7 +211,15 @@ def _version_5(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE attempts ADD COLUMN {column} {decl}")
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3, _version_4, _version_5)
+def _version_6(db: sqlite3.Connection) -> None:
+    """Replay verification: `verifications` (a replay's verdict, removed with its jobs: a trigger) and
+    `gpu_suspects` (the strikes against a GPU; run/verification.py)."""
+    for statement in (_VERIFICATIONS, _GPU_SUSPECTS, *_VERIFICATION_INDEXES, _VERIFICATIONS_GO_WITH_THE_JOB):
+        db.execute(statement)
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_version_1, _version_2, _version_3, _version_4, _version_5,
+                                                               _version_6)
 VERSION = len(MIGRATIONS)
 
 

@@ -1,6 +1,7 @@
 """The durable state store: one SQLite file (`db`), its tables by subject — `jobs`, `attempts`,
 `host` (quarantined GPUs, the drain switch), `housekeeping` (events in order; finished jobs'
-removal), `incidents` (one per failed attempt) — made or upgraded to this version's schema at open.
+removal), `incidents` (one per failed attempt), `verifications` (replays' verdicts, strikes against
+GPUs) — made or upgraded to this version's schema at open.
 
 Every state change is one transaction, so a daemon killed with SIGKILL at any instant restarts into
 a consistent store: each job is in exactly one state, each attempt is open or closed. The main loop
@@ -18,6 +19,7 @@ from spx.daemon.state.host_tables import HostTables
 from spx.daemon.state.housekeeping_table import HousekeepingTable
 from spx.daemon.state.incidents_table import IncidentsTable
 from spx.daemon.state.jobs_table import JobsTable
+from spx.daemon.state.verifications_table import VerificationsTable
 
 
 class Store:
@@ -37,6 +39,7 @@ class Store:
         self.host = HostTables(self.db)
         self.incidents = IncidentsTable(self.db)
         self.housekeeping = HousekeepingTable(self.db)
+        self.verifications = VerificationsTable(self.db)
 
     def close(self) -> None:
         """Close this thread's connection now (the next use opens a fresh one)."""

@@ -89,9 +89,13 @@ class JobView:
     # Where every second of the job's life went, by cause (state/goodput.py `Ledger.to_json`):
     # wall_seconds, gpus, goodput, seconds and gpu_seconds by cause. None where not computed.
     ledger: dict | None = None
+    # Replays of its checkpoints (`spx verify`) and their verdicts, newest first
+    # (run/verification.py's documents: text, replay, replay_gpus, trained_on, suspect, verdict, time).
+    verifications: list[dict] = field(default_factory=list)
 
     def to_json(self, with_history: bool = False) -> dict:
         doc = asdict(self)
         if not with_history:
             doc.pop("history")
+            doc.pop("verifications")
         return doc

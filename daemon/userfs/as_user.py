@@ -133,9 +133,11 @@ def check_access(user: Owner, checks: list[tuple[str, str]],
     return [None if p is None else str(p) for p in result]
 
 
-def set_aside(user: Owner, ckpt_dir: str, before: float, into: str, timeout: float) -> list[str]:
-    """`user_actions._set_aside` run as `user`: the entries moved into `ckpt_dir/into`."""
-    result = run(user, "set_aside", {"dir": ckpt_dir, "before": before, "into": into}, timeout)
+def set_aside(user: Owner, ckpt_dir: str, before: float, into: str, timeout: float,
+              from_step: int | None = None) -> list[str]:
+    """`user_actions._set_aside` run as `user`: the entries moved into `ckpt_dir/into` — those older
+    than `before`, or (`from_step`) the spx.trainer checkpoints of that step and later."""
+    result = run(user, "set_aside", {"dir": ckpt_dir, "before": before, "into": into, "from_step": from_step}, timeout)
     if not isinstance(result, list):
         raise UserPathError(errno.EIO, f"setting aside earlier checkpoints as {user.name} gave an odd answer")
     return [str(r) for r in result]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spx.daemon.contract import checkpoint_tiers
+from spx.daemon.contract.checkpoint_layout import step_of_dirname
 from spx.daemon.userfs import gang_dir, spx_dir, webhook
 from spx.daemon.userfs.identity import become
 
@@ -130,7 +131,8 @@ def _find_latest(args: dict[str, Any]) -> dict[str, Any]:
 def _set_aside(args: dict[str, Any]) -> list[str]:
     """`checkpoints.resume: never`: move what `dir` held before the job was submitted (mtime before
     `before`, hidden entries left alone) into `dir/<into>/`, so neither the daemon's discovery nor
-    the trainer's own scan resumes from it. Moved, not deleted: it is the user's data. Returns the
+    the trainer's own scan resumes from it; after a replay differed (`from_step`), the spx.trainer
+    checkpoints of that step and later. Moved, not deleted: it is the user's data. Returns the
     names moved (none on a second call: the job's own checkpoints are newer). By directory fds:
     `into` must be a real directory of this user's (a link planted there is refused, never
     followed), and so must the checkpoint dir."""
@@ -144,7 +146,11 @@ def _set_aside(args: dict[str, Any]) -> list[str]:
             raise PermissionError(f"checkpoint dir {args['dir']} is not the job owner's: refused")
         with os.scandir(base) as it:
             entries = [e for e in it if not e.name.startswith(".")]
-        old = [e.name for e in entries if e.stat(follow_symlinks=False).st_mtime < float(args["before"])]
+        if args.get("from_step") is not None:
+            first = int(args["from_step"])
+            old = [e.name for e in entries if (step_of_dirname(e.name) or -1) >= first]
+        else:
+            old = [e.name for e in entries if e.stat(follow_symlinks=False).st_mtime < float(args["before"])]
         if not old:
             return []
         into = str(args["into"])

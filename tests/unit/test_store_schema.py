@@ -64,7 +64,8 @@ def test_a_new_store_is_made_at_the_latest_version(tmp_path):
     Store(path).close()
     tables, indexes, version = schema_of(path)
     assert version == schema.VERSION
-    assert set(tables) == {"jobs", "attempts", "events", "meta", "gpu_quarantine", "queue_settings", "incidents"}
+    assert set(tables) == {"jobs", "attempts", "events", "meta", "gpu_quarantine", "queue_settings", "incidents",
+                           "verifications", "gpu_suspects"}
     assert {"jobs_live_name", "jobs_name", "jobs_uid"} <= indexes
     assert "held" in tables["jobs"] and "generation" in tables["attempts"]
 
@@ -148,7 +149,7 @@ def test_a_version_4_store_gains_the_ledgers_columns(tmp_path):
     assert "progress" not in schema_of(path)[0]["attempts"]
     store = Store(path)
     try:
-        assert schema_of(path) == schema_of(fresh) and schema_of(path)[2] == schema.VERSION == 5
+        assert schema_of(path) == schema_of(fresh) and schema_of(path)[2] == schema.VERSION == 6
         store.attempts.set_progress(store.attempts.for_job(jid)[0].id, '{"first": [2.5, 1]}')
         (attempt,) = store.attempts.for_job(jid)
         assert (attempt.memory_peak, attempt.progress, attempt.backoff) == (5, '{"first": [2.5, 1]}', None)
