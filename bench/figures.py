@@ -13,6 +13,9 @@ into bench/results/*.svg, so they can be redrawn without rerunning anything:
   --timeline`'s names), for bare torchrun's and spx's cold start and spx's relaunch after a kill.
 - checkpoint_stall.svg: the training loop's stall in a synchronous torch.save against spx's
   asynchronous save, and the background write's length.
+- scale.svg: the daemon's latencies (loop turn p99, spx ls / status over the socket and /metrics,
+  p99) against finished jobs in the store and against queued jobs, both axes log10, each line's
+  log-log slope in its legend (0 flat, 1 linear).
 
 Drawn with the daemon's own stdlib SVG writer (spx.daemon.cli.plot / svg): no plotting library.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -129,7 +133,35 @@ def checkpoint_figure(result: dict[str, Any]) -> str:
     return svg.render()
 
 
-FIGURES = {"goodput": goodput_figure, "recovery": recovery_figure, "checkpoint_stall": checkpoint_figure}
+SCALE_SERIES = (("loop_p99_ms", "loop turn p99"), ("ls_p99_ms", "ls p99"), ("status_p99_ms", "status p99"),
+                ("metrics_p99_ms", "/metrics p99"))
+
+
+def scale_figure(result: dict[str, Any]) -> str:
+    slopes = next((r for r in result["rows"] if "curve" not in r and "history" in r), {})
+    svg = Svg(880, 720, title="scale: the daemon's latencies against finished history and queued jobs")
+    svg.text(80, 24, f"scale bench ({result.get('when', '')}): p99 latencies, log10 axes", font_size=14,
+             font_weight="bold", class_="title")
+    for i, (curve, size, label) in enumerate((("history", "finished", "finished jobs in the store"),
+                                              ("queued", "queued", "queued jobs"))):
+        rows = sorted((r for r in result["rows"] if r.get("curve") == curve), key=lambda r: r[size])
+        if not rows:
+            continue
+        points = {key: [(math.log10(max(r[size], 1)), math.log10(max(r[key], 1e-3))) for r in rows]
+                  for key, _ in SCALE_SERIES}
+        xs = [x for pts in points.values() for x, _ in pts]
+        ys = [y for pts in points.values() for _, y in pts]
+        plot = Plot(svg, Box(80, 60 + 340 * i, 760, 250), (min(xs), max(max(xs), min(xs) + 1)),
+                    (min(0.0, min(ys)), math.ceil(max(ys))))
+        plot.axes(f"log10 {label}", "log10 ms", f"against {label}")
+        for n, (key, name) in enumerate(SCALE_SERIES):
+            plot.line(points[key], f"{name} (slope {slopes.get(curve, {}).get(key, float('nan')):.2f})", key, PALETTE[n])
+        plot.legend(x=plot.box.right - 240, y=plot.box.top + 8)
+    return svg.render()
+
+
+FIGURES = {"goodput": goodput_figure, "recovery": recovery_figure, "checkpoint_stall": checkpoint_figure,
+           "scale": scale_figure}
 
 
 def draw_all(results: Path = RESULTS) -> list[Path]:

@@ -4,6 +4,6 @@
     gpu_reading: each scrape summarised for the GPU's recent readings),
     job_collector (per-job series from the job views, their goodput ledger too), host_collector (the
     host's GPU-seconds by cause), quarantine_collector, queue_collector, housekeeping_collector
-    (retention and notifications);
+    (retention and notifications), loop_collector (the main loop's turn times);
     metrics (every metric's name, type, labels and help, in one table)
 """

@@ -21,7 +21,7 @@ GPU = ("gpu", "uuid")  # + "spx_job" while the GPU is allocated to a starting/ru
 @dataclass(frozen=True)
 class Spec:
     name: str
-    type: str  # gauge | counter | info
+    type: str  # gauge | counter | info | histogram
     labels: tuple[str, ...]
     help: str
 
@@ -75,6 +75,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("spx_host_gpu_seconds_total", "counter", ("cause",), "The host's settled GPU-seconds since the daemon started, by where they went: the jobs' ledger causes times their GPUs, quarantined GPUs, idle GPUs; with spx_host_unsettled_gpu_seconds they sum to GPUs times the daemon's uptime."),
     Spec("spx_host_unsettled_gpu_seconds", "gauge", (), "The live jobs' GPU-seconds since the daemon started not yet settled in spx_host_gpu_seconds_total (their spx_job_unsettled_seconds times their GPUs)."),
     # -- daemon ----------------------------------------------------------------------------------
+    Spec("spx_daemon_loop_turn_seconds", "histogram", (), "The daemon's main-loop turns since it started, by how long each took (from its start to the end of its last stage, not counting the wait for the next wake-up): everything the daemon does for its jobs waits on a turn."),
     Spec("spx_scrape_duration_seconds", "gauge", ("collector",), "Time this scrape spent in the collector."),
     Spec("spx_scrape_success", "gauge", ("collector",), "1 if the collector read everything it tried in this scrape, 0 if any read failed."),
     Spec("spx_nvml_errors_total", "counter", ("function",), "NVML calls that failed (NOT_SUPPORTED excluded), by function, since the daemon started."),

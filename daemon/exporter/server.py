@@ -20,10 +20,12 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import CollectorRegistry, start_http_server
 
+from spx.daemon.core.turn_times import TurnTimes
 from spx.daemon.exporter.gpu_collector import GpuCollector
 from spx.daemon.exporter.host_collector import HostCollector
 from spx.daemon.exporter.housekeeping_collector import HousekeepingCollector, Samples
 from spx.daemon.exporter.job_collector import JobCollector
+from spx.daemon.exporter.loop_collector import LoopCollector
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.exporter.quarantine_collector import QuarantineCollector, Quarantined
 from spx.daemon.exporter.queue_collector import QueueCollector
@@ -87,6 +89,7 @@ def build_registry(
     quarantined: Callable[[], Quarantined] | None = None, drained: Callable[[], str | None] | None = None,
     host_account: HostAccount | None = None,
     housekeeping: list[Samples] | None = None, stragglers: StragglerExplainer | None = None,
+    loop_turns: TurnTimes | None = None,
 ) -> CollectorRegistry:
     """A fresh registry with the GPU and job collectors. Starts the backend's XID thread (see module doc).
 
@@ -107,6 +110,8 @@ def build_registry(
         parts["host"] = HostCollector(backend, host_account)
     if housekeeping is not None:  # the daemon's retention and notifications; not the standalone exporter
         parts["housekeeping"] = HousekeepingCollector(housekeeping)
+    if loop_turns is not None:  # the daemon's main loop (spx_daemon_loop_turn_seconds); not the standalone exporter
+        parts["loop"] = LoopCollector(loop_turns)
     registry.register(SpxCollector(parts, version, backend.kind))
     return registry
 

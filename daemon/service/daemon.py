@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Lanes
 from spx.daemon.core.log import get_logger
+from spx.daemon.core.turn_times import TurnTimes
 from spx.daemon.core.users import user_name
 from spx.daemon.core.version import daemon_version
 from spx.daemon.gpu.backend import GpuBackend, XidEvent
@@ -115,6 +116,7 @@ class Daemon:
         self.notifications = Notifications(cfg, self.store, wake=lambda: self.wake.put("notify"))
         self.retention = Retention(cfg, self.store, self.lanes)
         self.metrics: MetricsServer | None = None
+        self.turn_times = TurnTimes()  # each turn's length (spx_daemon_loop_turn_seconds)
         mapping_dir = cfg.metrics.dcgm_job_mapping_dir  # dcgm-exporter's labels: the jobs on the GPUs
         self.dcgm_mapping = DcgmJobMapping(mapping_dir) if mapping_dir is not None else None
         # The changes users ask for (service/requests.py says who may), made here on the loop.
@@ -146,7 +148,8 @@ class Daemon:
         registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
                                   quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained,
                                   housekeeping=[self.retention.samples, self.notifications.samples],
-                                  host_account=HostAccount(self.store, time.time()), stragglers=self.stragglers)
+                                  host_account=HostAccount(self.store, time.time()), stragglers=self.stragglers,
+                                  loop_turns=self.turn_times)
         try:  # first: a daemon that cannot serve /metrics adopts no job and claims no file
             metrics = self.metrics = serve(registry, self.cfg.metrics_address)
         except OSError as e:
@@ -206,6 +209,7 @@ class Daemon:
         dcgm_mapping = self.dcgm_mapping
         while True:
             now = time.monotonic()
+            began = time.perf_counter()
             wedge_hook.wedge_if_asked(self.cfg.run_dir)
             self._stage("backup", functools.partial(self.backups.tick, now))
             self._stage("lanes", self.lanes.deliver)
@@ -248,9 +252,12 @@ class Daemon:
                 self.notifier.watchdog()
                 next_watchdog = now + watchdog_every
             turn += 1
+            seconds = time.perf_counter() - began
+            self.turn_times.add(seconds)
             # Debug only: each finished turn, so that "it did not happen" can be said after turns that
-            # had the chance to do it (tests wait for these, not for seconds).
-            log.debug("loop_turn", turn=turn)
+            # had the chance to do it (tests wait for these, not for seconds); with its length (the
+            # scale bench reads them).
+            log.debug("loop_turn", turn=turn, seconds=round(seconds, 6))
             try:
                 self.wake.get(timeout=TICK_SECONDS)
             except queue.Empty:

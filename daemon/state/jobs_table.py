@@ -16,9 +16,13 @@ from pydantic import ValidationError
 
 from spx.daemon.core.spec import JobSpec
 from spx.daemon.state.db import Database
-from spx.daemon.state.states import LIVE, TERMINAL, JobState, check_edge
+from spx.daemon.state.states import TERMINAL, JobState, check_edge
 
-_TERMINAL_SQL = ",".join(f"'{s.value}'" for s in sorted(TERMINAL, key=lambda s: s.value))
+# In the order and spelling of the `jobs_live` and `jobs_ended` partial indexes (schema.py): a query
+# whose WHERE has the index's own term is one SQLite may answer from that index.
+_TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL, key=lambda s: s.value))
+_LIVE_SQL = f"state NOT IN ({_TERMINAL_SQL})"        # the live jobs: `jobs_live`
+_ENDED_SQL = f"state IN ({_TERMINAL_SQL})"           # the finished ones, with `updated >= ?`: `jobs_ended`
 # The bookkeeping fields `transition` and `update` may write besides the state and its reason.
 JOB_FIELDS = frozenset({"gpus", "backoff_remaining", "no_progress_streak", "backoff_level", "staging", "reason",
                         "held", "priority"})
@@ -174,11 +178,9 @@ class JobsTable:
         return _job(self._db.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
 
     def live(self) -> list[JobRow]:
-        marks = ",".join("?" * len(LIVE))
-        rows = self._db.conn.execute(
-            f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY priority DESC, submitted, id",
-            [s.value for s in LIVE],
-        ).fetchall()
+        """The jobs not finished (`LIVE`), in the queue's order: from the `jobs_live` index, however
+        many finished jobs the store keeps."""
+        rows = self._db.conn.execute(f"SELECT * FROM jobs WHERE {_LIVE_SQL} ORDER BY priority DESC, submitted, id").fetchall()
         return [_job(r) for r in rows]
 
     def live_with_invalid_spec(self) -> list[JobRow]:
@@ -191,10 +193,13 @@ class JobsTable:
     def current(self, finished_since: float) -> list[JobRow]:
         """One job per name, the one `by_name` gives (the live one, else the newest finished),
         without finished ones that ended before `finished_since`."""
+        # The candidates (live jobs, jobs that ended since: two index reads), each kept if it is its
+        # name's `by_name` job (the `jobs_name` index): never a pass over the whole history.
         rows = self._db.conn.execute(
-            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY name ORDER BY "
-            f"  (state IN ({_TERMINAL_SQL})), id DESC) AS newest FROM jobs) "
-            f"WHERE newest = 1 AND (state NOT IN ({_TERMINAL_SQL}) OR updated >= ?) ORDER BY id",
+            f"SELECT * FROM jobs j WHERE j.id IN (SELECT id FROM jobs WHERE {_LIVE_SQL}"
+            f"  UNION ALL SELECT id FROM jobs WHERE {_ENDED_SQL} AND updated >= ?)"
+            f" AND j.id = (SELECT k.id FROM jobs k WHERE k.name = j.name ORDER BY (k.{_ENDED_SQL}), k.id DESC LIMIT 1)"
+            " ORDER BY j.id",
             (finished_since,),
         ).fetchall()
         return [_job(r) for r in rows]
@@ -226,23 +231,21 @@ class JobsTable:
         """Jobs that are live, or whose last change was at or after `since` (wall clock), oldest first:
         what `spx history --since` covers."""
         rows = self._db.conn.execute(
-            f"SELECT * FROM jobs WHERE state NOT IN ({_TERMINAL_SQL}) OR updated >= ? ORDER BY id", (since,)
-        ).fetchall()
-        return [_job(r) for r in rows]
+            f"SELECT * FROM jobs WHERE {_LIVE_SQL} UNION ALL SELECT * FROM jobs WHERE {_ENDED_SQL} AND updated >= ?",
+            (since,)).fetchall()
+        return sorted((_job(r) for r in rows), key=lambda j: j.id)
 
     def ended_since(self, since: float) -> list[JobRow]:
         """Jobs in a terminal state whose last change was at or after `since` (wall clock)."""
-        rows = self._db.conn.execute(
-            f"SELECT * FROM jobs WHERE state IN ({_TERMINAL_SQL}) AND updated >= ? ORDER BY id", (since,)
-        ).fetchall()
-        return [_job(r) for r in rows]
+        # Sorted here: an ORDER BY id makes SQLite scan the table in id order rather than read `jobs_ended`.
+        rows = self._db.conn.execute(f"SELECT * FROM jobs WHERE {_ENDED_SQL} AND updated >= ?", (since,)).fetchall()
+        return sorted((_job(r) for r in rows), key=lambda j: j.id)
 
     def ended_ids_since(self, since: float) -> list[int]:
         """The ids of the jobs in a terminal state whose last change was at or after `since` (as
         `ended_since`, without reading their specs)."""
-        rows = self._db.conn.execute(
-            f"SELECT id FROM jobs WHERE state IN ({_TERMINAL_SQL}) AND updated >= ? ORDER BY id", (since,)).fetchall()
-        return [int(r[0]) for r in rows]
+        rows = self._db.conn.execute(f"SELECT id FROM jobs WHERE {_ENDED_SQL} AND updated >= ?", (since,)).fetchall()
+        return sorted(int(r[0]) for r in rows)
 
     def allocated_and_ended(self, job_id: int) -> tuple[float | None, float | None, float | None]:
         """When the job's GPUs were first allocated and when it was last placed (its first and latest

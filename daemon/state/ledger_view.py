@@ -4,6 +4,9 @@ and asks it. Every reader (`spx status --json`, /metrics) gets the ledger throug
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 from spx.daemon.state import attempt_progress, goodput
 from spx.daemon.state import phases as timeline
 from spx.daemon.state.attempts_table import AttemptRow
@@ -28,9 +31,30 @@ def facts(store: Store, job: JobRow, attempts: list[AttemptRow]) -> goodput.JobF
     )
 
 
+# An ended job's ledger, once accounted, per store: it no longer changes (its rows are final; the
+# ledger stops at its end), and every `spx ls`, `spx status` and scrape shows the jobs that ended in
+# the last day — hundreds of ledgers recomputed per read on a busy host (bench/bench_scale.py). Job
+# ids are never reused in a store. Bounded: a reader of the whole history (`spx ls --all`) keeps
+# only the newest ENDED_KEPT.
+ENDED_KEPT = 4096
+_ended: weakref.WeakKeyDictionary[Store, dict[int, goodput.Ledger]] = weakref.WeakKeyDictionary()
+_ended_lock = threading.Lock()
+
+
 def job_ledger(store: Store, job: JobRow, attempts: list[AttemptRow], now: float) -> goodput.Ledger:
-    """The job's ledger at `now` (its end if it ended)."""
-    return goodput.account(facts(store, job, attempts), now)
+    """The job's ledger at `now` (its end if it ended: then accounted once per store and kept)."""
+    if not job.state.terminal:
+        return goodput.account(facts(store, job, attempts), now)
+    with _ended_lock:
+        kept = _ended.setdefault(store, {})
+        found = kept.get(job.id)
+    if found is None:
+        found = goodput.account(facts(store, job, attempts), now)
+        with _ended_lock:
+            kept[job.id] = found
+            while len(kept) > ENDED_KEPT:
+                del kept[next(iter(kept))]
+    return found
 
 
 class HostAccount:

@@ -15,6 +15,7 @@ from exporter_support import ManualClock, job_view
 from metrics_text import scrape
 
 from harness import wait_for
+from spx.daemon.core.turn_times import TurnTimes
 from spx.daemon.exporter.server import build_registry
 
 GOLDEN = Path(__file__).parent / "golden" / "h100-sxm5-8.prom"
@@ -27,7 +28,10 @@ def normalise(text: str, pid: int) -> str:
 
 def test_golden_scrape_of_fixture_host(make_backend, worker):
     backend = make_backend(clock=ManualClock(), only_pids=[worker.pid])
-    registry = build_registry(backend, lambda: [job_view(pids=[worker.pid])], "0.1.0")
+    turns = TurnTimes()
+    for seconds in (0.0003, 0.0004, 0.002, 0.03, 3.0):  # the main loop's turn times, as the daemon adds them
+        turns.add(seconds)
+    registry = build_registry(backend, lambda: [job_view(pids=[worker.pid])], "0.1.0", loop_turns=turns)
     watcher = backend.xid_watcher
     assert watcher is not None
     wait_for(lambda: watcher.counts().get((3, 79)) == 1, 10, "the fixture's XID 79 at open")

@@ -72,3 +72,21 @@ def test_the_hosts_gpu_seconds_count_the_jobs_the_quarantined_and_the_idle(store
     store.host.release_gpu(7, "root", 420.0)
     later = account.gpu_seconds(8, now=430.0).settled
     assert later["quarantined"] == pytest.approx(180) and later["idle"] == pytest.approx(1600 + 240 - 200 - 180)
+
+
+def test_an_ended_jobs_ledger_is_accounted_once_and_a_live_ones_at_every_read(store, tmp_path, monkeypatch):
+    """Every `spx ls` and scrape shows the jobs that ended in the last day: their ledgers no longer
+    change, so each is accounted at its first read only; a live job's is accounted afresh."""
+    from spx.daemon.state import jobviews
+
+    ended = crashed_once(store)
+    live = store.jobs.add(parse_spec("name: q\nscript: /bin/true\n"), os.getuid(), "u", "/spool/q", 310.0)
+    accounted: list[float] = []
+    account = ledger_view.goodput.account
+    monkeypatch.setattr(ledger_view.goodput, "account", lambda facts, now: accounted.append(facts.submitted) or account(facts, now))
+    first = {v.name: v.ledger for v in jobviews.all_views(store, tmp_path / "run", scope="all")}
+    second = {v.name: v.ledger for v in jobviews.all_views(store, tmp_path / "run", scope="all")}
+    assert first["l"] == second["l"] and first["l"]["wall_seconds"] == 200
+    assert accounted.count(100.0) == 1, "the ended job's ledger was accounted again"
+    assert accounted.count(310.0) == 2, "a live job's ledger is accounted at every read"
+    assert store.jobs.get(ended).state.terminal and not store.jobs.get(live).state.terminal

@@ -149,7 +149,7 @@ def test_a_version_4_store_gains_the_ledgers_columns(tmp_path):
     assert "progress" not in schema_of(path)[0]["attempts"]
     store = Store(path)
     try:
-        assert schema_of(path) == schema_of(fresh) and schema_of(path)[2] == schema.VERSION == 6
+        assert schema_of(path) == schema_of(fresh) and schema_of(path)[2] == schema.VERSION == 7
         store.attempts.set_progress(store.attempts.for_job(jid)[0].id, '{"first": [2.5, 1]}')
         (attempt,) = store.attempts.for_job(jid)
         assert (attempt.memory_peak, attempt.progress, attempt.backoff) == (5, '{"first": [2.5, 1]}', None)

@@ -1,0 +1,74 @@
+"""The store's reads that run every turn, every `spx ls` and every scrape do not read the whole
+history: each is answered from an index (the live jobs' `jobs_live`, the finished ones' `jobs_ended`,
+names' `jobs_name`), checked on SQLite's own query plan of the statements they run; and the rewritten
+`current` answers what a per-name reading of the rules gives, on a history with reused names."""
+
+from __future__ import annotations
+
+import random
+
+from spx.daemon.core.spec import JobSpec
+from spx.daemon.state.states import JobState
+from spx.daemon.state.store import Store
+
+END = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+def spec(name: str) -> JobSpec:
+    return JobSpec.model_validate({"name": name, "launcher": "python", "script": "t.py"})
+
+
+def history(store: Store, rng: random.Random, jobs: int) -> None:
+    """`jobs` jobs of a few reused names: most finished (at times not in id order), some live."""
+    for i in range(jobs):
+        name = f"n{rng.randrange(12)}"
+        if store.jobs.by_name(name) is not None and not store.jobs.by_name(name).state.terminal:
+            continue  # a live job of that name already: intake would refuse this one
+        job = store.jobs.add(spec(name), 0, "root", f"/x/{i}", float(i))
+        if rng.random() < 0.85:
+            store.jobs.transition(job, JobState.STARTING, None, float(i))
+            store.jobs.transition(job, rng.choice(END), None, rng.uniform(0, 2 * jobs))
+
+
+def plans(store: Store, read) -> list[str]:
+    """SQLite's query plan of every statement `read()` runs on this thread's connection."""
+    statements: list[str] = []
+    conn = store.db.conn
+    conn.set_trace_callback(statements.append)
+    try:
+        read()
+    finally:
+        conn.set_trace_callback(None)
+    return [" / ".join(str(r[3]) for r in conn.execute(f"EXPLAIN QUERY PLAN {s}"))
+            for s in statements if s.lstrip().upper().startswith("SELECT")]
+
+
+def test_the_reads_of_every_turn_and_scrape_never_scan_the_jobs_table(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    history(store, random.Random(1), 300)
+    for name, read in {"live": store.jobs.live, "current": lambda: store.jobs.current(100.0),
+                       "ended_ids_since": lambda: store.jobs.ended_ids_since(100.0),
+                       "ended_since": lambda: store.jobs.ended_since(100.0),
+                       "active_since": lambda: store.jobs.active_since(100.0)}.items():
+        found = plans(store, read)
+        assert found, name
+        for plan in found:
+            scans = [step for step in plan.split(" / ") if step.startswith("SCAN") and "INDEX" not in step]
+            assert not scans, f"{name} reads the whole jobs table: {plan}"
+
+
+def test_current_is_each_names_by_name_job_unless_it_ended_before_the_cutoff(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    rng = random.Random(7)
+    history(store, rng, 400)
+    every = store.jobs.all()
+    for cutoff in (0.0, 150.0, 400.0, 900.0):
+        expected = []
+        for name in sorted({j.name for j in every}):
+            job = store.jobs.by_name(name)
+            if job is not None and (not job.state.terminal or store.db.conn.execute(
+                    "SELECT updated FROM jobs WHERE id = ?", (job.id,)).fetchone()[0] >= cutoff):
+                expected.append(job.id)
+        assert [j.id for j in store.jobs.current(cutoff)] == sorted(expected)
+    assert [j.id for j in store.jobs.live()] == [j.id for j in sorted(
+        (j for j in every if not j.state.terminal), key=lambda j: (-j.priority, j.submitted, j.id))]
