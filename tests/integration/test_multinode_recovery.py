@@ -33,13 +33,17 @@ PY = sys.executable
 HASH = re.compile(r"final_state_sha256=([0-9a-f]{64})")
 RDZV_ID = re.compile(r"--rdzv-id=(wide-g\d+)")
 RDZV_PORT = 29400
-STEPS = 60
+# Long enough that no attempt ends before its kill however slow a loaded machine makes the waiting
+# (at 60 steps a CI run under load saw the first attempt finish before the test killed it); the
+# reference run trains the same steps without the sleep (the sleep changes no number).
+STEPS = 100
 ARGS = ("--batch_size", "4", "--model-size", "tiny", "--seed", "11", "--steps", str(STEPS), "--checkpoint-every", "5",
-        "--dataset-size", "128", "--sleep-per-step", "0.2")
+        "--dataset-size", "128")
+SLEEP = ("--sleep-per-step", "0.2")
 
 
-def job_text(name: str, ckpt: Path, endpoint: str | None, procs: int = 2) -> str:
-    argv = ", ".join(f'"{a}"' for a in ARGS)
+def job_text(name: str, ckpt: Path, endpoint: str | None, procs: int = 2, sleep: tuple[str, ...] = SLEEP) -> str:
+    argv = ", ".join(f'"{a}"' for a in (*ARGS, *sleep))
     nodes = f"nodes: {{count: 2, rdzv_endpoint: '{endpoint}'}}\n" if endpoint else ""
     return (f"name: {name}\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\npython: {PY}\n"
             f"args: [{argv}]\ngpus: {procs}\nprocs: {procs}\n"
@@ -97,7 +101,7 @@ def reference_hash(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("reference")
     d = Daemon(root / "host", gpu_backend="fake").start()
     try:
-        d.drop("wide.yaml", job_text("wide", root / "ckpt", None, procs=4))
+        d.drop("wide.yaml", job_text("wide", root / "ckpt", None, procs=4, sleep=()))
         st = d.wait_state("wide", {"succeeded", "failed"}, 180)
         log = "".join(attempt_logs(d))
         assert st["state"] == "succeeded", log[-3000:]

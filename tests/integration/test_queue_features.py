@@ -53,10 +53,13 @@ def reason_of(d: Daemon, name: str, contains: str) -> str:
 
 def test_dependencies_start_after_success_and_a_failed_one_fails_its_dependents(daemon):
     d = daemon
-    queued(d, "prep", sleeper("prep", 4))
+    gate = d.root / "prep-may-end"  # prep runs until the test has seen train wait for it
+    queued(d, "prep", f"name: prep\nlauncher: python\nscript: {SCRIPTS / 'wait_for_file.py'}\npython: {PY}\n"
+                      f"args: ['{gate}']\n")
     d.wait_state("prep", "running", 30)
     queued(d, "train", sleeper("train", 0.1, extra="after: [prep]\n"))
     assert reason_of(d, "train", "waiting for dependency") == "waiting for dependency prep (running)"
+    gate.touch()
     queued(d, "broken", f"name: broken\nlauncher: python\nscript: {SCRIPTS / 'always_crash.py'}\npython: {PY}\n"
                         "restart: {max_restarts: 0, on_failure: {user-code: counted}}\n")
     queued(d, "eval", sleeper("eval", 0.1, extra="after: [train, broken]\n"))
