@@ -45,8 +45,15 @@ MAX_CHECKPOINT_KEEP = 1000
 # on them and records the ranges in its checkpoints, so a later resume keeps skipping them.
 ENV_SKIP_STEPS = "SPX_SKIP_STEPS"
 MAX_SKIP_RANGES = 64
+# Set (even to ""), the attempt is a verification replay of the checkpoints in SPX_CHECKPOINT_DIR, which
+# it only reads: spx.trainer resumes from the start of the chain of checkpoint records (each checkpoint's
+# `replay.json` names the checkpoint its interval began at) that reaches back to step S ("S"; "" or
+# "oldest": as far back as the chain goes), trains the same steps again, compares every step's loss and
+# gradient norms and each checkpoint's state hash with the records, saves nothing, and ends with a
+# "replayed" heartbeat whose `replay` field is the verdict (`ReplayVerdict`), exit status 0 whatever it is.
+ENV_REPLAY = "SPX_REPLAY"
 ENV_NAMES = (ENV_JOB, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_HEARTBEAT_FILE, ENV_ATTEMPT_ID,
-             ENV_LOCAL_CHECKPOINT_DIR, ENV_FENCE, ENV_CHECKPOINT_KEEP, ENV_SKIP_STEPS)
+             ENV_LOCAL_CHECKPOINT_DIR, ENV_FENCE, ENV_CHECKPOINT_KEEP, ENV_SKIP_STEPS, ENV_REPLAY)
 
 StepRanges = tuple[tuple[int, int], ...]
 
@@ -88,6 +95,18 @@ def merge_step_ranges(ranges: Iterable[Sequence[int]]) -> StepRanges:
         else:
             out.append((lo, hi))
     return tuple(out)
+
+
+def parse_replay(raw: str) -> int | None:
+    """SPX_REPLAY as the step the replay must reach back to (None: "" or "oldest", as far as the chain
+    goes). ValueError for anything else: a verification told something it cannot read must not guess."""
+    word = raw.strip()
+    if word in ("", "oldest"):
+        return None
+    try:
+        return bounded.whole_text(word.encode(), ENV_REPLAY)
+    except bounded.Garbage as e:
+        raise ValueError(f"{ENV_REPLAY}: {raw[:40]!r} is not a step number, \"\" or \"oldest\" ({e.detail})") from None
 
 
 def format_skip_steps(ranges: StepRanges) -> str:
@@ -143,6 +162,7 @@ class Heartbeat:
     saves so far (None: not reported), the goodput ledger's `checkpoint` time.
     `loss` and `grad_norm` are the last step's (any script may report them; the daemon applies the
     NaN/Inf rule to what it reads); `diverged` says why a "diverged" beat is one (`Divergence`).
+    `replay` is the verdict of a verification replay (SPX_REPLAY), on its last beat, status "replayed".
     """
 
     step: int
@@ -161,12 +181,15 @@ class Heartbeat:
     loss: float | None = None
     grad_norm: float | None = None
     diverged: Divergence | None = None
+    replay: ReplayVerdict | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
         doc["loss"], doc["grad_norm"] = metric_json(self.loss), metric_json(self.grad_norm)
         if self.diverged is not None:
             doc["diverged"]["value"] = metric_json(self.diverged.value)
+        if self.replay is not None:
+            doc["replay"] = self.replay.to_doc()
         return json.dumps(doc, sort_keys=True)
 
 
@@ -186,6 +209,55 @@ class Divergence:
         if isinstance(shown, float):
             shown = f"{shown:.4g}"
         return f"{self.metric} {shown}" + ("" if self.rule == NON_FINITE else f" ({self.rule})")
+
+
+REPLAY_METRICS = ("loss", "grad_norm", "rank_grad_norm", "state_sha256", "steps")
+MAX_REPLAY_INTERVALS = MAX_CHECKPOINT_KEEP
+MAX_REPLAY_TEXT = 400
+Compared = float | str | None
+"""A compared value as the verdict carries it: a float (NaN/±Inf included), a text (a hash, a list of
+steps), or None (absent)."""
+
+
+@dataclass(frozen=True)
+class ReplayVerdict:
+    """What a verification replay (SPX_REPLAY) found, replaying from checkpoint `from_step` (None: from
+    scratch) to checkpoint `to_step`. `verified`: True, every interval's steps and state hash equal
+    the records bit for bit; False, a difference (the first: at `step`, `metric` — one of
+    REPLAY_METRICS: "rank_grad_norm" names the `rank` whose own gradient norm, before the all-reduce,
+    differed first — was `got` in the replay where the checkpoint's record says `expected`); None,
+    nothing could be compared (`reason` says why). `intervals` are the [start, end] step pairs
+    verified (start 0: from scratch), oldest first."""
+
+    from_step: int | None
+    to_step: int | None
+    verified: bool | None
+    intervals: tuple[tuple[int, int], ...] = ()
+    step: int | None = None
+    metric: str | None = None
+    rank: int | None = None
+    expected: Compared = None
+    got: Compared = None
+    reason: str | None = None
+
+    def to_doc(self) -> dict:
+        doc = asdict(self)
+        doc["intervals"] = [list(i) for i in self.intervals]
+        for key in ("expected", "got"):
+            value = doc[key]
+            doc[key] = metric_json(value) if isinstance(value, float) else value
+        return doc
+
+    def describe(self) -> str:
+        """One line: 'verified steps 20-40 (2 intervals)', 'differs at step 25: rank_grad_norm of rank 1 …'."""
+        span = f"{self.from_step or 0}-{self.to_step}"
+        if self.verified is None:
+            return f"nothing verified: {self.reason}"
+        if self.verified:
+            return f"verified steps {span} ({len(self.intervals)} intervals)"
+        what = f"{self.metric} of rank {self.rank}" if self.rank is not None else str(self.metric)
+        return (f"differs at step {self.step}: {what} was {self.got!r} in the replay, {self.expected!r} in the "
+                f"checkpoint's record" + (f" ({self.reason})" if self.reason else ""))
 
 
 NON_FINITE = "non-finite"
@@ -235,6 +307,43 @@ def _divergence(raw: object, step: int) -> Divergence | None:
         return None
 
 
+def _replay_verdict(raw: object) -> ReplayVerdict | None:
+    """The verdict of a replay, each field bounded; anything odd drops the verdict, never the beat."""
+    if not isinstance(raw, dict):
+        return None
+    f = bounded.Fields(raw, "heartbeat", "replay.")
+    try:
+        verified = raw.get("verified")
+        if verified is not None and not isinstance(verified, bool):
+            return None
+        metric = f.text("metric", 32, missing=None)
+        if metric is not None and metric not in REPLAY_METRICS:
+            return None
+        intervals = []
+        for raw_pair in f.items("intervals", MAX_REPLAY_INTERVALS, missing=[]):
+            pair = bounded.items(raw_pair, "heartbeat", 2, name="replay.intervals")
+            if len(pair) != 2:
+                return None
+            first = bounded.whole(pair[0], "heartbeat", name="replay.intervals")
+            intervals.append((first, bounded.whole(pair[1], "heartbeat", first + 1, name="replay.intervals")))
+        return ReplayVerdict(
+            from_step=f.whole("from_step", missing=None), to_step=f.whole("to_step", missing=None),
+            verified=verified, intervals=tuple(intervals), step=f.whole("step", missing=None), metric=metric,
+            rank=f.whole("rank", 0, MAX_RANKS_REPORTED - 1, missing=None),
+            expected=_compared(raw.get("expected")), got=_compared(raw.get("got")),
+            reason=f.text("reason", MAX_REPLAY_TEXT, missing=None))
+    except (bounded.Garbage, TypeError, ValueError):
+        return None
+
+
+def _compared(raw: object) -> Compared:
+    """An expected/got value: a bounded metric (NaN/±Inf spelled as `metric_json` does), else a short
+    text (a hash), else None."""
+    if isinstance(raw, str) and raw not in _NON_FINITE_WORDS:
+        return raw[:MAX_REPLAY_TEXT]
+    return _metric(raw)
+
+
 def write_heartbeat(path: str | os.PathLike[str], beat: Heartbeat) -> None:
     """Replace the heartbeat file atomically: a reader sees the old or the new JSON, never half."""
     target = Path(path)
@@ -275,6 +384,7 @@ def load_heartbeat(data: str | bytes) -> Heartbeat:
         loss=_metric(f.doc.get("loss")),
         grad_norm=_metric(f.doc.get("grad_norm")),
         diverged=_divergence(f.doc.get("diverged"), step),
+        replay=_replay_verdict(f.doc.get("replay")),
         **({"time": when} if when is not None else {}),
     )
 
