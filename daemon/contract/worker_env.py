@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from spx.daemon.contract.metrics import metric_json, parse_metric
+from spx.daemon.contract.replay_verdict import ReplayVerdict, parse_replay_verdict
 from spx.daemon.core import bounded
 
 ENV_JOB = "SPX_JOB"
@@ -211,137 +213,18 @@ class Divergence:
         return f"{self.metric} {shown}" + ("" if self.rule == NON_FINITE else f" ({self.rule})")
 
 
-REPLAY_METRICS = ("loss", "grad_norm", "rank_grad_norm", "state_sha256", "steps")
-MAX_REPLAY_INTERVALS = MAX_CHECKPOINT_KEEP
-MAX_REPLAY_TEXT = 400
-Compared = float | str | None
-"""A compared value as the verdict carries it: a float (NaN/±Inf included), a text (a hash, a list of
-steps), or None (absent)."""
-
-
-@dataclass(frozen=True)
-class ReplayVerdict:
-    """What a verification replay (SPX_REPLAY) found, replaying from checkpoint `from_step` (None: from
-    scratch) to checkpoint `to_step`. `verified`: True, every interval's steps and state hash equal
-    the records bit for bit; False, a difference (the first: at `step`, `metric` — one of
-    REPLAY_METRICS: "rank_grad_norm" names the `rank` whose own gradient norm, before the all-reduce,
-    differed first — was `got` in the replay where the checkpoint's record says `expected`); None,
-    nothing could be compared (`reason` says why). `intervals` are the [start, end] step pairs
-    verified (start 0: from scratch), oldest first."""
-
-    from_step: int | None
-    to_step: int | None
-    verified: bool | None
-    intervals: tuple[tuple[int, int], ...] = ()
-    step: int | None = None
-    metric: str | None = None
-    rank: int | None = None
-    expected: Compared = None
-    got: Compared = None
-    reason: str | None = None
-
-    def to_doc(self) -> dict:
-        doc = asdict(self)
-        doc["intervals"] = [list(i) for i in self.intervals]
-        for key in ("expected", "got"):
-            value = doc[key]
-            doc[key] = metric_json(value) if isinstance(value, float) else value
-        return doc
-
-    def describe(self) -> str:
-        """One line: 'verified steps 20-40 (2 intervals)', 'differs at step 25: rank_grad_norm of rank 1 …'."""
-        span = f"{self.from_step or 0}-{self.to_step}"
-        if self.verified is None:
-            return f"nothing verified: {self.reason}"
-        if self.verified:
-            return f"verified steps {span} ({len(self.intervals)} intervals)"
-        what = f"{self.metric} of rank {self.rank}" if self.rank is not None else str(self.metric)
-        return (f"differs at step {self.step}: {what} was {self.got!r} in the replay, {self.expected!r} in the "
-                f"checkpoint's record" + (f" ({self.reason})" if self.reason else ""))
-
-
 NON_FINITE = "non-finite"
 MAX_RULE_CHARS = 200
-_NON_FINITE_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def metric_json(value: float | None) -> float | str | None:
-    """A loss or norm as JSON can hold it: a number, or "NaN" / "Infinity" / "-Infinity"."""
-    if value is None or math.isfinite(value):
-        return value
-    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-
-
-def _metric(raw: object) -> float | None:
-    """A reported loss or norm: a number within bounds, or NaN / ±Inf spelled as `metric_json` does
-    (or as a JSON constant, or a number too large to be finite: 1e400). None for anything else: an
-    odd metric never costs the beat."""
-    if isinstance(raw, str):
-        return _NON_FINITE_WORDS.get(raw)
-    if isinstance(raw, bounded.Unusable):
-        return _NON_FINITE_WORDS.get(raw.text.strip()) or _overflowed(raw.text.strip())
-    try:
-        return bounded.real(raw, "heartbeat")
-    except bounded.Garbage:
-        return None
-
-
-def _overflowed(word: str) -> float | None:
-    """±Inf for a number literal too large to be finite (1e400), else None."""
-    try:
-        value = float(word[:64])
-    except ValueError:
-        return None
-    return value if math.isinf(value) else None
-
-
 def _divergence(raw: object, step: int) -> Divergence | None:
     if not isinstance(raw, dict):
         return None
     f = bounded.Fields(raw, "heartbeat", "diverged.")
     try:
-        value = _metric(raw.get("value"))
+        value = parse_metric(raw.get("value"))
         return Divergence(step=f.whole("step", missing=step), metric=f.text("metric", 32),
                           value=math.nan if value is None else value, rule=f.text("rule", MAX_RULE_CHARS))
     except bounded.Garbage:
         return None
-
-
-def _replay_verdict(raw: object) -> ReplayVerdict | None:
-    """The verdict of a replay, each field bounded; anything odd drops the verdict, never the beat."""
-    if not isinstance(raw, dict):
-        return None
-    f = bounded.Fields(raw, "heartbeat", "replay.")
-    try:
-        verified = raw.get("verified")
-        if verified is not None and not isinstance(verified, bool):
-            return None
-        metric = f.text("metric", 32, missing=None)
-        if metric is not None and metric not in REPLAY_METRICS:
-            return None
-        intervals = []
-        for raw_pair in f.items("intervals", MAX_REPLAY_INTERVALS, missing=[]):
-            pair = bounded.items(raw_pair, "heartbeat", 2, name="replay.intervals")
-            if len(pair) != 2:
-                return None
-            first = bounded.whole(pair[0], "heartbeat", name="replay.intervals")
-            intervals.append((first, bounded.whole(pair[1], "heartbeat", first + 1, name="replay.intervals")))
-        return ReplayVerdict(
-            from_step=f.whole("from_step", missing=None), to_step=f.whole("to_step", missing=None),
-            verified=verified, intervals=tuple(intervals), step=f.whole("step", missing=None), metric=metric,
-            rank=f.whole("rank", 0, MAX_RANKS_REPORTED - 1, missing=None),
-            expected=_compared(raw.get("expected")), got=_compared(raw.get("got")),
-            reason=f.text("reason", MAX_REPLAY_TEXT, missing=None))
-    except (bounded.Garbage, TypeError, ValueError):
-        return None
-
-
-def _compared(raw: object) -> Compared:
-    """An expected/got value: a bounded metric (NaN/±Inf spelled as `metric_json` does), else a short
-    text (a hash), else None."""
-    if isinstance(raw, str) and raw not in _NON_FINITE_WORDS:
-        return raw[:MAX_REPLAY_TEXT]
-    return _metric(raw)
 
 
 def write_heartbeat(path: str | os.PathLike[str], beat: Heartbeat) -> None:
@@ -381,10 +264,10 @@ def load_heartbeat(data: str | bytes) -> Heartbeat:
         ranks=_ranks(f),
         rank_step_seconds=_rank_step_seconds(f.doc.get("rank_step_seconds")),
         checkpoint_stall_seconds=_optional_real(f.doc.get("checkpoint_stall_seconds")),
-        loss=_metric(f.doc.get("loss")),
-        grad_norm=_metric(f.doc.get("grad_norm")),
+        loss=parse_metric(f.doc.get("loss")),
+        grad_norm=parse_metric(f.doc.get("grad_norm")),
         diverged=_divergence(f.doc.get("diverged"), step),
-        replay=_replay_verdict(f.doc.get("replay")),
+        replay=parse_replay_verdict(f.doc.get("replay")),
         **({"time": when} if when is not None else {}),
     )
 

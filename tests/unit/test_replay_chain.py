@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from spx.daemon.contract import replay_verdict, worker_env
 from spx.daemon.contract.checkpoint_layout import MANIFEST, step_dirname
 from spx.daemon.contract.worker_env import (
     ENV_NAMES,
@@ -109,6 +110,11 @@ def test_the_first_difference_is_found_step_by_step_rank_before_the_global_norm(
     assert (diff.step, diff.metric, diff.got) == (13, "loss", "NaN")
     diff = first_difference(record, same[:-1], "hash-20")
     assert diff.metric == "steps" and diff.step == 20
+
+
+def test_the_verdicts_bounds_are_the_heartbeats():
+    assert replay_verdict.MAX_RANKS == worker_env.MAX_RANKS_REPORTED
+    assert replay_verdict.MAX_REPLAY_INTERVALS == worker_env.MAX_CHECKPOINT_KEEP
 
 
 def test_spx_replay_is_a_step_or_oldest():
