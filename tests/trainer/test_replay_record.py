@@ -68,3 +68,13 @@ def test_the_record_keeps_the_last_steps_and_its_start_moves_up_to_match():
     recorder.step_done(7, torch.tensor(float("nan")), torch.tensor(1.0), torch.tensor(1.0))
     start, steps = recorder.take(distributed=False)
     assert start == 6 and len(steps) == 1 and steps[0][1] != steps[0][1]  # NaN kept as NaN
+
+
+def test_a_replay_with_nothing_to_replay_says_why_and_creates_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_REPLAY, "")
+    hb = tmp_path / "replay.heartbeat"
+    _fit(tmp_path / "never-written", 20, hb=hb)
+    assert not (tmp_path / "never-written").exists()
+    beat = read_heartbeat(hb)
+    assert beat.status == "replayed" and beat.step == 0 and beat.replay.verified is None
+    assert "has a replay record" in beat.replay.reason
