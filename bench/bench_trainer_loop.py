@@ -9,7 +9,9 @@ checkpoint). Candidate: `Trainer.fit` with everything a supervised job uses on: 
 every second, the per-step stop/time agreement all-reduce, the resumable sampler, the LR
 scheduler, per-rank step timing (every 20 steps, the default), and no periodic checkpoint (its cost
 is `bench_checkpoint_stall.py`'s subject). Goal (issue 5): ≥ 0.98×. A third loop, the same with
-per-rank step timing off, gives that timing's own cost (issue 28, goal: on ≥ 0.98× off).
+per-rank step timing off, gives that timing's own cost (issue 28, goal: on ≥ 0.98× off); a fourth,
+with the replay record off (`replay_record=False`: no per-step norms, no DDP communication hook),
+gives the record's (issue 28, goal: on ≥ 0.98× off).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def plain_loop(steps: int, seed: int) -> float:
     raise AssertionError("unreachable")
 
 
-def spx_loop(steps: int, seed: int, work: Path, rank_timing: bool = True) -> float:
+def spx_loop(steps: int, seed: int, work: Path, rank_timing: bool = True, replay_record: bool = True) -> float:
     import torch
     import torch.distributed as dist
     from tinylm import LMConfig, MarkovCorpus, TinyLM
@@ -82,7 +84,7 @@ def spx_loop(steps: int, seed: int, work: Path, rank_timing: bool = True) -> flo
         max_steps=steps, seed=seed, checkpoint_dir=str(work / f"ck-{time.monotonic_ns()}"),
         checkpoint_every_steps=None, save_final=False, resume=False, log_every_steps=0,
         heartbeat_file=str(work / "heartbeat.json"), deterministic=False,
-        rank_timing_every_steps=20 if rank_timing else 0,
+        rank_timing_every_steps=20 if rank_timing else 0, replay_record=replay_record,
     ))
     model = trainer.wrap(TinyLM(cfg))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -103,13 +105,15 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     work = Path(args.work)
     plain_loop(10, seed=1)  # warm-up: allocator, thread pools, gloo connections
-    plain, spx, untimed = [], [], []
+    plain, spx, untimed, unrecorded = [], [], [], []
     for r in range(args.rounds):
         plain.append(args.steps / plain_loop(args.steps, seed=r))
         spx.append(args.steps / spx_loop(args.steps, seed=r, work=work))
         untimed.append(args.steps / spx_loop(args.steps, seed=r, work=work, rank_timing=False))
+        unrecorded.append(args.steps / spx_loop(args.steps, seed=r, work=work, replay_record=False))
     if dist.get_rank() == 0:
-        (work / "result.json").write_text(json.dumps({"plain": plain, "spx": spx, "spx_rank_timing_off": untimed}))
+        (work / "result.json").write_text(json.dumps({"plain": plain, "spx": spx, "spx_rank_timing_off": untimed,
+                                                      "spx_replay_record_off": unrecorded}))
     dist.destroy_process_group()
 
 
@@ -133,13 +137,20 @@ def main() -> None:
         raw = json.loads((Path(work) / "result.json").read_text())
     plain, spx = statistics.median(raw["plain"]), statistics.median(raw["spx"])
     untimed = statistics.median(raw["spx_rank_timing_off"])
+    unrecorded = statistics.median(raw["spx_replay_record_off"])
+    # Per round (the loops of one round ran back to back): the spread the median hides.
+    record_ratios = [on / off for on, off in zip(raw["spx"], raw["spx_replay_record_off"], strict=True)]
     result = {"steps_per_round": args.steps, "rounds": args.rounds, "plain_steps_per_s": round(plain, 3),
               "spx_steps_per_s": round(spx, 3), "ratio": round(spx / plain, 4),
               "spx_rank_timing_off_steps_per_s": round(untimed, 3), "rank_timing_ratio": round(spx / untimed, 4),
+              "spx_replay_record_off_steps_per_s": round(unrecorded, 3),
+              "replay_record_ratio": round(spx / unrecorded, 4),
+              "replay_record_ratio_per_round": [round(r, 4) for r in record_ratios],
               "goal": ">= 0.98", "raw": raw}
     write_result("trainer_loop", [{k: v for k, v in result.items() if k not in ("goal", "raw")}],
                  [Goal("spx.trainer / plain DDP loop, steps/s", result["ratio"], ">=", 0.98),
-                  Goal("per-rank step timing on / off, steps/s", result["rank_timing_ratio"], ">=", 0.98)])
+                  Goal("per-rank step timing on / off, steps/s", result["rank_timing_ratio"], ">=", 0.98),
+                  Goal("replay record on / off, steps/s", result["replay_record_ratio"], ">=", 0.98)])
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -148,6 +159,9 @@ def main() -> None:
         print(f"ratio                 : {spx / plain:8.3f}  (goal >= 0.98)")
         print(f"rank timing off       : {untimed:8.2f} steps/s")
         print(f"timing on / off       : {spx / untimed:8.3f}  (goal >= 0.98)")
+        print(f"replay record off     : {unrecorded:8.2f} steps/s")
+        print(f"record on / off       : {spx / unrecorded:8.3f}  (goal >= 0.98; per round "
+              f"{', '.join(f'{r:.3f}' for r in record_ratios)})")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Flags and fault injection shared by `train_ddp.py` and `train_deepspeed.py`.
 
 The fault flags act in the daemon's first attempt only (`SPX_ATTEMPT`, 1 when run by hand), so a
-job that crashes or hangs once shows the restart, and its relaunch runs clean.
+job that crashes or hangs once shows the restart, and its relaunch runs clean; and never in a
+verification replay (`SPX_REPLAY`), which must compute what a healthy GPU computes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from spx.daemon.contract.worker_env import attempt_number, parse_skip_steps
+from spx.daemon.contract.worker_env import ENV_REPLAY, attempt_number, parse_skip_steps
 from spx.trainer import TrainerConfig
 from spx.trainer.loop import default_loss
 
@@ -45,6 +46,10 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--slow-rank-seconds", type=float, default=0.05)
     p.add_argument("--rank-timing-every", type=int, default=20,
                    help="gather per-rank step times every K steps for the daemon (0: off)")
+    p.add_argument("--corrupt-grad-step", type=int, default=None,
+                   help="at step K, --corrupt-grad-rank's own gradient of one weight is off by 1e-3 before the "
+                        "all-reduce, as a faulty GPU's arithmetic (first attempt only, never in a replay)")
+    p.add_argument("--corrupt-grad-rank", type=int, default=0)
     p.add_argument("--poison-step", type=int, action="append", default=[],
                    help="rank 0's batch of step K holds poison: its loss is NaN (every attempt; repeatable)")
     p.add_argument("--skip-steps", type=parse_skip_steps, default=(),
@@ -113,13 +118,39 @@ def poisoned_loss(args: argparse.Namespace, trainer, base=None):
     return loss_fn
 
 
+def faults_apply() -> bool:
+    """Fault flags act in the first attempt only, and never in a verification replay."""
+    return attempt_number() == 1 and os.environ.get(ENV_REPLAY) is None
+
+
+def corrupt_grad(args: argparse.Namespace, trainer, module: torch.nn.Module) -> None:
+    """`--corrupt-grad-step`: a hook on the first parameter's gradient, on `--corrupt-grad-rank`, adds 1e-3
+    to one of its values in that step's backward. A tensor hook runs before DDP copies the gradient
+    into its bucket, so the rank's own gradient is wrong before the all-reduce spreads it, as with a
+    GPU that computed it wrong; training stays finite."""
+    if args.corrupt_grad_step is None or trainer.dist.rank != args.corrupt_grad_rank or not faults_apply():
+        return
+    param = next(module.parameters())
+
+    def corrupt(grad: torch.Tensor) -> torch.Tensor:
+        if trainer.progress.step + 1 != args.corrupt_grad_step:
+            return grad
+        print(f"injected gradient error at step {args.corrupt_grad_step} on rank {trainer.dist.rank} "
+              "(--corrupt-grad-step)", flush=True)
+        wrong = grad.clone()
+        wrong.view(-1)[0] += 1e-3
+        return wrong
+
+    param.register_hook(corrupt)
+
+
 class InjectedCrash(RuntimeError):
     pass
 
 
 def fault_hook(args: argparse.Namespace):
     """The `on_step` hook that realises the fault flags."""
-    first_attempt = attempt_number() == 1
+    first_attempt = faults_apply()
 
     def on_step(trainer, step: int, loss: torch.Tensor) -> None:
         if args.sleep_per_step:
@@ -134,14 +165,18 @@ def fault_hook(args: argparse.Namespace):
     return on_step
 
 
-def run_main(main: Callable[[], None]) -> None:
+def run_main(main: Callable[[], object]) -> None:
     """Run `main()` and leave without the interpreter's teardown however it ended: with its exit
     status (1 and the traceback, through the installed excepthook, for an exception; the code of a
     SystemExit, e.g. 75 for a preemption). A failing rank's teardown with torch loaded takes 0.6-1.4 s
     on the CPU host (and can deadlock, see `exit_without_teardown`), and its launcher waits for it
-    before it can exit, so every recovery paid it (`spx status --timeline`: kill → launcher_exit)."""
+    before it can exit, so every recovery paid it (`spx status --timeline`: kill → launcher_exit).
+    What `main()` returns (the trainer, holding the DDP module) stays referenced until the exit: freed
+    earlier, as main's frame ends, the module destroys gloo's process group holding the GIL while a gloo
+    thread may still need the GIL to free the last collective's tensors — that deadlock hung one
+    verification replay in six here, whose last act before `close()` is a collective."""
     try:
-        main()
+        _kept = main()  # referenced until os._exit (see above)
     except SystemExit as e:
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)

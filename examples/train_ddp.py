@@ -16,6 +16,7 @@ import math
 import torch
 from example_args import (
     common_parser,
+    corrupt_grad,
     fault_hook,
     poisoned_loss,
     print_final_hash,
@@ -37,12 +38,14 @@ def warmup_cosine(warmup: int, total: int):
     return factor
 
 
-def main() -> None:
+def main() -> object:
+    """Train; returns the trainer, which `run_main` keeps referenced until the process exits."""
     args = common_parser(__doc__.splitlines()[0]).parse_args()
     trainer = Trainer(trainer_config(args))
     try:
         lm = SIZES[args.model_size]
         model = trainer.wrap(TinyLM(lm))
+        corrupt_grad(args, trainer, trainer.module)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(max(1, args.steps // 10), args.steps))
         loader = trainer.dataloader(MarkovCorpus(args.dataset_size, lm.seq_len, lm.vocab, seed=args.seed),
@@ -52,6 +55,7 @@ def main() -> None:
         print_final_hash(trainer)
     finally:
         trainer.close()
+    return trainer
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ from tinylm import SIZES, MarkovCorpus, TinyLM
 from spx.trainer import DeepSpeedTrainer
 
 
-def main() -> None:
+def main() -> object:
+    """Train; returns the trainer, which `run_main` keeps referenced until the process exits."""
     parser = common_parser(__doc__.splitlines()[0])
     parser.set_defaults(batch_size=None, steps=20, lr=1e-3)
     # What the `deepspeed` launcher and the seed pass.
@@ -35,6 +36,7 @@ def main() -> None:
         print_final_hash(trainer)
     finally:
         trainer.close()
+    return trainer
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ and the next attempt sweeps; the previous complete checkpoint stays "latest".
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -34,6 +35,7 @@ from spx.daemon.contract import checkpoint_layout as layout
 from spx.daemon.contract import checkpoint_tiers
 from spx.trainer import layout_writer
 from spx.trainer.async_save import BackgroundSaver
+from spx.trainer.replay_chain import RECORD
 from spx.trainer.snapshot import HostSnapshotter
 from spx.trainer.tiers import Replicator
 
@@ -70,6 +72,16 @@ def atomic_torch_save(obj: Any, path: Path, delay_seconds: float = 0.0) -> None:
     os.replace(part, path)
 
 
+def atomic_json_save(doc: dict, path: Path) -> None:
+    """`doc` as JSON to `path.part`, fsync, rename (as `atomic_torch_save`)."""
+    part = path.with_name(path.name + ".part")
+    with part.open("w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, path)
+
+
 @dataclass
 class SaveRequest:
     """What one rank contributes to the checkpoint of `step`.
@@ -100,6 +112,7 @@ class Checkpointer:
         checksums: bool = True,
         publish_timeout_seconds: float = 600.0,
         debug_write_delay_seconds: float = 0.0,
+        read_only: bool = False,
     ) -> None:
         self.dir = Path(ckpt_dir)
         self.rank, self.world_size, self.token, self.fmt = rank, world_size, token, fmt
@@ -111,7 +124,8 @@ class Checkpointer:
         self._snapshotter = HostSnapshotter()
         # Written by the publishing thread, read by the heartbeat: (step, unix time).
         self.last_published: tuple[int, float] | None = None
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if not read_only:  # a verification replay only reads the job's checkpoints
+            self.dir.mkdir(parents=True, exist_ok=True)
         # The local tier (tiers.py): `dir` is then the host-local dir, replicated to `persistent_dir`.
         self.persistent_dir = self.dir
         self._replicator: Replicator | None = None
@@ -149,8 +163,11 @@ class Checkpointer:
         *,
         blocking: bool,
         extra: dict | None = None,
+        replay_record: Callable[[dict], dict] | None = None,
     ) -> None:
-        """Checkpoint `step` (DDP: rank 0 passes `shared_state_fn`, the others None).
+        """Checkpoint `step` (DDP: rank 0 passes `shared_state_fn`, the others None). Rank 0's
+        `replay_record(snapshot)` is the checkpoint's replay record, built on the writer (its state
+        hash is taken from the host snapshot, off the training thread when the save is async).
 
         Non-blocking: returns after the host snapshot; the write continues in the background.
         Blocking: returns once published (rank 0) / written (others) and raises
@@ -166,6 +183,8 @@ class Checkpointer:
 
             def write_shared(staging: Path) -> None:
                 atomic_torch_save(snapshot, staging / SHARED_FILE, delay)
+                if replay_record is not None:
+                    atomic_json_save(replay_record(snapshot), staging / RECORD)
 
         req = SaveRequest(step, epoch, rank_state, write_shared, extra or {})
         if blocking:

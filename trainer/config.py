@@ -83,6 +83,11 @@ class TrainerConfig:
     skip_steps: StepRanges = ()
     """(first, last) ranges of steps whose data is consumed untrained, as after a rollback; merged with
     SPX_SKIP_STEPS (the daemon's rollback) and the ranges recorded in the checkpoint resumed from."""
+    replay_record: bool = True
+    """Write `replay.json` into every checkpoint: each step's loss and gradient norms since the last
+    checkpoint (kept on the device, read once per save) and the saved state's hash, so that a
+    verification replay (SPX_REPLAY) can find a GPU that computed wrong numbers. DDP takes each rank's
+    own gradient norm in a communication hook before the all-reduce."""
     debug_write_delay_seconds: float = 0.0
     """Tests only: hold rank 0's model file half-written this long, to kill a process mid-save."""
 

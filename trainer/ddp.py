@@ -28,6 +28,7 @@ from spx.trainer.grad_ckpt import enable_gradient_checkpointing
 from spx.trainer.hashing import state_sha256
 from spx.trainer.loop import FitResult, StepHook, TrainingLoop, default_loss
 from spx.trainer.precision import autocast_context, resolve_bf16
+from spx.trainer.replay_record import total_norm
 
 log = logging.getLogger("spx.trainer")
 
@@ -48,6 +49,7 @@ class Trainer(TrainingLoop):
         self.scheduler: Any = None
         self.loss_fn: LossFn = default_loss
         self._last_grad_norm: torch.Tensor | None = None  # clip_grad_norm_'s answer, when clipping
+        self._step_grad_norm: torch.Tensor | None = None  # the global one the replay record keeps
         self._settle_buckets = False  # a resumed run's first step waits for DDP's bucket rebuild (_shadow_backward)
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -58,6 +60,8 @@ class Trainer(TrainingLoop):
         model = model.to(self.device)
         if self.dist.distributed:
             model = DDP(model, device_ids=[self.device] if self.device.type == "cuda" else None)
+            if self.recorder is not None:  # each rank's own gradient norm, before the all-reduce
+                model.register_comm_hook(None, self.recorder.local_norm_hook(list(model.module.parameters())))
         self.model = model
         return model
 
@@ -119,6 +123,8 @@ class Trainer(TrainingLoop):
             loss = self.loss_fn(self.model, batch)
         loss.backward()
         self.model.zero_grad(set_to_none=True)
+        if self.recorder is not None:
+            self.recorder.discard_pending()
         with torch.no_grad():
             for live, kept in zip(self.module.buffers(), buffers, strict=True):
                 live.copy_(kept)
@@ -129,6 +135,8 @@ class Trainer(TrainingLoop):
     def _optimizer_step(self) -> None:
         assert self.optimizer is not None
         self._last_grad_norm = None
+        if self.recorder is not None:
+            self._step_grad_norm = total_norm([p.grad for p in self.module.parameters() if p.grad is not None])
         if self.config.max_grad_norm is not None:
             self._last_grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
@@ -138,6 +146,14 @@ class Trainer(TrainingLoop):
 
     def _grad_norm(self) -> torch.Tensor | None:
         return self._last_grad_norm
+
+    def _record_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One rank (no DDP, no hook): its own gradient is the global one."""
+        assert self.recorder is not None
+        own = self.recorder.own_grad_norm()
+        if own is None and not self.dist.distributed:
+            own = self._step_grad_norm
+        return self._step_grad_norm, own
 
     def _shared_state(self) -> dict:
         assert self.optimizer is not None
@@ -155,12 +171,15 @@ class Trainer(TrainingLoop):
 
     def _save(self, *, blocking: bool) -> None:
         p = self.progress
+        record = self._take_record(p.step)
         self.checkpointer.save(
             p.step,
             p.epoch,
             self._rank_state(),
             self._shared_state if self.is_main else None,
             blocking=blocking,
+            replay_record=None if record is None else lambda snapshot: {
+                **record, "state_sha256": state_sha256(snapshot["model"])},
         )
 
     def _load(self, path: Path) -> tuple[dict, dict]:

@@ -9,7 +9,7 @@ checkpoint is known where it is published, on global rank 0; other nodes report 
 also says where its node is in torch's numbering (`node_placement`), for `spx status` on each host.
 
 Writes are atomic (`contract.write_heartbeat`) and rate-limited to one per `min_interval` seconds;
-a status change ("preempted", "diverged", "finished") is written at once because it is the last word of the
+a status change ("preempted", "diverged", "finished", "replayed") is written at once because it is the last word of the
 attempt.
 """
 
@@ -27,6 +27,7 @@ from spx.daemon.contract.worker_env import (
     MAX_RANKS_REPORTED,
     Divergence,
     Heartbeat,
+    ReplayVerdict,
     write_heartbeat,
 )
 from spx.trainer import phases
@@ -98,6 +99,7 @@ class HeartbeatWriter:
         loss: float | None = None,
         grad_norm: float | None = None,
         diverged: Divergence | None = None,
+        replay: ReplayVerdict | None = None,
     ) -> None:
         """Account `samples` processed since the last tick; write if the interval passed.
         `rank_step_seconds`: every rank's forward seconds per step (rank_timing.py), if gathered;
@@ -129,6 +131,7 @@ class HeartbeatWriter:
             loss=loss,
             grad_norm=grad_norm,
             diverged=diverged,
+            replay=replay,
         )
         if self.placement is not None:
             where = self.placement

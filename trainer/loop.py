@@ -27,10 +27,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from spx.daemon.contract.worker_env import (
+    ENV_REPLAY,
     ENV_SKIP_STEPS,
     Divergence,
+    ReplayVerdict,
     format_skip_steps,
     merge_step_ranges,
+    parse_replay,
     parse_skip_steps,
 )
 from spx.trainer import phases, rng
@@ -44,6 +47,9 @@ from spx.trainer.jit import JitCheckpoint
 from spx.trainer.preemption import Preempted, StopFlag
 from spx.trainer.progress import CheckpointSchedule, Progress
 from spx.trainer.rank_timing import RankTimer
+from spx.trainer.replay import Replay
+from spx.trainer.replay_chain import RECORD_VERSION
+from spx.trainer.replay_record import StepRecorder, json_steps
 from spx.trainer.tiers import checkpoint_bytes, has_room
 
 log = logging.getLogger("spx.trainer")
@@ -100,6 +106,9 @@ class TrainingLoop:
     def __init__(self, config: TrainerConfig, dist_ctx: DistContext | None = None) -> None:
         config.validate()
         self.config = config
+        replay_env = os.environ.get(ENV_REPLAY)
+        self.replay: Replay | None = None if replay_env is None else Replay(parse_replay(replay_env))
+        """Set: this run is a verification replay (SPX_REPLAY, replay.py) and writes no checkpoint."""
         if config.deterministic:
             # cuBLAS needs this set before its first handle for deterministic GEMMs.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -119,6 +128,7 @@ class TrainingLoop:
             checksums=config.checksums,
             publish_timeout_seconds=config.publish_timeout_seconds,
             debug_write_delay_seconds=config.debug_write_delay_seconds,
+            read_only=self.replay is not None,
         )
         self.heartbeat = HeartbeatWriter(node_heartbeat_file(config.resolved_heartbeat_file(), self.dist.local_rank))
         self.rank_timer = RankTimer(config.rank_timing_every_steps if self.TIMES_FORWARD else 0, self.device,
@@ -128,13 +138,19 @@ class TrainingLoop:
             self.stop_flag.install()
         self.progress = Progress()
         self._checkpoint_stall = 0.0  # seconds the loop waited on saves (the heartbeat reports it)
-        self.divergence = DivergenceCheck(config.check_non_finite, config.spike_rule)
+        # A replay compares its values with the records instead: a difference is its verdict, not an exit.
+        self.divergence = DivergenceCheck(config.check_non_finite and self.replay is None,
+                                          config.spike_rule if self.replay is None else None)
+        self.recorder = (StepRecorder(self.device, self.dist.world_size)
+                         if config.replay_record or self.replay is not None else None)
+        self._last_record: dict | None = None
         # Steps whose data is skipped (a rollback after a divergence): the config's, the daemon's, and those the
         # checkpoint resumed from recorded (`_resume`), so every later resume keeps skipping them.
         self.skip_steps = merge_step_ranges((*config.skip_steps, *parse_skip_steps(os.environ.get(ENV_SKIP_STEPS, ""))))
         self._accum_steps = config.grad_accum_steps
         self.jit = JitCheckpoint(
-            enabled=config.jit_checkpoint and type(self)._replicated_state is not TrainingLoop._replicated_state,
+            enabled=config.jit_checkpoint and self.replay is None
+            and type(self)._replicated_state is not TrainingLoop._replicated_state,
             boundary_parent=config.resolved_boundary_parent(), ckpt_dir=self.checkpointer.dir,
             rank=self.dist.rank, world_size=self.dist.world_size, token=token, fmt=self.FORMAT,
             checksums=config.checksums, local_rank=self.dist.local_rank)
@@ -164,6 +180,8 @@ class TrainingLoop:
     def _run(self, loader: DataLoader, on_step: StepHook | None) -> FitResult:
         cfg = self.config
         resumed_from = self._resume()
+        if self.recorder is not None:
+            self.recorder.from_step = resumed_from
         phases.mark("checkpoint_loaded")
         per_epoch = batches_per_epoch(loader)
         if per_epoch == 0:
@@ -203,18 +221,25 @@ class TrainingLoop:
                 p.step += 1
                 self.jit.after_update(p.step, self._rank_state())
                 self._after_step(loss, samples_per_step, on_step)
+                if self.replay is not None and self._replay_checkpoint_reached():
+                    break
                 now = time.monotonic()
                 with self.jit.watch(self._replicated_state):
                     stop, time_due = self.dist.any_true(self.stop_flag.is_set(), self.is_main and schedule.due_by_time(now))
                 if self._finished():
                     break
+                if stop and self.replay is not None:
+                    self.replay.stopped(p.step)
+                    break
                 if stop:
                     self._preempt()
-                if schedule.due_by_steps(p.step) or time_due:
+                if self.replay is None and (schedule.due_by_steps(p.step) or time_due):
                     self._beat(status="checkpointing")  # the daemon's hang clock allows for the save
                     self._stalled_save(blocking=not cfg.async_checkpoint)
                     schedule.saved(now)
                     saved_step = p.step
+        if self.replay is not None:
+            return self._end_replay(resumed_from)
         error = self.checkpointer.wait()
         if error is not None:
             log.error("the last periodic checkpoint failed: %r", error)
@@ -226,6 +251,8 @@ class TrainingLoop:
 
     def _finished(self) -> bool:
         cfg, p = self.config, self.progress
+        if self.replay is not None:
+            return self.replay.done or p.step >= self.replay.end_step
         return (cfg.max_steps is not None and p.step >= cfg.max_steps) or (
             cfg.max_epochs is not None and p.epoch >= cfg.max_epochs
         )
@@ -234,6 +261,8 @@ class TrainingLoop:
         p = self.progress
         phases.mark("first_step")
         self.rank_timer.step_done()
+        if self.recorder is not None:
+            self.recorder.step_done(p.step, loss, *self._record_norms())
         loss_value, grad_norm = self._check_divergence(loss)
         self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=samples, last_checkpoint=self.checkpointer.last_published,
                             rank_step_seconds=self.rank_timer.latest, checkpoint_stall=self._checkpoint_stall,
@@ -298,6 +327,8 @@ class TrainingLoop:
 
     def _resume(self) -> int | None:
         """Load the checkpoint rank 0 chose (SPX_RESUME_FROM, else the latest complete one)."""
+        if self.replay is not None:
+            return self._resume_replay()
         chosen, local = None, None
         if self.is_main:
             local_dir = self.config.resolved_local_checkpoint_dir()
@@ -315,6 +346,9 @@ class TrainingLoop:
         if chosen is None:
             log.info("no checkpoint to resume from in %s: starting at step 0", self.checkpointer.dir)
             return None
+        return self._load_resume_point(chosen)
+
+    def _load_resume_point(self, chosen: str) -> int:
         rank_state, manifest = self._load(Path(chosen))
         self.progress = Progress.from_state(rank_state["progress"])
         old_world = int(manifest["world_size"])
@@ -331,6 +365,63 @@ class TrainingLoop:
         if self.skip_steps:
             log.info("skipping the data of steps %s (rolled back after a divergence)", format_skip_steps(self.skip_steps))
         return self.progress.step
+
+    # ---- verification replay (SPX_REPLAY) -------------------------------------------------------
+
+    def _resume_replay(self) -> int | None:
+        """Rank 0 plans the replay from the records (replay.py); every rank resumes where it begins.
+        Nothing is swept or written in the checkpoint dir."""
+        assert self.replay is not None
+        plan = self.replay.plan(self.checkpointer.dir, self.dist.world_size) if self.is_main else None
+        plan = self.dist.broadcast_object(plan)
+        self.replay.adopt(plan)
+        self.skip_steps = merge_step_ranges((*self.skip_steps, *self.replay.skip_steps))
+        if self.replay.done:
+            return None
+        if self.replay.start is None:
+            log.info("replaying from step 0 to checkpoint %d", self.replay.end_step)
+            return None
+        log.info("replaying from checkpoint %s to checkpoint %d", self.replay.start, self.replay.end_step)
+        return self._load_resume_point(self.replay.start)
+
+    def _replay_checkpoint_reached(self) -> bool:
+        """At a checkpoint step of the replayed chain: compare this interval's values and the state hash
+        with its record (rank 0), agreed by every rank; True when the replay ends here."""
+        assert self.replay is not None and self.recorder is not None
+        step = self.progress.step
+        if step not in self.replay.checkpoint_steps:
+            return False
+        _start, steps = self.recorder.take(self.dist.distributed)
+        self.recorder.from_step = step
+        digest = self.state_sha256()  # a collective for ZeRO-3: every rank
+        done = self.replay.check(step, steps, digest) if self.is_main else False
+        self.replay.done = bool(self.dist.broadcast_object(done))
+        return self.replay.done
+
+    def _end_replay(self, resumed_from: int | None) -> FitResult:
+        """Log the verdict, beat it with status "replayed"; no checkpoint is written."""
+        assert self.replay is not None
+        verdict: ReplayVerdict | None = self.replay.verdict() if self.is_main else None
+        if verdict is not None:
+            log.info("replay verdict: %s", verdict.describe())
+        p = self.progress
+        self.heartbeat.tick(step=p.step, epoch=p.epoch, samples=0, last_checkpoint=None, status="replayed",
+                            force=True, replay=verdict)
+        return FitResult(p.step, p.epoch, resumed_from, 0)
+
+    def _take_record(self, step: int) -> dict | None:
+        """The replay record of a checkpoint of `step` (a collective; rank 0 gets it, without its state
+        hash), or None when records are off. The interval starts again here."""
+        if self.recorder is None:
+            return None
+        start, steps = self.recorder.take(self.dist.distributed)
+        self.recorder.from_step = step
+        if not steps and self._last_record is not None and self._last_record["step"] == step:
+            return self._last_record  # the same step saved again (SIGTERM right after a periodic save)
+        record = {"version": RECORD_VERSION, "from_step": start, "step": step, "world_size": self.dist.world_size,
+                  "steps": json_steps(steps)}
+        self._last_record = record
+        return record if self.is_main else None
 
     def _local_tier(self, local_dir: Path | None, resume_from: Path | None) -> str | None:
         """Rank 0: the host-local dir to checkpoint into (tiers.py), or None: none given, ranks on
@@ -373,6 +464,11 @@ class TrainingLoop:
     def _grad_norm(self) -> torch.Tensor | None:
         """The global gradient norm of the last optimizer step, if the step measured it (clipping)."""
         return None
+
+    def _record_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The last step's global gradient norm and this rank's own (before the all-reduce), as device
+        tensors for the replay record (None: not measured)."""
+        return None, None
 
     def _replicated_state(self) -> dict | None:
         """The whole model/optimizer/scheduler state when every rank holds all of it (DDP): what a

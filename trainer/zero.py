@@ -22,9 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from spx.trainer.checkpoint import atomic_json_save
 from spx.trainer.grad_ckpt import enable_gradient_checkpointing
 from spx.trainer.hashing import state_sha256
 from spx.trainer.loop import FitResult, StepHook, TrainingLoop, default_loss
+from spx.trainer.replay_chain import RECORD
 
 log = logging.getLogger("spx.trainer")
 
@@ -115,11 +117,21 @@ class DeepSpeedTrainer(TrainingLoop):
     def _optimizer_step(self) -> None:
         """Nothing: `engine.step()` already applied it at the boundary micro-batch."""
 
+    def _record_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The engine's global gradient norm; no rank's own norm (ZeRO-3 reduce-scatters gradients
+        inside the engine, where no hook of ours sees them before the reduction)."""
+        norm = self.engine.get_global_grad_norm()
+        return (None if norm is None else torch.as_tensor(norm, device=self.device).float()), None
+
     def _save(self, *, blocking: bool) -> None:
         p = self.progress
+        record = self._take_record(p.step)
+        digest = self.state_sha256() if self.recorder is not None else None  # a collective: every rank
 
         def write_engine(staging: Path) -> None:
             self.engine.save_checkpoint(str(staging), tag=ENGINE_TAG, save_latest=False)
+            if record is not None:
+                atomic_json_save({**record, "state_sha256": digest}, staging / RECORD)
 
         self.checkpointer.save_collective(p.step, p.epoch, self._rank_state(), write_engine)
 

@@ -1,7 +1,8 @@
 """The torch-free contracts between the daemon and the workers it runs.
 
     worker_env (the SPX_* environment every attempt gets, and the heartbeat it writes back)
-    ← replay_verdict (a verification replay's verdict, in its last heartbeat)
+    ← metrics (a loss or norm as JSON holds it, NaN/±Inf included), replay_verdict (what a
+    verification replay found, in its last beat)
     ← fencing (an attempt publishes a checkpoint only while the job's lease is still its own)
     · checkpoint_layout (what a complete checkpoint is) ← checkpoint_formats (completeness rules of
     the formats other libraries write) ← checkpoint_discovery (which checkpoint a relaunch resumes

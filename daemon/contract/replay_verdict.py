@@ -1,35 +1,34 @@
-"""A replay's verdict, as its last heartbeat carries it (`replay`): which checkpoint intervals a
-verification run (SPX_REPLAY) trained again, and whether every step's numbers came out the same.
-
-    {"from_step": 0, "to_step": 40, "verified": false, "intervals": [[0, 10], [10, 20]],
-     "step": 25, "metric": "rank_grad_norm", "rank": 1, "expected": "0.8311", "got": "0.8312",
-     "reason": null}
-
-`verified` is true (every interval from `from_step` to `to_step` gave the same numbers, bitwise, and
-the same model hash at each checkpoint), false (the first difference: `step`, which `metric` —
-"loss", "grad_norm", "rank_grad_norm" (then `rank`: whose own gradient before the all-reduce) or
-"state_sha256" — what the checkpoint recorded, `expected`, and what the replay computed, `got`) or
-null (nothing could be replayed: `reason`). `intervals` are the ones verified, (start, end) steps.
-
-The daemon reads it from a file the job's user writes: every field is bounded, and an odd one costs
-only the verdict (None), never the beat. Stdlib only (spx.trainer writes it).
-"""
+"""The verdict of a verification replay (SPX_REPLAY), carried in the replay's last heartbeat: which
+checkpoint intervals trained again bit for bit, and where the first difference was. Written by
+spx.trainer (trainer/replay.py), read by the daemon through `worker_env.load_heartbeat`; each field is
+bounded there, and an odd verdict costs only itself, never the beat. Stdlib only (with core.bounded)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from spx.daemon.contract.metrics import NON_FINITE_WORDS, metric_json, parse_metric
 from spx.daemon.core import bounded
 
-METRICS = ("loss", "grad_norm", "rank_grad_norm", "state_sha256")
-MAX_INTERVALS = 1000
-MAX_VALUE_CHARS = 80
-MAX_REASON_CHARS = 300
-_WORDS = {"loss": "loss", "grad_norm": "gradient norm", "state_sha256": "model hash"}
+MAX_RANKS = 1024  # worker_env.MAX_RANKS_REPORTED: the ranks a beat can name
+MAX_REPLAY_INTERVALS = 1000  # worker_env.MAX_CHECKPOINT_KEEP: a chain is at most the checkpoints kept
+REPLAY_METRICS = ("loss", "grad_norm", "rank_grad_norm", "state_sha256", "steps")
+MAX_REPLAY_TEXT = 400
+Compared = float | str | None
+"""A compared value as the verdict carries it: a float (NaN/±Inf included), a text (a hash, a list of
+steps), or None (absent)."""
 
 
 @dataclass(frozen=True)
 class ReplayVerdict:
+    """What a verification replay (SPX_REPLAY) found, replaying from checkpoint `from_step` (None: from
+    scratch) to checkpoint `to_step`. `verified`: True, every interval's steps and state hash equal
+    the records bit for bit; False, a difference (the first: at `step`, `metric` — one of
+    REPLAY_METRICS: "rank_grad_norm" names the `rank` whose own gradient norm, before the all-reduce,
+    differed first — was `got` in the replay where the checkpoint's record says `expected`); None,
+    nothing could be compared (`reason` says why). `intervals` are the [start, end] step pairs
+    verified (start 0: from scratch), oldest first."""
+
     from_step: int | None
     to_step: int | None
     verified: bool | None
@@ -37,13 +36,16 @@ class ReplayVerdict:
     step: int | None = None
     metric: str | None = None
     rank: int | None = None
-    expected: str | None = None
-    got: str | None = None
+    expected: Compared = None
+    got: Compared = None
     reason: str | None = None
 
-    def to_json(self) -> dict:
+    def to_doc(self) -> dict:
         doc = asdict(self)
         doc["intervals"] = [list(i) for i in self.intervals]
+        for key in ("expected", "got"):
+            value = doc[key]
+            doc[key] = metric_json(value) if isinstance(value, float) else value
         return doc
 
     def difference(self) -> str:
@@ -52,10 +54,11 @@ class ReplayVerdict:
             what = f"rank {self.rank}'s gradient norm" if self.rank is not None else "a rank's gradient norm"
         else:
             what = _WORDS.get(self.metric or "", self.metric or "a number")
-        return f"{what} {self.got}, recorded {self.expected}"
+        return f"{what} {_shown(self.got)}, recorded {_shown(self.expected)}"
 
     def describe(self) -> str:
-        """One line for `spx status`: what was verified, or where it first differs, or why nothing was."""
+        """One line for `spx status` and the logs: what was verified, or where it first differs, or why
+        nothing was."""
         if self.verified is None:
             return f"not verified: {self.reason or 'nothing to replay'}"
         verified = (f"checkpoints {self.intervals[0][1]}–{self.intervals[-1][1]} verified"
@@ -65,8 +68,19 @@ class ReplayVerdict:
         return f"differs at step {self.step}: {self.difference()}; {verified} before it"
 
 
-def parse_verdict(raw: object) -> ReplayVerdict | None:
-    """The heartbeat's `replay` field, bounded; None for anything that is not a verdict."""
+_WORDS = {"loss": "loss", "grad_norm": "gradient norm", "state_sha256": "model hash", "steps": "steps trained"}
+
+
+def _shown(value: Compared) -> str:
+    """A compared value as a person reads it: a float in full (a difference may be in its last digit)."""
+    if isinstance(value, float):
+        shown = metric_json(value)
+        return repr(shown) if isinstance(shown, float) else str(shown)
+    return "nothing" if value is None else str(value)
+
+
+def parse_replay_verdict(raw: object) -> ReplayVerdict | None:
+    """The verdict of a replay, each field bounded; anything odd drops the verdict, never the beat."""
     if not isinstance(raw, dict):
         return None
     f = bounded.Fields(raw, "heartbeat", "replay.")
@@ -74,30 +88,29 @@ def parse_verdict(raw: object) -> ReplayVerdict | None:
         verified = raw.get("verified")
         if verified is not None and not isinstance(verified, bool):
             return None
-        intervals = tuple(_interval(i) for i in f.items("intervals", MAX_INTERVALS, missing=[]))
         metric = f.text("metric", 32, missing=None)
-        if metric is not None and metric not in METRICS:
+        if metric is not None and metric not in REPLAY_METRICS:
             return None
+        intervals = []
+        for raw_pair in f.items("intervals", MAX_REPLAY_INTERVALS, missing=[]):
+            pair = bounded.items(raw_pair, "heartbeat", 2, name="replay.intervals")
+            if len(pair) != 2:
+                return None
+            first = bounded.whole(pair[0], "heartbeat", name="replay.intervals")
+            intervals.append((first, bounded.whole(pair[1], "heartbeat", first + 1, name="replay.intervals")))
         return ReplayVerdict(
-            from_step=f.whole("from_step", missing=None), to_step=f.whole("to_step", missing=None), verified=verified,
-            intervals=intervals, step=f.whole("step", missing=None), metric=metric,
-            rank=f.whole("rank", 0, 1 << 20, missing=None), expected=_value(raw.get("expected")),
-            got=_value(raw.get("got")), reason=f.text("reason", MAX_REASON_CHARS, missing=None))
-    except bounded.Garbage:
+            from_step=f.whole("from_step", missing=None), to_step=f.whole("to_step", missing=None),
+            verified=verified, intervals=tuple(intervals), step=f.whole("step", missing=None), metric=metric,
+            rank=f.whole("rank", 0, MAX_RANKS - 1, missing=None),
+            expected=_compared(raw.get("expected")), got=_compared(raw.get("got")),
+            reason=f.text("reason", MAX_REPLAY_TEXT, missing=None))
+    except (bounded.Garbage, TypeError, ValueError):
         return None
 
 
-def _interval(raw: object) -> tuple[int, int]:
-    pair = bounded.items(raw, "heartbeat", 2, name="replay.intervals[]")
-    if len(pair) != 2:
-        raise bounded.Garbage("heartbeat", "replay.intervals: an interval is [start, end]")
-    return bounded.whole(pair[0], "heartbeat"), bounded.whole(pair[1], "heartbeat")
-
-
-def _value(raw: object) -> str | None:
-    """A recorded or replayed value, as text (a float's repr, a hash): shown, never computed with."""
-    if raw is None:
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise bounded.Garbage("heartbeat", "replay: a value is a number or text")
-    return (raw if isinstance(raw, str) else repr(raw))[:MAX_VALUE_CHARS]
+def _compared(raw: object) -> Compared:
+    """An expected/got value: a bounded metric (NaN/±Inf spelled as `metric_json` does), else a short
+    text (a hash), else None."""
+    if isinstance(raw, str) and raw not in NON_FINITE_WORDS:
+        return raw[:MAX_REPLAY_TEXT]
+    return parse_metric(raw)

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from spx.daemon.contract.replay_verdict import ReplayVerdict, parse_verdict
+from spx.daemon.contract.metrics import metric_json, parse_metric
+from spx.daemon.contract.replay_verdict import ReplayVerdict, parse_replay_verdict
 from spx.daemon.core import bounded
 
 ENV_JOB = "SPX_JOB"
@@ -46,10 +47,12 @@ MAX_CHECKPOINT_KEEP = 1000
 # on them and records the ranges in its checkpoints, so a later resume keeps skipping them.
 ENV_SKIP_STEPS = "SPX_SKIP_STEPS"
 MAX_SKIP_RANGES = 64
-# This run replays the checkpoint intervals of its checkpoint dir to verify them (a job file's `replay:`,
-# `spx verify`): the step to verify from, or empty (from the oldest kept). spx.trainer then resumes from
-# the chain's first checkpoint, compares each step's numbers with what the checkpoints recorded, saves
-# nothing, and says the verdict in its last heartbeat (`replay`).
+# Set (even to ""), the attempt is a verification replay of the checkpoints in SPX_CHECKPOINT_DIR, which
+# it only reads: spx.trainer resumes from the start of the chain of checkpoint records (each checkpoint's
+# `replay.json` names the checkpoint its interval began at) that reaches back to step S ("S"; "" or
+# "oldest": as far back as the chain goes), trains the same steps again, compares every step's loss and
+# gradient norms and each checkpoint's state hash with the records, saves nothing, and ends with a
+# "replayed" heartbeat whose `replay` field is the verdict (`ReplayVerdict`), exit status 0 whatever it is.
 ENV_REPLAY = "SPX_REPLAY"
 ENV_NAMES = (ENV_JOB, ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_HEARTBEAT_FILE, ENV_ATTEMPT_ID,
              ENV_LOCAL_CHECKPOINT_DIR, ENV_FENCE, ENV_CHECKPOINT_KEEP, ENV_SKIP_STEPS, ENV_REPLAY)
@@ -94,6 +97,18 @@ def merge_step_ranges(ranges: Iterable[Sequence[int]]) -> StepRanges:
         else:
             out.append((lo, hi))
     return tuple(out)
+
+
+def parse_replay(raw: str) -> int | None:
+    """SPX_REPLAY as the step the replay must reach back to (None: "" or "oldest", as far as the chain
+    goes). ValueError for anything else: a verification told something it cannot read must not guess."""
+    word = raw.strip()
+    if word in ("", "oldest"):
+        return None
+    try:
+        return bounded.whole_text(word.encode(), ENV_REPLAY)
+    except bounded.Garbage as e:
+        raise ValueError(f"{ENV_REPLAY}: {raw[:40]!r} is not a step number, \"\" or \"oldest\" ({e.detail})") from None
 
 
 def format_skip_steps(ranges: StepRanges) -> str:
@@ -149,7 +164,7 @@ class Heartbeat:
     saves so far (None: not reported), the goodput ledger's `checkpoint` time.
     `loss` and `grad_norm` are the last step's (any script may report them; the daemon applies the
     NaN/Inf rule to what it reads); `diverged` says why a "diverged" beat is one (`Divergence`).
-    `replay`: a verification run's verdict (SPX_REPLAY; replay_verdict.py), in its last beat ("replayed").
+    `replay` is the verdict of a verification replay (SPX_REPLAY), on its last beat, status "replayed".
     """
 
     step: int
@@ -176,7 +191,7 @@ class Heartbeat:
         if self.diverged is not None:
             doc["diverged"]["value"] = metric_json(self.diverged.value)
         if self.replay is not None:
-            doc["replay"] = self.replay.to_json()
+            doc["replay"] = self.replay.to_doc()
         return json.dumps(doc, sort_keys=True)
 
 
@@ -200,45 +215,12 @@ class Divergence:
 
 NON_FINITE = "non-finite"
 MAX_RULE_CHARS = 200
-_NON_FINITE_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def metric_json(value: float | None) -> float | str | None:
-    """A loss or norm as JSON can hold it: a number, or "NaN" / "Infinity" / "-Infinity"."""
-    if value is None or math.isfinite(value):
-        return value
-    return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-
-
-def _metric(raw: object) -> float | None:
-    """A reported loss or norm: a number within bounds, or NaN / ±Inf spelled as `metric_json` does
-    (or as a JSON constant, or a number too large to be finite: 1e400). None for anything else: an
-    odd metric never costs the beat."""
-    if isinstance(raw, str):
-        return _NON_FINITE_WORDS.get(raw)
-    if isinstance(raw, bounded.Unusable):
-        return _NON_FINITE_WORDS.get(raw.text.strip()) or _overflowed(raw.text.strip())
-    try:
-        return bounded.real(raw, "heartbeat")
-    except bounded.Garbage:
-        return None
-
-
-def _overflowed(word: str) -> float | None:
-    """±Inf for a number literal too large to be finite (1e400), else None."""
-    try:
-        value = float(word[:64])
-    except ValueError:
-        return None
-    return value if math.isinf(value) else None
-
-
 def _divergence(raw: object, step: int) -> Divergence | None:
     if not isinstance(raw, dict):
         return None
     f = bounded.Fields(raw, "heartbeat", "diverged.")
     try:
-        value = _metric(raw.get("value"))
+        value = parse_metric(raw.get("value"))
         return Divergence(step=f.whole("step", missing=step), metric=f.text("metric", 32),
                           value=math.nan if value is None else value, rule=f.text("rule", MAX_RULE_CHARS))
     except bounded.Garbage:
@@ -282,10 +264,10 @@ def load_heartbeat(data: str | bytes) -> Heartbeat:
         ranks=_ranks(f),
         rank_step_seconds=_rank_step_seconds(f.doc.get("rank_step_seconds")),
         checkpoint_stall_seconds=_optional_real(f.doc.get("checkpoint_stall_seconds")),
-        loss=_metric(f.doc.get("loss")),
-        grad_norm=_metric(f.doc.get("grad_norm")),
+        loss=parse_metric(f.doc.get("loss")),
+        grad_norm=parse_metric(f.doc.get("grad_norm")),
         diverged=_divergence(f.doc.get("diverged"), step),
-        replay=parse_verdict(f.doc.get("replay")),
+        replay=parse_replay_verdict(f.doc.get("replay")),
         **({"time": when} if when is not None else {}),
     )
 

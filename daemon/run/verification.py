@@ -62,7 +62,7 @@ class Verifications:
         if suspect is not None:
             text += f"; GPU {suspect} suspect"
         doc = {"text": text, "replay": job.name, "replay_gpus": list(s.ledger.gpus), "trained_on": trained_on,
-               "suspect": suspect, "verdict": v.to_json() if v is not None else None}
+               "suspect": suspect, "verdict": v.to_doc() if v is not None else None}
         strikes = [Strike(suspect, job.owner_uid, source.name, v.step if v else None, now, text)] if suspect is not None else []
         self.store.verifications.add(source.id, job.id, now, v.verified if v is not None else None, doc, strikes)
         level = "error" if v is not None and v.verified is False else "info"

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from spx.daemon.contract.replay_verdict import ReplayVerdict, parse_verdict
+from spx.daemon.contract.replay_verdict import ReplayVerdict, parse_replay_verdict
 from spx.daemon.contract.worker_env import Heartbeat, load_heartbeat
 from spx.daemon.core.spec import SpecError, parse_spec
 from spx.daemon.lifecycle.actions import RecordVerdict
@@ -43,12 +43,12 @@ def test_a_verdict_survives_the_heartbeat_and_says_itself_in_one_line():
 @pytest.mark.parametrize("odd", [
     {"verified": "yes"}, {"verified": False, "metric": "vibes"}, {"verified": True, "intervals": [[0]]},
     {"verified": True, "intervals": [[0, 10]] * 1001}, {"verified": False, "step": -1},
-    {"verified": False, "expected": {"a": 1}}, {"verified": None, "reason": "x" * 301}, [1, 2], "replayed",
+    {"verified": None, "reason": "x" * 401}, [1, 2], "replayed",
 ])
 def test_an_odd_verdict_costs_only_itself_never_the_beat(odd):
     doc = json.loads(Heartbeat(step=40).to_json()) | {"replay": odd}
     beat = load_heartbeat(json.dumps(doc))
-    assert beat.step == 40 and beat.replay is None and parse_verdict(odd) is None
+    assert beat.step == 40 and beat.replay is None and parse_replay_verdict(odd) is None
 
 
 @pytest.fixture
