@@ -162,7 +162,7 @@ class AttemptRuntime:
         if h.files is not None:
             beat = attempt_files.read_heartbeat(h.files.heartbeat_file)
             if beat is not None:
-                obs.append(HeartbeatSeen(beat.step, beat.time, beat.status, beat.loss, beat.grad_norm, beat.diverged))
+                obs.append(HeartbeatSeen(beat.step, beat.time, beat.status, beat.loss, beat.grad_norm, beat.diverged, beat.replay))
                 self.timeline.beat(s.job.id, h.row_id, beat)
                 self.progress.beat(s.job.id, h.row_id, beat)
         now = self.clock()
