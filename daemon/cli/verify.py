@@ -5,7 +5,7 @@ with what its checkpoints recorded (docs/verify.md).
     spx verify train --from 4000     # the intervals from step 4000 on
     spx verify train --gpus 4,5      # on these GPUs (as many as the job has)
 
-The daemon writes the replay's job file (service/replay_request.py); it is submitted here as you, like
+The daemon writes the replay's job file (intake/replay_file.py); it is submitted here as you, like
 `spx submit` does, and queued like any job: it runs when GPUs are free. Its verdict is stored on NAME
 (`spx status NAME`), and when it differs NAME is rolled back and the GPU that computed the step is
 suspect (`spx gpus`).

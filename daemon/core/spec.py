@@ -27,7 +27,7 @@ from pydantic import (
 
 from spx.daemon.core.nodes import Nodes, multi_node_problem
 from spx.daemon.core.notify_spec import Notify
-from spx.daemon.core.replay_spec import Replay
+from spx.daemon.core.replay_spec import Replay, Verify
 from spx.daemon.core.restart_spec import Restart
 from spx.daemon.core.spec_yaml import SpecError, line_of, read_yaml
 
@@ -129,6 +129,9 @@ class JobSpec(_Strict):
     replay: Replay | None = Field(None, description=(
         "This job replays another job's checkpoint intervals to verify them ({of: NAME, from_step: S}); "
         "`spx verify NAME` writes it (replay_spec.py, docs/verify.md)."))
+    verify: Verify | None = Field(None, description=(
+        "Replay the job's new checkpoint intervals on idle GPUs every N checkpoints ({every_checkpoints: N}); "
+        "a difference rolls the job back (docs/verify.md)."))
     notify: Notify | None = Field(None, description=(
         "Who is told of the job's end or restarts: {webhook: URL, command: ARGV, events: [failed, succeeded, "
         "restarted, cancelled]} (notify_spec.py, docs/notify.md); unset: the daemon config's `notify`, if any."))

@@ -13,6 +13,7 @@
     share runs in), store_writes, staging_runs (the copier), adoption (attempts a previous daemon
     left), incidents (an incident per failed attempt) ← incident (its document, assembled),
     verification (a replay job's verdict, stored on the job it verified, which is rolled back),
+    auto_verify (the periodic replays a job's `verify:` asks for, on idle GPUs),
     user_work (all of it that can wait on a user, in that user's lane: core.lanes)
     → launcher (argv, env, user) → attempt_monitor (records the exit) → enter_attempt (root exec shim:
     cgroup, user, exec) → workers; exit_wake (the loop wakes when a launcher exits);

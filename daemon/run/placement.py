@@ -16,6 +16,7 @@ from spx.daemon.core.log import get_logger
 from spx.daemon.gpu.backend import GpuBackend
 from spx.daemon.gpu.gate import GpuGate
 from spx.daemon.run import scheduler
+from spx.daemon.run.auto_verify import AutoVerify
 from spx.daemon.run.queue_control import QueueControl
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.state.states import JobState
@@ -25,8 +26,10 @@ log = get_logger()
 
 
 class Placement:
-    def __init__(self, store: Store, supervisor: Supervisor, queue: QueueControl, gate: GpuGate, backend: GpuBackend):
+    def __init__(self, store: Store, supervisor: Supervisor, queue: QueueControl, gate: GpuGate, backend: GpuBackend,
+                 auto_verify: AutoVerify | None = None):
         self.store = store
+        self.auto_verify = auto_verify  # periodic replays (`verify:`), on GPUs idle at the turn
         self.supervisor = supervisor
         self.queue = queue
         self.gate = gate
@@ -36,6 +39,8 @@ class Placement:
     def turn(self) -> None:
         """Ask the scheduler (the one place that decides) what starts now, and start it."""
         live = self.store.jobs.live()
+        if self.auto_verify is not None:
+            self.auto_verify.tick(live, lambda: self._idle(live))
         tracked = self.supervisor.tracked()
         queued = [j for j in live if j.state is JobState.QUEUED and j.id not in tracked]
         waiting = self.supervisor.waiting()
@@ -61,3 +66,9 @@ class Placement:
             log.error("job_cannot_run", job=imp.job.name, attempt=None, reason=imp.reason)
         for start in plan.starts:
             self.supervisor.start(start)
+
+    def _idle(self, live: list) -> list[int]:
+        """GPUs no live job holds now, not quarantined, that the gate finds free."""
+        held = {g for j in live if j.state.holds_gpus for g in j.gpus} | self.supervisor.held_gpus()
+        return [d.index for d in self.backend.devices()
+                if d.index not in held and d.index not in self.gate.quarantined and self.gate.idle(d.index)]

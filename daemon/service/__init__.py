@@ -3,7 +3,6 @@
     main (`spx-trainer`: flags, one-shot modes, start-up) → daemon (the loop and its wiring)
     · control (the Unix socket `spx` talks to) → requests (every request: who may, where answered)
     → answers (the reads) → stragglers (slow ranks explained in the views) · gpu_rows (the GPUs as `spx top` shows them)
-    · replay_request (`spx verify`: the job file of a replay, for its owner to submit)
     · sd_notify + status_line (what systemd shows) · reload (`systemctl reload`: re-exec in place)
     · handover (reload and stop between one daemon process and the next)
     · dcgm_mapping (dcgm-exporter's job-mapping files: the job on each GPU) · wedge_hook (a test hook:

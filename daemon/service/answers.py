@@ -17,10 +17,10 @@ from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.users import is_admin
 from spx.daemon.gpu.backend import GpuBackend
 from spx.daemon.gpu.evidence import EvidenceBoard
+from spx.daemon.intake import replay_file
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.run.queue_control import QueueControl
 from spx.daemon.run.snapshot import Snapshot
-from spx.daemon.service import replay_request
 from spx.daemon.service.gpu_rows import gpu_rows
 from spx.daemon.service.requests import find_job
 from spx.daemon.service.stragglers import StragglerWatch
@@ -93,7 +93,7 @@ class Answers:
     def replay_spec(self, name: str | None, uid: int, arg: str | None) -> dict:
         """`spx verify NAME`: the job file of a replay of NAME's checkpoints, for its owner to submit."""
         job = find_job(self.store, name or "", uid, self.cfg.admin_group)
-        return job if isinstance(job, dict) else replay_request.replay_file(self.store, job, uid, arg)
+        return job if isinstance(job, dict) else replay_file.replay_file(self.store, job, uid, arg)
 
     def incidents(self, name: str | None, uid: int) -> dict:
         """`spx incidents [NAME]`: a job the caller may not see does not exist for them (as `status`)."""

@@ -33,6 +33,7 @@ from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.lifecycle.record import Phase
 from spx.daemon.run import cgroups, proctree
+from spx.daemon.run.auto_verify import AutoVerify
 from spx.daemon.run.device_filter import DeviceFilters
 from spx.daemon.run.incidents import GpuSources
 from spx.daemon.run.invalid_specs import fail_invalid_specs
@@ -106,7 +107,7 @@ class Daemon:
 
         self.leases = LeaseKeeper(cfg, self.store, on_lost=lease_lost)
         self.queue = QueueControl(cfg, self.store)  # hold/release/priority/drain, and the queue's rules
-        self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend)
+        self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend, AutoVerify(cfg, self.store))
         answers = Answers(cfg, self.store, backend, self.adopter, self.queue, self.supervisor.snapshot)
         self.stragglers = answers.stragglers  # /metrics shares its GPU evidence board
         self.control = ControlServer(cfg.socket_path, answers, self.commands, self.wake, admin_group=cfg.admin_group)

@@ -2,7 +2,7 @@
 (contract/replay_verdict.py); a replay job's verdict is stored on the job it verified, the GPU of the
 rank whose gradient differed is struck, a GPU is quarantined only on strikes from two owners, and the
 verified job hears of a difference (run/verification.py); an operator's release clears the strikes
-(gpu/gate.py); `spx verify`'s job file is the job's own command as a replay (service/replay_request.py);
+(gpu/gate.py); `spx verify`'s job file is the job's own command as a replay (intake/replay_file.py);
 the checkpoints from the differing step on are set aside, as the owner (userfs/user_actions.py)."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import yaml
 from spx.daemon.contract.replay_verdict import ReplayVerdict, parse_replay_verdict
 from spx.daemon.contract.worker_env import Heartbeat, load_heartbeat
 from spx.daemon.core.spec import SpecError, parse_spec
+from spx.daemon.intake.replay_file import replay_file
 from spx.daemon.lifecycle.actions import RecordVerdict
 from spx.daemon.lifecycle.observations import ReplayDiffered
 from spx.daemon.run.verification import Verifications
-from spx.daemon.service.replay_request import replay_file
 from spx.daemon.state.states import JobState
 from spx.daemon.state.store import Store
 from spx.daemon.userfs import user_actions
@@ -148,3 +148,42 @@ def test_the_checkpoints_from_the_differing_step_on_are_set_aside_not_deleted(tm
     assert sorted(moved) == ["step-000000030", "step-000000040"]
     assert sorted(os.listdir(tmp_path / ".replay-differs-at-25")) == ["step-000000030", "step-000000040"]
     assert (tmp_path / "step-000000020").is_dir() and (tmp_path / "notes.txt").exists()
+
+
+def test_a_job_asking_for_periodic_replays_gets_one_every_n_checkpoints_on_idle_gpus_only(tmp_path):
+    from spx.daemon.contract.worker_env import write_heartbeat
+    from spx.daemon.core.config import DaemonConfig
+    from spx.daemon.run.auto_verify import CHECK_EVERY_SECONDS, AutoVerify
+    from spx.daemon.state.jobviews import heartbeat_path
+
+    cfg = DaemonConfig.rooted(tmp_path / "root")
+    (cfg.state_dir / "jobs").mkdir(parents=True)
+    store = Store(cfg.store_path)
+    clock = [0.0]
+    auto = AutoVerify(cfg, store, clock=lambda: clock[0])
+    train = add(store, "name: train\nscript: t.py\ngpus: 2\nverify: {every_checkpoints: 2}\n", gpus=(0, 1))
+    store.jobs.transition(train.id, JobState.RUNNING, "running", 3.0)
+    beat_file = heartbeat_path(cfg.run_dir, train)
+    beat_file.parent.mkdir(parents=True)
+    idle = [[2, 3, 4]]
+
+    def look(checkpoint: int | None, queued_too: bool = False) -> list[str]:
+        if checkpoint is not None:
+            write_heartbeat(beat_file, Heartbeat(step=checkpoint + 1, last_checkpoint_step=checkpoint))
+        clock[0] += CHECK_EVERY_SECONDS
+        auto.tick(store.jobs.live(), lambda: idle[0])
+        return [j.name for j in store.jobs.live() if j.spec.replay is not None]
+
+    assert look(10) == []                                   # one checkpoint seen
+    idle[0] = [2]
+    assert look(20) == []                                   # two, but one idle GPU for a 2-GPU job
+    idle[0] = [2, 3, 4]
+    assert look(None) == ["train.verify"]                   # GPUs idle now: queued, pinned to them
+    replay = store.jobs.by_name("train.verify")
+    assert (replay.spec.gpus, replay.spec.replay.from_step, replay.priority) == ([2, 3], None, -1000)
+    assert replay.owner_uid == train.owner_uid and replay.spec.checkpoints.dir == train.spec.checkpoints.dir
+    assert look(30) == ["train.verify"] and look(40) == ["train.verify"]  # one at a time
+    store.jobs.transition(replay.id, JobState.CANCELLED, "cancelled by root", 4.0)
+    assert look(None) == ["train.verify"]                   # the next covers the intervals since checkpoint 20
+    assert store.jobs.by_name("train.verify").spec.replay.from_step == 20
+    store.close()

@@ -1,10 +1,12 @@
-"""`spx verify NAME`: the job file of a replay of NAME's checkpoints, which `spx` then submits as its
-owner (the spool's rules: the file's owner is the job's owner).
+"""The job file of a replay of a job's checkpoints (docs/verify.md): for `spx verify NAME`, which
+`spx` submits as NAME's owner (the spool's rules: the file's owner is the job's owner), and for the
+periodic replays of a job file's `verify: {every_checkpoints: N}` (run/auto_verify.py), queued by the
+daemon for the owner.
 
 The replay is NAME's own command (launcher, script or module, args, interpreter, environment, data)
 on as many GPUs (or the ones asked for) with `replay: {of: NAME, from_step}` and NAME's checkpoint
-dir, never restarted: a verdict comes from one clean run. Only NAME's owner may ask: the replay runs
-as whoever submits it, and reads NAME's checkpoints with their rights.
+dir, never restarted: a verdict comes from one clean run. Only NAME's owner may ask for one: the
+replay runs as whoever submits it, and reads NAME's checkpoints with their rights.
 """
 
 from __future__ import annotations
@@ -42,16 +44,18 @@ def replay_file(store: Store, job: JobRow, uid: int, arg: str | None) -> dict:
         return _error("the request's from_step or gpus is not what spx verify sends")
     if gpus is not None and len(gpus) != job.spec.gpu_count:
         return _error(f"{job.name} trains on {job.spec.gpu_count} GPUs: its replay needs as many (--gpus gave {len(gpus)})")
-    name = _free_name(store, job.name)
+    name = free_name(store, job.name)
     if name is None:
         return _error(f"{job.name} has {MAX_REPLAYS} replays queued or running already")
-    return {"ok": True, "result": yaml.safe_dump(_doc(name, job.spec, from_step, gpus), sort_keys=False)}
+    return {"ok": True, "result": yaml.safe_dump(replay_doc(name, job.spec, from_step, gpus), sort_keys=False)}
 
 
-def _doc(name: str, spec: JobSpec, from_step: int | None, gpus: list[int] | None) -> dict:
+def replay_doc(name: str, spec: JobSpec, from_step: int | None, gpus: list[int] | None, priority: int = 0) -> dict:
+    """The replay's job file, as data."""
     doc = spec.model_dump(mode="json", by_alias=True, exclude_none=True,
-                          exclude={"after", "notify", "restart", "replay", "priority"})
+                          exclude={"after", "notify", "restart", "replay", "priority", "verify"})
     doc["name"] = name
+    doc["priority"] = priority
     doc["checkpoints"] = {"dir": str(spec.checkpoints.dir)}  # read, never written, by the replay
     doc["gpus"] = gpus if gpus is not None else spec.gpus
     doc["restart"] = {"max_restarts": 0}
@@ -59,7 +63,7 @@ def _doc(name: str, spec: JobSpec, from_step: int | None, gpus: list[int] | None
     return doc
 
 
-def _free_name(store: Store, name: str) -> str | None:
+def free_name(store: Store, name: str) -> str | None:
     """NAME.verify, or NAME.verify-2, … — a name no live job has (at most 63 characters); None when
     MAX_REPLAYS of them are live."""
     for n in range(1, MAX_REPLAYS + 1):
