@@ -306,9 +306,12 @@ def describe(doc: dict[str, Any]) -> list[str]:
     lines = []
     if isinstance(doc.get("rollback"), str):
         lines.append(doc["rollback"])
-    if isinstance(doc.get("set_aside"), list) and doc["set_aside"]:
-        lines.append(f"set aside (a replay differed): {', '.join(str(p) for p in doc['set_aside'][:5])}"
-                     + (f" and {len(doc['set_aside']) - 5} more" if len(doc["set_aside"]) > 5 else ""))
+    aside = doc.get("set_aside")
+    if isinstance(aside, list) and aside:
+        names = [os.path.basename(str(p)) for p in aside]
+        lines.append(f"set aside (a replay differed): {', '.join(names[:4])}"
+                     + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                     + f", into {os.path.dirname(str(aside[0]))}/")
     layout = doc.get("layout")
     chosen = doc.get("path")
     if chosen:

@@ -331,13 +331,14 @@ def note(files: AttemptFiles, text: str) -> None:
 def set_aside_wrong(job: JobRow, files: AttemptFiles, from_step: int, timeout: float) -> list[str]:
     """After a replay differed at `from_step`: move the job's spx.trainer checkpoints of that step and
     later (both tiers) into `.replay-differs-at-STEP/` of their dir, as the owner — never resumed from,
-    kept for a person to look at. The names moved."""
+    kept for a person to look at. The paths they were moved to, by step."""
     user = as_user.owner(job.owner_uid)
     into = f".replay-differs-at-{from_step}"
     moved = []
     for where in (files.checkpoint_dir, files.local_checkpoint_dir):
         if where is not None:
-            moved += [f"{where}/{name}" for name in as_user.set_aside(user, str(where), 0.0, into, timeout, from_step)]
+            names = sorted(as_user.set_aside(user, str(where), 0.0, into, timeout, from_step))
+            moved += [f"{where}/{into}/{name}" for name in names]
     if moved:
         log.warning("checkpoints_set_aside", job=job.name, attempt=None, moved=moved, why=f"a replay differs at step {from_step}")
     return moved

@@ -74,6 +74,7 @@ def test_a_gradient_computed_wrong_at_step_25_is_found_by_a_replay_named_and_rol
         aside = d.checkpoint_dir("faulty") / ".replay-differs-at-25"
         assert "step-000000030" in {p.name for p in aside.iterdir()}, list(aside.iterdir())
         text = d.spx("status", "faulty").stdout
+        print(text, d.spx("gpus").stdout, sep="\n")
         assert "verify: differs at step 25" in text and "the checkpoints from step 25 on set aside" in text, text
         # The same data trained again from checkpoint 20: the model a fault-free run ends with.
         d.drop("clean.yaml", job_text("clean"))
