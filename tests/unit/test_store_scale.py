@@ -72,3 +72,27 @@ def test_current_is_each_names_by_name_job_unless_it_ended_before_the_cutoff(tmp
         assert [j.id for j in store.jobs.current(cutoff)] == sorted(expected)
     assert [j.id for j in store.jobs.live()] == [j.id for j in sorted(
         (j for j in every if not j.state.terminal), key=lambda j: (-j.priority, j.submitted, j.id))]
+
+
+def test_a_stored_spec_is_parsed_once_however_often_the_live_jobs_are_read(tmp_path, monkeypatch):
+    """The scheduler, `spx ls` and every scrape read the live jobs; a spec never changes after intake,
+    so each is validated once, not once per read; a changed text (an upgrade's rewrite) is read anew."""
+    store = Store(tmp_path / "s.sqlite")
+    ids = [store.jobs.add(spec(f"j{i}"), 0, "root", f"/x/{i}", float(i)) for i in range(20)]
+    parsed: list[str] = []
+    real = JobSpec.model_validate_json.__func__  # type: ignore[attr-defined]
+
+    def counting(cls, raw, *a, **k):
+        parsed.append(raw)
+        return real(cls, raw, *a, **k)
+
+    monkeypatch.setattr(JobSpec, "model_validate_json", classmethod(counting))
+    first = store.jobs.live()
+    for _ in range(5):
+        assert [j.spec for j in store.jobs.live()] == [j.spec for j in first]
+    assert store.jobs.get(ids[3]).spec.name == "j3"
+    assert len(parsed) <= len(ids)  # once each at most (another test's store may have parsed the same text)
+    with store.db.write(None) as db:
+        db.execute("UPDATE jobs SET spec_json = ? WHERE id = ?", (spec("renamed").model_dump_json(), ids[0]))
+    assert store.jobs.get(ids[0]).spec.name == "renamed"
+    store.close()
