@@ -194,8 +194,7 @@ class Daemon:
         return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot().live_pids)
 
     def status_text(self) -> str:
-        live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live", with_ledger=False)
-        return format_status(live, len(self.backend.devices()), self.supervisor.last_restart, time.time(),
+        return format_status(self.store.jobs.live_states(), len(self.backend.devices()), self.supervisor.last_restart, time.time(),
                              self.store_problem(), adopted=self.supervisor.adopted, drained=self.queue.drained)
 
     # --- the loop -------------------------------------------------------------------------------

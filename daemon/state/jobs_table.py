@@ -193,6 +193,12 @@ class JobsTable:
         rows = self._db.conn.execute(f"SELECT * FROM jobs WHERE {_LIVE_SQL} ORDER BY priority DESC, submitted, id").fetchall()
         return [_job(r) for r in rows]
 
+    def live_states(self) -> list[tuple[str, list[int]]]:
+        """Each live job's state and GPUs, in one statement reading no spec: what the STATUS line
+        counts every few seconds, whatever the length of the queue."""
+        rows = self._db.conn.execute(f"SELECT state, gpus FROM jobs WHERE {_LIVE_SQL}").fetchall()
+        return [(r[0], json.loads(r[1])) for r in rows]
+
     def live_with_invalid_spec(self) -> list[JobRow]:
         """Live jobs whose stored spec this version refuses (`JobRow.spec_problem` says why)."""
         return [j for j in self.live() if j.spec_problem is not None]

@@ -24,10 +24,9 @@ def heartbeat_path(run_dir: Path, job: JobRow) -> Path:
 
 def job_view(
     store: Store, job: JobRow, run_dir: Path, pids: dict[str, list[int]] | None = None, with_history: bool = False,
-    gang_hosts: list[dict] | None = None, with_ledger: bool = True,
+    gang_hosts: list[dict] | None = None,
 ) -> JobView:
-    """`gang_hosts`: for a job across hosts, every host's line as the supervisor last read it.
-    `with_ledger=False` leaves the goodput ledger out (the STATUS line, on the main loop, shows none)."""
+    """`gang_hosts`: for a job across hosts, every host's line as the supervisor last read it."""
     attempts = store.attempts.for_job(job.id)
     # Through userfs: the file is the user's, and this runs for every `spx ls` and scrape — a FIFO,
     # a link to a root-only file, a huge file or garbage there is "no heartbeat" with the reason,
@@ -76,7 +75,7 @@ def job_view(
         rank_step_seconds=beat.rank_step_seconds if beat and not stale and job.state.value == "running" else None,
         node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat,
                        attempts[-1].generation if attempts else None, gang_hosts),
-        ledger=ledger_view.job_ledger(store, job, attempts, time.time()).to_json() if with_ledger else None,
+        ledger=ledger_view.job_ledger(store, job, attempts, time.time()).to_json(),
         verifications=[{**v.doc, "time": v.time, "verified": v.verified}
                        for v in store.verifications.for_job(job.id)] if with_history else [],
     )
@@ -91,7 +90,7 @@ Scope = Literal["live", "recent", "all"]
 
 
 def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int]]] | None = None,
-              scope: Scope = "recent", now: float | None = None, with_ledger: bool = True) -> list[JobView]:
+              scope: Scope = "recent", now: float | None = None) -> list[JobView]:
     """Views of the live jobs ("live"), plus each name's latest job that finished in the last
     RECENT_SECONDS ("recent"), or of every job ever submitted ("all")."""
     live_pids = pids() if pids else {}
@@ -101,4 +100,4 @@ def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int
         rows = store.jobs.current(finished_since=(time.time() if now is None else now) - RECENT_SECONDS)
     else:
         rows = store.jobs.all()
-    return [job_view(store, j, run_dir, live_pids, with_ledger=with_ledger) for j in rows]
+    return [job_view(store, j, run_dir, live_pids) for j in rows]

@@ -96,3 +96,20 @@ def test_a_stored_spec_is_parsed_once_however_often_the_live_jobs_are_read(tmp_p
         db.execute("UPDATE jobs SET spec_json = ? WHERE id = ?", (spec("renamed").model_dump_json(), ids[0]))
     assert store.jobs.get(ids[0]).spec.name == "renamed"
     store.close()
+
+
+def test_the_status_lines_read_of_the_live_jobs_is_one_statement_and_no_spec(tmp_path, monkeypatch):
+    """The STATUS line counts the live jobs every few seconds on the main loop: one statement over
+    the live index, no spec parsed and nothing read per job, however long the queue."""
+    from spx.daemon.service.status_line import format_status
+
+    store = Store(tmp_path / "s.sqlite")
+    for i in range(30):
+        job = store.jobs.add(spec(f"j{i}"), 0, "root", f"/x/{i}", float(i))
+        if i < 3:
+            store.jobs.transition(job, JobState.STARTING, None, 40.0, gpus=[2 * i, 2 * i + 1])
+    monkeypatch.setattr(JobSpec, "model_validate_json", None)  # any parse would raise
+    statements = plans(store, store.jobs.live_states)
+    assert len(statements) == 1 and "jobs_live" in statements[0]
+    assert format_status(store.jobs.live_states(), 8, None, 0.0) == "0 running, 3 starting, 27 queued, 6/8 GPUs busy"
+    store.close()
