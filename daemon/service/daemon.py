@@ -52,6 +52,7 @@ from spx.daemon.service.status_line import format_status
 from spx.daemon.state import jobviews
 from spx.daemon.state.backup import Backups
 from spx.daemon.state.db import StoreUnavailable
+from spx.daemon.state.goodput import Ledger
 from spx.daemon.state.ledger_view import HostAccount
 from spx.daemon.state.store import Store
 from spx.daemon.state.views import JobView
@@ -142,10 +143,11 @@ class Daemon:
     # --- start ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from spx.daemon.exporter.server import build_registry, serve  # the exporter only once it serves
+        from spx.daemon.exporter.scrape_jobs import ScrapeJobs  # the exporter only once it serves
+        from spx.daemon.exporter.server import build_registry, serve
 
         self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
-        registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
+        registry = build_registry(self.backend, ScrapeJobs(self.views), daemon_version(), job_labels=self.cfg.metrics_job_labels,
                                   quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained,
                                   housekeeping=[self.retention.samples, self.notifications.samples],
                                   host_account=HostAccount(self.store, time.time()), stragglers=self.stragglers,
@@ -189,9 +191,9 @@ class Daemon:
 
     # --- what readers see -----------------------------------------------------------------------
 
-    def views(self) -> list[JobView]:
-        """The exporter's jobs (its own thread): the store, and the pids the supervisor last published."""
-        return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot().live_pids)
+    def views(self, now: float, ledgers: dict[int, Ledger]) -> list[JobView]:
+        """The exporter's jobs (its thread, once a scrape): the store, the pids the supervisor published."""
+        return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot().live_pids, now=now, ledgers=ledgers)
 
     def status_text(self) -> str:
         return format_status(self.store.jobs.live_states(), len(self.backend.devices()), self.supervisor.last_restart, time.time(),
