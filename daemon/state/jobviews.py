@@ -10,6 +10,7 @@ from typing import Literal
 
 from spx.daemon.state import goodput, ledger_view
 from spx.daemon.state import phases as timeline
+from spx.daemon.state.attempts_table import restarts_by_reason
 from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.node_view import node_view
 from spx.daemon.state.store import Store
@@ -69,7 +70,7 @@ def job_view(
         gpus=list(job.gpus),
         submitted=job.submitted,
         priority=job.priority,
-        restarts_by_reason=store.attempts.restarts_by_reason(job.id),
+        restarts_by_reason=restarts_by_reason(attempts),
         pids=list((pids or {}).get(job.name, [])),
         staging=job.staging,
         history=history,

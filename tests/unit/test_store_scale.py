@@ -113,3 +113,20 @@ def test_the_status_lines_read_of_the_live_jobs_is_one_statement_and_no_spec(tmp
     assert len(statements) == 1 and "jobs_live" in statements[0]
     assert format_status(store.jobs.live_states(), 8, None, 0.0) == "0 running, 3 starting, 27 queued, 6/8 GPUs busy"
     store.close()
+
+
+def test_a_queued_jobs_view_costs_two_statements(tmp_path):
+    """`spx ls` and each scrape build a view per job: its attempts and its allocation/end events are
+    read, its restarts counted from those attempts (no statement of its own), however long the queue."""
+    from spx.daemon.state import jobviews
+
+    store = Store(tmp_path / "s.sqlite")
+    for i in range(25):
+        store.jobs.add(spec(f"j{i}"), 0, "root", f"/x/{i}", float(i))
+    statements: list[str] = []
+    store.db.conn.set_trace_callback(statements.append)
+    views = jobviews.all_views(store, tmp_path / "run", now=100.0)
+    store.db.conn.set_trace_callback(None)
+    assert len(views) == 25 and all(v.restarts_by_reason == {} for v in views)
+    assert len(statements) == 1 + 2 * 25, statements[:8]
+    store.close()
