@@ -220,3 +220,27 @@ def test_a_raised_limit_is_seen_once_the_limits_are_read_again(t, monkeypatch):
     t.now += queue_control.LIMITS_CACHE_SECONDS
     t.turns(1)
     assert t.sup.started[-1] == job
+
+
+def test_a_turn_cut_short_by_a_refusing_store_plans_again(t, monkeypatch):
+    """A plan whose writes the store refused (disk full) left nothing recorded: the next turn plans
+    again, though nothing the plan reads has changed, and its reasons are written then."""
+    from spx.daemon.state.db import StoreUnavailable
+
+    t.settled()
+    job = t.add("late")
+    real = t.store.jobs.set_reasons
+    refused: list[int] = []
+
+    def refuse_once(reasons, now):
+        if not refused:
+            refused.append(1)
+            raise StoreUnavailable("disk full")
+        real(reasons, now)
+
+    monkeypatch.setattr(t.store.jobs, "set_reasons", refuse_once)
+    with pytest.raises(StoreUnavailable):
+        t.placement.turn()
+    assert t.store.jobs.get(job).reason is None
+    t.turns(1)
+    assert t.store.jobs.get(job).reason == "waiting for 1 free GPU"
