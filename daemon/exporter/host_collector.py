@@ -10,20 +10,28 @@ from typing import Any
 
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.gpu.backend import GpuBackend
+from spx.daemon.state.goodput import Ledger
 from spx.daemon.state.ledger_view import HostAccount
 
 
 class HostCollector:
     """One series per cause (every cause, 0 where none), so a ratio of two never lacks a side."""
 
-    def __init__(self, backend: GpuBackend, account: HostAccount, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, backend: GpuBackend, account: HostAccount, wall: Callable[[], float] = time.time,
+                 live: Callable[[], tuple[float, dict[int, Ledger]]] | None = None) -> None:
         self.backend = backend
         self.account = account
         self.wall = wall
+        self.live = live  # the scrape's `now` and live ledgers, read once for its job views (scrape_jobs.py)
 
     def collect(self) -> tuple[list[Any], bool]:
         fam = Families(["spx_host_gpu_seconds_total", "spx_host_unsettled_gpu_seconds"])
-        host = self.account.gpu_seconds(len(self.backend.devices()), self.wall())
+        gpus = len(self.backend.devices())
+        if self.live is not None:
+            now, ledgers = self.live()
+            host = self.account.gpu_seconds(gpus, now, ledgers)
+        else:
+            host = self.account.gpu_seconds(gpus, self.wall())
         for cause, seconds in host.settled.items():
             fam.add("spx_host_gpu_seconds_total", {"cause": cause}, seconds)
         fam.add("spx_host_unsettled_gpu_seconds", {}, host.unsettled)

@@ -29,6 +29,7 @@ from spx.daemon.exporter.loop_collector import LoopCollector
 from spx.daemon.exporter.metrics import Families
 from spx.daemon.exporter.quarantine_collector import QuarantineCollector, Quarantined
 from spx.daemon.exporter.queue_collector import QueueCollector
+from spx.daemon.exporter.scrape_jobs import ScrapeJobs
 from spx.daemon.gpu.backend import GpuBackend
 from spx.daemon.gpu.evidence import EvidenceBoard
 from spx.daemon.state.ledger_view import HostAccount
@@ -58,10 +59,11 @@ class SpxCollector:
     bug or driver fault never turns the whole scrape into an HTTP 500.
     """
 
-    def __init__(self, parts: dict[str, Part], version: str, backend_kind: str) -> None:
+    def __init__(self, parts: dict[str, Part], version: str, backend_kind: str, jobs: ScrapeJobs) -> None:
         self.parts = parts
         self.version = version
         self.backend_kind = backend_kind
+        self.jobs = jobs  # the parts' one read of the jobs per scrape
 
     def describe(self) -> Iterable[Any]:
         return []  # no collect() at register time: it would read NVML
@@ -69,6 +71,13 @@ class SpxCollector:
     def collect(self) -> Iterable[Any]:
         meta = Families(["spx_scrape_duration_seconds", "spx_scrape_success", "spx_build_info", "spx_gpu_backend_info"])
         out: list[Any] = []
+        with self.jobs.scrape():
+            self._parts(meta, out)
+        meta.add("spx_build_info", {"version": self.version}, 1)
+        meta.add("spx_gpu_backend_info", {"kind": self.backend_kind}, 1)
+        return out + meta.metrics()
+
+    def _parts(self, meta: Families, out: list[Any]) -> None:
         for name, part in self.parts.items():
             start = time.perf_counter()
             try:
@@ -79,13 +88,10 @@ class SpxCollector:
             meta.add("spx_scrape_duration_seconds", {"collector": name}, time.perf_counter() - start)
             meta.add("spx_scrape_success", {"collector": name}, 1 if ok else 0)
             out.extend(metrics)
-        meta.add("spx_build_info", {"version": self.version}, 1)
-        meta.add("spx_gpu_backend_info", {"kind": self.backend_kind}, 1)
-        return out + meta.metrics()
 
 
 def build_registry(
-    backend: GpuBackend, jobs: Callable[[], list[JobView]], version: str, job_labels: bool = True,
+    backend: GpuBackend, jobs: Callable[[], list[JobView]] | ScrapeJobs, version: str, job_labels: bool = True,
     quarantined: Callable[[], Quarantined] | None = None, drained: Callable[[], str | None] | None = None,
     host_account: HostAccount | None = None,
     housekeeping: list[Samples] | None = None, stragglers: StragglerExplainer | None = None,
@@ -95,24 +101,28 @@ def build_registry(
 
     `job_labels=False` (config `metrics_job_labels`) keeps job names out of the scrape, which any local
     user can read: the GPU collector is told of no jobs (no `spx_job` label) and the per-job part is left out.
+    `jobs`: the views, read once per scrape (scrape_jobs.py); the daemon's, a `ScrapeJobs`, also gives
+    the host's account the live jobs' ledgers it computed for them.
     """
+    shared = jobs if isinstance(jobs, ScrapeJobs) else ScrapeJobs(lambda _now, _ledgers: jobs())
     backend.start_xid_watch()
     registry = CollectorRegistry(auto_describe=False)
     board = stragglers.board if stragglers is not None else None
-    parts: dict[str, Part] = {"gpu": GpuCollector(backend, jobs if job_labels else _no_jobs, board)}
+    parts: dict[str, Part] = {"gpu": GpuCollector(backend, shared.views if job_labels else _no_jobs, board)}
     if job_labels:  # after "gpu": its scrape leaves the GPU evidence a straggler is explained with
-        parts["job"] = JobCollector(jobs, stragglers.annotate if stragglers is not None else None)
+        parts["job"] = JobCollector(shared.views, stragglers.annotate if stragglers is not None else None)
     if quarantined is not None:  # the daemon's store (spx_gpu_quarantined); not the standalone exporter
         parts["quarantine"] = QuarantineCollector(backend, quarantined)
     if drained is not None:  # the daemon's store (spx_queue_drained); not the standalone exporter
         parts["queue"] = QueueCollector(drained)
     if host_account is not None:  # the daemon's store (spx_host_gpu_seconds_total); not the standalone exporter
-        parts["host"] = HostCollector(backend, host_account)
+        parts["host"] = HostCollector(backend, host_account,
+                                      live=shared.live_ledgers if isinstance(jobs, ScrapeJobs) else None)
     if housekeeping is not None:  # the daemon's retention and notifications; not the standalone exporter
         parts["housekeeping"] = HousekeepingCollector(housekeeping)
     if loop_turns is not None:  # the daemon's main loop (spx_daemon_loop_turn_seconds); not the standalone exporter
         parts["loop"] = LoopCollector(loop_turns)
-    registry.register(SpxCollector(parts, version, backend.kind))
+    registry.register(SpxCollector(parts, version, backend.kind, shared))
     return registry
 
 

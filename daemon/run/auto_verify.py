@@ -53,12 +53,14 @@ class AutoVerify:
         self._seen: dict[int, _Seen] = {}
         self._next = 0.0
 
-    def tick(self, live: list[JobRow], idle_gpus: Callable[[], list[int]]) -> None:
-        """Look at the jobs that ask for periodic replays (at most every CHECK_EVERY_SECONDS)."""
+    def tick(self, read_live: Callable[[], list[JobRow]], idle_gpus: Callable[[list[JobRow]], list[int]]) -> None:
+        """Look at the jobs that ask for periodic replays (at most every CHECK_EVERY_SECONDS; the live
+        jobs are read only then)."""
         now = self.clock()
         if now < self._next:
             return
         self._next = now + CHECK_EVERY_SECONDS
+        live = read_live()
         asking = [j for j in live if j.spec.verify is not None and j.spec.replay is None and j.state is JobState.RUNNING]
         self._seen = {j.id: self._seen.get(j.id, _Seen()) for j in asking}
         idle: list[int] | None = None
@@ -73,7 +75,7 @@ class AutoVerify:
             assert job.spec.verify is not None
             if seen.since < job.spec.verify.every_checkpoints or queue_waits or self._replaying(seen):
                 continue
-            idle = idle_gpus() if idle is None else idle
+            idle = idle_gpus(live) if idle is None else idle
             if len(idle) < job.spec.gpu_count:
                 continue
             gpus, idle = idle[:job.spec.gpu_count], idle[job.spec.gpu_count:]

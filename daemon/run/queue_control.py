@@ -58,10 +58,14 @@ class QueueControl:
         for j in live:
             if j.state.holds_gpus:
                 usage[j.owner_uid] = usage.get(j.owner_uid, 0) + len(j.gpus)
-        if now_mono - self._limits_read > LIMITS_CACHE_SECONDS:
+        if self.limits_due(now_mono):
             self._limits, self._limits_read = {}, now_mono
         limits = {j.owner_uid: self._limit(j.owner_uid) for j in queued}
         return QueueFacts(self.drained, deps, usage, limits)
+
+    def limits_due(self, now_mono: float) -> bool:
+        """The limits' cache is due to be read again (the next `facts` reads the user database)."""
+        return now_mono - self._limits_read > LIMITS_CACHE_SECONDS
 
     def _dependency(self, job: JobRow, name: str, live_by_id: dict[int, JobRow]) -> JobRow | None:
         """The job `name` in `job`'s `after:` is, as it stands now. What a name resolves to never

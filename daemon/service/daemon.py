@@ -5,9 +5,9 @@ users asked for, supervises attempts, places jobs on GPUs, and publishes a snaps
 Other threads (inotify, the control socket's clients, the metrics server, the XID watcher, the lanes
 that do users' work off the loop) only read the store, the snapshot, or hand work to the loop through
 queues; the supervisor publishes a frozen snapshot of its jobs at the end of each of its turns
-(run/snapshot.py) for the readers. Every stage of a turn is contained: a store that refuses writes is shown in STATUS and
-retried; any other error is logged once and the loop goes on. The watchdog ping is sent only after a
-full turn, so it proves the loop turns.
+(run/snapshot.py). Every stage of a turn is contained: a store that refuses writes is shown in STATUS
+and retried; any other error is logged once and the loop goes on. The watchdog ping is sent only
+after a full turn, so it proves the loop turns.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from spx.daemon.gpu.gate import GpuGate
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.adopt import Adopter
 from spx.daemon.lifecycle.record import Phase
-from spx.daemon.run import cgroups, proctree
-from spx.daemon.run.auto_verify import AutoVerify
+from spx.daemon.run import auto_verify, cgroups, proctree
 from spx.daemon.run.device_filter import DeviceFilters
 from spx.daemon.run.incidents import GpuSources
 from spx.daemon.run.invalid_specs import fail_invalid_specs
@@ -53,6 +52,7 @@ from spx.daemon.service.status_line import format_status
 from spx.daemon.state import jobviews
 from spx.daemon.state.backup import Backups
 from spx.daemon.state.db import StoreUnavailable
+from spx.daemon.state.goodput import Ledger
 from spx.daemon.state.ledger_view import HostAccount
 from spx.daemon.state.store import Store
 from spx.daemon.state.views import JobView
@@ -107,13 +107,13 @@ class Daemon:
 
         self.leases = LeaseKeeper(cfg, self.store, on_lost=lease_lost)
         self.queue = QueueControl(cfg, self.store)  # hold/release/priority/drain, and the queue's rules
-        self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend, AutoVerify(cfg, self.store))
+        self.placement = Placement(self.store, self.supervisor, self.queue, self.gate, backend,
+                                   auto_verify=auto_verify.AutoVerify(cfg, self.store))
         answers = Answers(cfg, self.store, backend, self.adopter, self.queue, self.supervisor.snapshot)
         self.stragglers = answers.stragglers  # /metrics shares its GPU evidence board
         self.control = ControlServer(cfg.socket_path, answers, self.commands, self.wake, admin_group=cfg.admin_group)
-        # Housekeeping off the loop's critical path: what ended is told to its owner (run/notify.py,
-        # in lanes of its own) and, once old enough, removed (run/retention.py); both only hand work
-        # to lanes.
+        # Housekeeping off the loop's critical path: what ended is told to its owner (run/notify.py, in
+        # lanes of its own) and, once old enough, removed (run/retention.py); both only hand work to lanes.
         self.notifications = Notifications(cfg, self.store, wake=lambda: self.wake.put("notify"))
         self.retention = Retention(cfg, self.store, self.lanes)
         self.metrics: MetricsServer | None = None
@@ -143,10 +143,11 @@ class Daemon:
     # --- start ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from spx.daemon.exporter.server import build_registry, serve  # the exporter only once it serves
+        from spx.daemon.exporter.scrape_jobs import ScrapeJobs  # the exporter only once it serves
+        from spx.daemon.exporter.server import build_registry, serve
 
         self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
-        registry = build_registry(self.backend, self.views, daemon_version(), job_labels=self.cfg.metrics_job_labels,
+        registry = build_registry(self.backend, ScrapeJobs(self.views), daemon_version(), job_labels=self.cfg.metrics_job_labels,
                                   quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained,
                                   housekeeping=[self.retention.samples, self.notifications.samples],
                                   host_account=HostAccount(self.store, time.time()), stragglers=self.stragglers,
@@ -190,13 +191,12 @@ class Daemon:
 
     # --- what readers see -----------------------------------------------------------------------
 
-    def views(self) -> list[JobView]:
-        """The exporter's jobs (its own thread): the store, and the pids the supervisor last published."""
-        return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot().live_pids)
+    def views(self, now: float, ledgers: dict[int, Ledger]) -> list[JobView]:
+        """The exporter's jobs (its thread, once a scrape): the store, the pids the supervisor published."""
+        return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot().live_pids, now=now, ledgers=ledgers)
 
     def status_text(self) -> str:
-        live = jobviews.all_views(self.store, self.cfg.run_dir, scope="live", with_ledger=False)
-        return format_status(live, len(self.backend.devices()), self.supervisor.last_restart, time.time(),
+        return format_status(self.store.jobs.live_states(), len(self.backend.devices()), self.supervisor.last_restart, time.time(),
                              self.store_problem(), adopted=self.supervisor.adopted, drained=self.queue.drained)
 
     # --- the loop -------------------------------------------------------------------------------

@@ -61,6 +61,17 @@ def _attempt(row: sqlite3.Row) -> AttemptRow:
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
+def restarts_by_reason(attempts: list[AttemptRow]) -> dict[str, int]:
+    """Closed attempts that were followed by a relaunch, counted by failure class: from the job's
+    attempts as read (`AttemptsTable.for_job`), so a view costs no statement more per job."""
+    numbers = {a.number for a in attempts}
+    counts: dict[str, int] = {}
+    for a in attempts:
+        if a.end is not None and a.number + 1 in numbers:
+            counts[a.reason_class or "unknown"] = counts.get(a.reason_class or "unknown", 0) + 1
+    return counts
+
+
 class AttemptsTable:
     """Attempts: writes on the daemon's main loop only; reads from any thread."""
 
@@ -191,12 +202,3 @@ class AttemptsTable:
         ).fetchall()
         return {str(cls): int(n) for cls, n in rows}
 
-    def restarts_by_reason(self, job_id: int) -> dict[str, int]:
-        """Closed attempts that were followed by a relaunch, counted by failure class."""
-        rows = self._db.conn.execute(
-            "SELECT a.reason_class, COUNT(*) FROM attempts a WHERE a.job_id = ? AND a.end IS NOT NULL"
-            " AND EXISTS (SELECT 1 FROM attempts b WHERE b.job_id = a.job_id AND b.number = a.number + 1)"
-            " GROUP BY a.reason_class",
-            (job_id,),
-        ).fetchall()
-        return {r[0] or "unknown": r[1] for r in rows}

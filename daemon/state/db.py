@@ -64,6 +64,7 @@ class Database:
         self.path = path
         self.readonly = readonly
         self._local = threading.local()
+        self._commits = 0  # write transactions committed through this object (the main loop's)
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -99,6 +100,7 @@ class Database:
             if number is not None:
                 fault_points.reached("before-commit", number, str(point))
             db.execute("COMMIT")
+            self._commits += 1
             if number is not None:
                 fault_points.reached("after-commit", number, str(point))
         except sqlite3.OperationalError as e:
@@ -110,6 +112,12 @@ class Database:
             if any(m in str(e) for m in _UNAVAILABLE):
                 raise StoreUnavailable(f"state store {self.path}: {e}") from e
             raise
+
+    def version(self) -> tuple[int, int]:
+        """Changes as a number that differs whenever anything was committed since it was last read:
+        this object's own writes counted, and SQLite's `data_version` for any other connection's (a
+        reader that keeps a result until the store changes must miss no write, whoever made it)."""
+        return self._commits, int(self.conn.execute("PRAGMA data_version").fetchone()[0])
 
     def close(self) -> None:
         """Close this thread's connection now (the next use opens a fresh one)."""

@@ -7,6 +7,7 @@ Only intake adds jobs; only the run package changes their state afterwards, thro
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import uuid
@@ -58,9 +59,18 @@ class JobRow:
     held: str | None = None  # who holds it queued (`spx hold`), None when not held
 
 
-def _stored_spec(raw: str) -> tuple[JobSpec, str | None]:
-    """The accepted spec, re-validated by this version. A row that no longer validates must not
-    make every read raise (the daemon would crash-loop at start on one job): it is returned
+# Specs parsed and kept: a job's stored spec never changes after intake, and every read of the live
+# jobs (the scheduler's, each `spx ls`, each scrape) would otherwise validate each one again — most of
+# the cost of reading a thousand queued jobs (bench/bench_scale.py). Enough for the live jobs and the
+# last day's ended ones of a busy host; a reader of more (`spx ls --all`) parses as it always did.
+SPECS_KEPT = 2048
+
+
+@functools.lru_cache(maxsize=SPECS_KEPT)
+def _stored_spec(job_id: int, raw: str) -> tuple[JobSpec, str | None]:
+    """The accepted spec of job `job_id`, re-validated by this version, once per (job, text): a
+    JobSpec is frozen, so one parsed copy is shared by every reader. A row that no longer validates
+    must not make every read raise (the daemon would crash-loop at start on one job): it is returned
     unvalidated with the problem, and the run package ends such a job with that reason
     (`run/invalid_specs.py`)."""
     try:
@@ -71,7 +81,7 @@ def _stored_spec(raw: str) -> tuple[JobSpec, str | None]:
 
 
 def _job(row: sqlite3.Row) -> JobRow:
-    spec, spec_problem = _stored_spec(row["spec_json"])
+    spec, spec_problem = _stored_spec(row["id"], row["spec_json"])
     return JobRow(
         id=row["id"],
         name=row["name"],
@@ -182,6 +192,12 @@ class JobsTable:
         many finished jobs the store keeps."""
         rows = self._db.conn.execute(f"SELECT * FROM jobs WHERE {_LIVE_SQL} ORDER BY priority DESC, submitted, id").fetchall()
         return [_job(r) for r in rows]
+
+    def live_states(self) -> list[tuple[str, list[int]]]:
+        """Each live job's state and GPUs, in one statement reading no spec: what the STATUS line
+        counts every few seconds, whatever the length of the queue."""
+        rows = self._db.conn.execute(f"SELECT state, gpus FROM jobs WHERE {_LIVE_SQL}").fetchall()
+        return [(r[0], json.loads(r[1])) for r in rows]
 
     def live_with_invalid_spec(self) -> list[JobRow]:
         """Live jobs whose stored spec this version refuses (`JobRow.spec_problem` says why)."""

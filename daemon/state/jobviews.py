@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from spx.daemon.state import ledger_view
+from spx.daemon.state import goodput, ledger_view
 from spx.daemon.state import phases as timeline
+from spx.daemon.state.attempts_table import restarts_by_reason
 from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.node_view import node_view
 from spx.daemon.state.store import Store
@@ -24,10 +25,10 @@ def heartbeat_path(run_dir: Path, job: JobRow) -> Path:
 
 def job_view(
     store: Store, job: JobRow, run_dir: Path, pids: dict[str, list[int]] | None = None, with_history: bool = False,
-    gang_hosts: list[dict] | None = None, with_ledger: bool = True,
+    gang_hosts: list[dict] | None = None, now: float | None = None, ledgers: dict[int, goodput.Ledger] | None = None,
 ) -> JobView:
-    """`gang_hosts`: for a job across hosts, every host's line as the supervisor last read it.
-    `with_ledger=False` leaves the goodput ledger out (the STATUS line, on the main loop, shows none)."""
+    """`gang_hosts`: for a job across hosts, every host's line as the supervisor last read it. The
+    goodput ledger is at `now` (default: the wall clock); a live job's is also put in `ledgers`."""
     attempts = store.attempts.for_job(job.id)
     # Through userfs: the file is the user's, and this runs for every `spx ls` and scrape — a FIFO,
     # a link to a root-only file, a huge file or garbage there is "no heartbeat" with the reason,
@@ -36,6 +37,9 @@ def job_view(
     beat = found.beat
     # A beat older than the current attempt is the previous attempt's: its step was lost with it
     # (the job went back to the checkpoint it resumed from), and its rate is not this attempt's.
+    ledger = ledger_view.job_ledger(store, job, attempts, time.time() if now is None else now)
+    if ledgers is not None and not job.state.terminal:
+        ledgers[job.id] = ledger
     stale = beat is not None and bool(attempts) and beat.time < attempts[-1].start
     step = attempts[-1].resumed_from_step if stale else (beat.step if beat else None)
     last_ckpt_step = beat.last_checkpoint_step if beat else None
@@ -66,7 +70,7 @@ def job_view(
         gpus=list(job.gpus),
         submitted=job.submitted,
         priority=job.priority,
-        restarts_by_reason=store.attempts.restarts_by_reason(job.id),
+        restarts_by_reason=restarts_by_reason(attempts),
         pids=list((pids or {}).get(job.name, [])),
         staging=job.staging,
         history=history,
@@ -76,7 +80,7 @@ def job_view(
         rank_step_seconds=beat.rank_step_seconds if beat and not stale and job.state.value == "running" else None,
         node=node_view(getattr(job.spec, "nodes", None), job.name, None if stale else beat,
                        attempts[-1].generation if attempts else None, gang_hosts),
-        ledger=ledger_view.job_ledger(store, job, attempts, time.time()).to_json() if with_ledger else None,
+        ledger=ledger.to_json(),
         verifications=[{**v.doc, "time": v.time, "verified": v.verified}
                        for v in store.verifications.for_job(job.id)] if with_history else [],
     )
@@ -91,14 +95,17 @@ Scope = Literal["live", "recent", "all"]
 
 
 def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int]]] | None = None,
-              scope: Scope = "recent", now: float | None = None, with_ledger: bool = True) -> list[JobView]:
+              scope: Scope = "recent", now: float | None = None,
+              ledgers: dict[int, goodput.Ledger] | None = None) -> list[JobView]:
     """Views of the live jobs ("live"), plus each name's latest job that finished in the last
-    RECENT_SECONDS ("recent"), or of every job ever submitted ("all")."""
+    RECENT_SECONDS ("recent"), or of every job ever submitted ("all"); each ledger at `now`, and the
+    live jobs' in `ledgers` (see `job_view`)."""
     live_pids = pids() if pids else {}
+    now = time.time() if now is None else now
     if scope == "live":
         rows = store.jobs.live()
     elif scope == "recent":
-        rows = store.jobs.current(finished_since=(time.time() if now is None else now) - RECENT_SECONDS)
+        rows = store.jobs.current(finished_since=now - RECENT_SECONDS)
     else:
         rows = store.jobs.all()
-    return [job_view(store, j, run_dir, live_pids, with_ledger=with_ledger) for j in rows]
+    return [job_view(store, j, run_dir, live_pids, now=now, ledgers=ledgers) for j in rows]

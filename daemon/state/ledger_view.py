@@ -70,16 +70,24 @@ class HostAccount:
         self._quarantined: dict[int, float] = {}           # GPU → since, as last seen
         self._released: list[tuple[float, float]] = []     # (since, until) of quarantines since ended
 
-    def gpu_seconds(self, gpus: int, now: float) -> goodput.HostSeconds:
-        for job_id in self.store.jobs.ended_ids_since(self.since):
+    def gpu_seconds(self, gpus: int, now: float, live: dict[int, goodput.Ledger] | None = None) -> goodput.HostSeconds:
+        """`live`: the live jobs' ledgers at `now` as a reader already computed them (job id →
+        ledger; a scrape's job views), else read here. One that ended since counts once, ended."""
+        ended = self.store.jobs.ended_ids_since(self.since)
+        for job_id in ended:
             if job_id not in self._ended:
                 job = self.store.jobs.get(job_id)
                 self._ended[job_id] = job_ledger(self.store, job, self.store.attempts.for_job(job_id), now)
-        live = [job_ledger(self.store, job, self.store.attempts.for_job(job.id), now) for job in self.store.jobs.live()]
+        if live is None:
+            live_ledgers = [job_ledger(self.store, job, self.store.attempts.for_job(job.id), now)
+                            for job in self.store.jobs.live()]
+        else:
+            gone = set(ended)
+            live_ledgers = [ledger for job_id, ledger in live.items() if job_id not in gone]
         quarantined = {gpu: since for gpu, (_uuid, _reason, since) in self.store.host.quarantined_gpus().items()}
         for gpu, since in self._quarantined.items():
             if quarantined.get(gpu) != since:
                 self._released.append((since, now))
         self._quarantined = quarantined
         spans = [*self._released, *((since, None) for since in quarantined.values())]
-        return goodput.host_account([*self._ended.values(), *live], gpus, spans, self.since, now)
+        return goodput.host_account([*self._ended.values(), *live_ledgers], gpus, spans, self.since, now)

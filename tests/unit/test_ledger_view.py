@@ -90,3 +90,28 @@ def test_an_ended_jobs_ledger_is_accounted_once_and_a_live_ones_at_every_read(st
     assert accounted.count(100.0) == 1, "the ended job's ledger was accounted again"
     assert accounted.count(310.0) == 2, "a live job's ledger is accounted at every read"
     assert store.jobs.get(ended).state.terminal and not store.jobs.get(live).state.terminal
+
+
+def test_the_hosts_account_takes_the_live_ledgers_a_scrape_already_computed(store, tmp_path, monkeypatch):
+    """A scrape's job views compute each live job's ledger; the host's account at the same `now`
+    takes those instead of reading each live job's attempts and ledger again, and gets what it
+    would have computed; a job that ended after the views were read counts once, as ended."""
+    from spx.daemon.state import jobviews
+
+    crashed_once(store)
+    running = store.jobs.add(parse_spec("name: r\nscript: /bin/true\ngpus: 4\n"), os.getuid(), "u", "/spool/r", 300.0)
+    store.jobs.transition(running, JobState.STARTING, "GPUs allocated", 310.0, gpus=[2, 3, 4, 5])
+    store.jobs.add(parse_spec("name: q\nscript: /bin/true\ngpus: 8\n"), os.getuid(), "u", "/spool/q", 320.0)
+    fresh = ledger_view.HostAccount(store, since=200.0).gpu_seconds(8, now=400.0)
+    ledgers: dict = {}
+    views = jobviews.all_views(store, tmp_path / "run", now=400.0, ledgers=ledgers)
+    assert {v.name for v in views} == {"l", "r", "q"} and set(ledgers) == {running, running + 1}
+    reads: list[int] = []
+    real = store.attempts.for_job
+    monkeypatch.setattr(store.attempts, "for_job", lambda job_id: reads.append(job_id) or real(job_id))
+    shared = ledger_view.HostAccount(store, since=200.0)
+    assert shared.gpu_seconds(8, now=400.0, live=ledgers) == fresh
+    assert running not in reads and running + 1 not in reads  # the live ones: not read again
+    store.jobs.transition(running, JobState.FAILED, "ended after the views", 405.0)
+    ended = ledger_view.HostAccount(store, since=200.0).gpu_seconds(8, now=410.0)
+    assert shared.gpu_seconds(8, now=410.0, live=ledgers).settled["startup"] == ended.settled["startup"]

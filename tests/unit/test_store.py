@@ -1,6 +1,7 @@
 import pytest
 
 from spx.daemon.core.spec import parse_spec
+from spx.daemon.state.attempts_table import restarts_by_reason
 from spx.daemon.state.jobs_table import DuplicateJob
 from spx.daemon.state.states import IllegalTransition, JobState
 from spx.daemon.state.store import Store
@@ -40,7 +41,11 @@ def test_attempts_and_restart_counts(tmp_path):
     store.attempts.start(jid, number=2, attempt_id="u2", now=4.0, resumed_from="/c/step-000000010",
                         resumed_from_step=10, port=2)
     assert store.attempts.open_for(jid).number == 2
-    assert store.attempts.restarts_by_reason(jid) == {"crash": 1}
+    assert restarts_by_reason(store.attempts.for_job(jid)) == {"crash": 1}
+    store.attempts.end(store.attempts.open_for(jid).id, end=5.0, exit_code=None, reason="oom", reason_class=None)
+    assert restarts_by_reason(store.attempts.for_job(jid)) == {"crash": 1}  # the last: not followed by one
+    store.attempts.start(jid, number=3, attempt_id="u3", now=6.0, resumed_from=None, resumed_from_step=None, port=3)
+    assert restarts_by_reason(store.attempts.for_job(jid)) == {"crash": 1, "unknown": 1}
     store.close()
 
 

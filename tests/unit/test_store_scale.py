@@ -72,3 +72,61 @@ def test_current_is_each_names_by_name_job_unless_it_ended_before_the_cutoff(tmp
         assert [j.id for j in store.jobs.current(cutoff)] == sorted(expected)
     assert [j.id for j in store.jobs.live()] == [j.id for j in sorted(
         (j for j in every if not j.state.terminal), key=lambda j: (-j.priority, j.submitted, j.id))]
+
+
+def test_a_stored_spec_is_parsed_once_however_often_the_live_jobs_are_read(tmp_path, monkeypatch):
+    """The scheduler, `spx ls` and every scrape read the live jobs; a spec never changes after intake,
+    so each is validated once, not once per read; a changed text (an upgrade's rewrite) is read anew."""
+    store = Store(tmp_path / "s.sqlite")
+    ids = [store.jobs.add(spec(f"j{i}"), 0, "root", f"/x/{i}", float(i)) for i in range(20)]
+    parsed: list[str] = []
+    real = JobSpec.model_validate_json.__func__  # type: ignore[attr-defined]
+
+    def counting(cls, raw, *a, **k):
+        parsed.append(raw)
+        return real(cls, raw, *a, **k)
+
+    monkeypatch.setattr(JobSpec, "model_validate_json", classmethod(counting))
+    first = store.jobs.live()
+    for _ in range(5):
+        assert [j.spec for j in store.jobs.live()] == [j.spec for j in first]
+    assert store.jobs.get(ids[3]).spec.name == "j3"
+    assert len(parsed) <= len(ids)  # once each at most (another test's store may have parsed the same text)
+    with store.db.write(None) as db:
+        db.execute("UPDATE jobs SET spec_json = ? WHERE id = ?", (spec("renamed").model_dump_json(), ids[0]))
+    assert store.jobs.get(ids[0]).spec.name == "renamed"
+    store.close()
+
+
+def test_the_status_lines_read_of_the_live_jobs_is_one_statement_and_no_spec(tmp_path, monkeypatch):
+    """The STATUS line counts the live jobs every few seconds on the main loop: one statement over
+    the live index, no spec parsed and nothing read per job, however long the queue."""
+    from spx.daemon.service.status_line import format_status
+
+    store = Store(tmp_path / "s.sqlite")
+    for i in range(30):
+        job = store.jobs.add(spec(f"j{i}"), 0, "root", f"/x/{i}", float(i))
+        if i < 3:
+            store.jobs.transition(job, JobState.STARTING, None, 40.0, gpus=[2 * i, 2 * i + 1])
+    monkeypatch.setattr(JobSpec, "model_validate_json", None)  # any parse would raise
+    statements = plans(store, store.jobs.live_states)
+    assert len(statements) == 1 and "jobs_live" in statements[0]
+    assert format_status(store.jobs.live_states(), 8, None, 0.0) == "0 running, 3 starting, 27 queued, 6/8 GPUs busy"
+    store.close()
+
+
+def test_a_queued_jobs_view_costs_two_statements(tmp_path):
+    """`spx ls` and each scrape build a view per job: its attempts and its allocation/end events are
+    read, its restarts counted from those attempts (no statement of its own), however long the queue."""
+    from spx.daemon.state import jobviews
+
+    store = Store(tmp_path / "s.sqlite")
+    for i in range(25):
+        store.jobs.add(spec(f"j{i}"), 0, "root", f"/x/{i}", float(i))
+    statements: list[str] = []
+    store.db.conn.set_trace_callback(statements.append)
+    views = jobviews.all_views(store, tmp_path / "run", now=100.0)
+    store.db.conn.set_trace_callback(None)
+    assert len(views) == 25 and all(v.restarts_by_reason == {} for v in views)
+    assert len(statements) == 1 + 2 * 25, statements[:8]
+    store.close()

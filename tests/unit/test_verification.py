@@ -171,7 +171,7 @@ def test_a_job_asking_for_periodic_replays_gets_one_every_n_checkpoints_on_idle_
         if checkpoint is not None:
             write_heartbeat(beat_file, Heartbeat(step=checkpoint + 1, last_checkpoint_step=checkpoint))
         clock[0] += CHECK_EVERY_SECONDS
-        auto.tick(store.jobs.live(), lambda: idle[0])
+        auto.tick(store.jobs.live, lambda live: idle[0])
         return [j.name for j in store.jobs.live() if j.spec.replay is not None]
 
     assert look(10) == []                                   # one checkpoint seen
