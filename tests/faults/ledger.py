@@ -8,7 +8,7 @@ file at every start and end), breaks the daemon in some way, lets it recover, an
   no attempt for, or a job that started again after it had succeeded (unless the daemon's stop
   signal reached that run as it ended: then nothing could tell it from a stopped one);
 - problems: anything else that is wrong (a job in the wrong final state, a daemon restart counted
-  as a crash against max_restarts, a crash counted twice).
+  as a crash against max_restarts, a crash counted twice, a GPU given to two runs alive at once).
 """
 
 from __future__ import annotations
@@ -97,9 +97,35 @@ def audit(store_path: Path, jobs: list[CountedJob], final: bool = True) -> Audit
     try:
         for job in jobs:
             _audit_job(store, job, final, result, store_path.parent.parent / "log")
+        result.problems += _shared_gpus(store, jobs)
     finally:
         store.close()
     return result
+
+
+def _shared_gpus(store: Store, jobs: list[CountedJob]) -> list[str]:
+    """A GPU that two runs of different jobs held at the same moment (a double allocation). A run
+    holds its GPUs from its start line to its end line or, when a signal ended it (no end line), to
+    its attempt's end in the store — the daemon frees the GPUs only after that (never ended: still held)."""
+    spans: list[tuple[str, int, set[str], float, float]] = []  # (job, attempt, GPUs, from, to)
+    for job in jobs:
+        row = store.jobs.by_name(job.name)
+        ends = {a.attempt_id: a.end for a in store.attempts.for_job(row.id)} if row is not None else {}
+        runs = job.runs()
+        for r in runs:
+            gpus = {g for g in r["gpus"].split(",") if g}
+            if r["event"] != "start" or not gpus:
+                continue
+            end = next((e["time"] for e in runs if e["event"] == "end" and e["attempt_id"] == r["attempt_id"]),
+                       ends.get(r["attempt_id"]))
+            spans.append((job.name, r["attempt"], gpus, r["time"], float("inf") if end is None else end))
+    out = []
+    for i, (a, n, gpus_a, from_a, to_a) in enumerate(spans):
+        for b, m, gpus_b, from_b, to_b in spans[i + 1:]:
+            both = gpus_a & gpus_b
+            if both and a != b and from_a < to_b and from_b < to_a:
+                out.append(f"GPUs {sorted(both)} held by {a} (attempt {n}) and {b} (attempt {m}) at once")
+    return out
 
 
 def _stopped_as_it_ended(job_log_dir: Path, run: dict) -> bool:

@@ -38,13 +38,19 @@ def test_sigkill_at_random_moments_loses_nothing_and_runs_nothing_twice(root, tm
     jobs = [job("long", seconds=600, expect="cancelled"), job("hog", seconds=600, gpus=4, expect="cancelled"),
             job("waiter", gpus=8, expect="cancelled"),
             job("backoff", seconds=0.1, exit_code=2, max_restarts=100, backoff=(60, 60), expect="cancelled")]
-    cancel_later = [j.name for j in jobs]
+    cancel_later = [j.name for j in jobs if j.name != "waiter"]
     jobs.append(job("failer", seconds=0.1, exit_code=2, max_restarts=0, expect="failed"))
     d = Daemon(root, gpu_backend="fake")
     daemons.append(d)
     d.start()
     for j in jobs:
-        d.drop(f"{j.name}.yaml", j.yaml())
+        if j.name != "waiter":
+            d.drop(f"{j.name}.yaml", j.yaml())
+    # The waiter only once hog holds its GPUs: files dropped together are queued in the order their
+    # checks (in the owner's lane, side by side) finish, and a waiter queued ahead of hog takes all 8
+    # GPUs at once, runs its 0.5 s and succeeds.
+    wait_for(lambda: state_of(root, "hog") == "running", 60, "hog to hold its GPUs")
+    d.drop("waiter.yaml", jobs[2].yaml())
     seen: set[str] = set()
     for i in range(KILLS):
         # New work each round: a short job that succeeds, now and then one that always crashes (it is
@@ -71,10 +77,14 @@ def test_sigkill_at_random_moments_loses_nothing_and_runs_nothing_twice(root, tm
             d.drop(f"{down.name}.yaml", down.yaml())
         d.start()
     scenario.survived = True
-    # Settle: what finishes by itself does; then the long runners, the waiter and the rest are cancelled.
+    # Settle: what finishes by itself does; then the waiter, the long runners and the rest are cancelled.
     own = [j for j in jobs if j.expect != "cancelled"]
     wait_for(lambda: all(state_of(root, j.name) in ("succeeded", "failed") for j in own), 120,
              "the jobs that end by themselves")
+    # The waiter first, and cancelled before hog is: once hog's GPUs are free it rightly starts, and a
+    # 0.5 s run ends before a slow `spx cancel waiter` (a loaded machine) comes — succeeded, not cancelled.
+    d.spx("cancel", "waiter", check=False)
+    wait_for(lambda: state_of(root, "waiter") == "cancelled", 60, "the waiter cancelled while hog holds its GPUs")
     for name in cancel_later:
         if state_of(root, name) not in ("cancelled", "succeeded", "failed"):
             d.spx("cancel", name, check=False)
