@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import signal
 import socket
 import subprocess
@@ -26,6 +27,8 @@ import pytest
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
+# The examples print the trained model's hash at the end (bitwise comparisons of two runs).
+FINAL_HASH = re.compile(r"final_state_sha256=([0-9a-f]{64})")
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1):
@@ -281,6 +284,12 @@ class Daemon:
             return j if j and j["state"] in wanted else None
 
         return wait_for(reached, timeout, f"job {name} to reach {wanted} (now: {self.job(name)})", interval=0.3)
+
+    def final_hash(self, name: str, attempt: int) -> str:
+        """The model hash the examples print at the end of job `name`'s attempt `attempt` (exactly one)."""
+        found = FINAL_HASH.findall((self.root / "log" / name / f"attempt-{attempt}.log").read_text(errors="replace"))
+        assert len(found) == 1, f"expected one final hash in {name} attempt {attempt}: {found}"
+        return found[0]
 
     def drop(self, name: str, text: str) -> Path:
         """Write a job file into the spool the way an editor or `cp` would (write, then close)."""

@@ -120,10 +120,7 @@ def divergence_reason(d: Divergence) -> str:
 
 def divergence_of(reason: str | None) -> tuple[int, str] | None:
     """(step, what) of a `divergence_reason`, e.g. (37, "loss NaN"); None for any other reason."""
-    if not reason or not reason.startswith(DIVERGED_AT):
-        return None
-    step, _, what = reason[len(DIVERGED_AT):].partition(": ")
-    return (int(step), what) if step.isdigit() and len(step) < 16 else None
+    return _step_and_what(reason, DIVERGED_AT)
 
 
 CORRUPTED_AT = "a replay on other GPUs differs at step "
@@ -137,9 +134,14 @@ def corruption_reason(step: int, what: str) -> str:
 
 def corruption_of(reason: str | None) -> tuple[int, str] | None:
     """(step, what) of a `corruption_reason`; None for any other reason."""
-    if not reason or not reason.startswith(CORRUPTED_AT):
+    return _step_and_what(reason, CORRUPTED_AT)
+
+
+def _step_and_what(reason: str | None, prefix: str) -> tuple[int, str] | None:
+    """(step, what) of a stored reason `prefix + "STEP: WHAT"` (how a rollback survives a daemon restart)."""
+    if not reason or not reason.startswith(prefix):
         return None
-    step, _, what = reason[len(CORRUPTED_AT):].partition(": ")
+    step, _, what = reason[len(prefix):].partition(": ")
     return (int(step), what) if step.isdigit() and len(step) < 16 else None
 
 

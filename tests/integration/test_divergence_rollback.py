@@ -8,7 +8,6 @@ fails with the evidence."""
 
 from __future__ import annotations
 
-import re
 import sys
 
 import pytest
@@ -16,7 +15,6 @@ import pytest
 from harness import EXAMPLES, Daemon
 
 PY = sys.executable
-HASH = re.compile(r"final_state_sha256=([0-9a-f]{64})")
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +34,6 @@ def job_text(name: str, *extra: str, restart: str = "") -> str:
             "stop: {grace_seconds: 20}\n")
 
 
-def final_hash(d: Daemon, name: str, attempt: int) -> str:
-    found = HASH.findall((d.root / "log" / name / f"attempt-{attempt}.log").read_text(errors="replace"))
-    assert len(found) == 1, f"expected one final hash in {name} attempt {attempt}: {found}"
-    return found[0]
-
-
 def test_a_nan_at_step_37_rolls_back_to_checkpoint_30_skipping_31_to_37_and_matches_a_run_that_skipped_them(daemon):
     daemon.drop("nan.yaml", job_text("nan37"))
     daemon.drop("ref.yaml", job_text("skipped", "--skip-steps", "31-37"))
@@ -56,7 +48,7 @@ def test_a_nan_at_step_37_rolls_back_to_checkpoint_30_skipping_31_to_37_and_matc
     text = daemon.spx("status", "nan37").stdout
     assert "rolled back from step 37 (loss NaN) to checkpoint 30, skipping batches 31–37" in text, text
     assert "at or after step 37, where training diverged" not in text  # no checkpoint after 30 was written
-    assert final_hash(daemon, "nan37", 2) == final_hash(daemon, "skipped", 1)
+    assert daemon.final_hash("nan37", 2) == daemon.final_hash("skipped", 1)
 
 
 def test_a_job_that_diverges_again_after_max_rollbacks_fails_with_the_evidence(daemon):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -26,7 +25,6 @@ from spx.daemon.state.store import Store
 PY = sys.executable
 LEASE_SECONDS = 6
 NAME = "reclaimed"
-HASH = re.compile(r"final_state_sha256=([0-9a-f]{64})")
 
 
 def job_text(name: str, ckpt: Path, steps: int = 40, sleep: float = 0.15, grace: int = 30) -> str:
@@ -35,12 +33,6 @@ def job_text(name: str, ckpt: Path, steps: int = 40, sleep: float = 0.15, grace:
     return (f"name: {name}\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\npython: {PY}\n"
             f"args: [{argv}]\ngpus: 0\nprocs: 2\nrestart: {{max_restarts: 3, backoff_seconds: [1, 10]}}\n"
             f"stop: {{grace_seconds: {grace}}}\ncheckpoints: {{dir: {ckpt}}}\n")
-
-
-def final_hash(d: Daemon, name: str, attempt: int) -> str:
-    found = HASH.findall((d.root / "log" / name / f"attempt-{attempt}.log").read_text(errors="replace"))
-    assert len(found) == 1, f"expected one final hash in {name} attempt {attempt}: {found}"
-    return found[0]
 
 
 def adopt(d: Daemon, volume: Path) -> list[dict]:
@@ -133,7 +125,7 @@ def test_a_job_of_a_lost_host_is_adopted_once_and_finishes_with_the_uninterrupte
         assert len(st["history"]) == 1, "one attempt on the new host"
         assert st["history"][0]["resumed_from_step"] == last.step, "resumed from A's last complete checkpoint"
         assert loser.job(NAME) is None, "the other daemon never ran it"
-        adopted_hash = final_hash(winner, NAME, 1)
+        adopted_hash = winner.final_hash(NAME, 1)
 
         # Finished: its end is recorded on the volume, and no host adopts it again.
         wait_for(lambda: (spx_dir / "state").exists(), 30, "the end marker")
@@ -145,7 +137,7 @@ def test_a_job_of_a_lost_host_is_adopted_once_and_finishes_with_the_uninterrupte
         loser.drop("base.yaml", job_text("baseline", tmp_path / "baseline-ckpt"))
         loser.wait_state("baseline", {"succeeded", "failed"}, 400)
         assert loser.status("baseline")["state"] == "succeeded"
-        assert adopted_hash == final_hash(loser, "baseline", 1), "the adopted job trained exactly as an uninterrupted one"
+        assert adopted_hash == loser.final_hash("baseline", 1), "the adopted job trained exactly as an uninterrupted one"
     finally:
         for d in (c, b, a):
             if d is not None and d.alive():

@@ -10,7 +10,6 @@ had the fault. A second `spx verify --from 100`, of the job as it finished, veri
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from harness import EXAMPLES, Daemon, wait_for
 from spx.daemon.gpu.fake import DEFAULT_FIXTURE
 
 PY = sys.executable
-HASH = re.compile(r"final_state_sha256=([0-9a-f]{64})")
 
 pytestmark = pytest.mark.slow
 
@@ -40,12 +38,6 @@ def job_text(name: str, *extra: str) -> str:
     return (f"name: {name}\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\npython: {PY}\n"
             f"args: [{argv}]\ngpus: 2\nrestart: {{max_restarts: 3, backoff_seconds: [1, 1]}}\n"
             "stop: {grace_seconds: 20}\n")
-
-
-def final_hash(d: Daemon, name: str, attempt: int) -> str:
-    found = HASH.findall((d.root / "log" / name / f"attempt-{attempt}.log").read_text(errors="replace"))
-    assert len(found) == 1, f"expected one final hash in {name} attempt {attempt}: {found}"
-    return found[0]
 
 
 def test_a_gradient_computed_wrong_at_step_25_is_found_by_a_replay_named_and_rolled_back(tmp_path: Path):
@@ -79,7 +71,7 @@ def test_a_gradient_computed_wrong_at_step_25_is_found_by_a_replay_named_and_rol
         # The same data trained again from checkpoint 20: the model a fault-free run ends with.
         d.drop("clean.yaml", job_text("clean"))
         d.wait_state("clean", "succeeded", 300)
-        assert final_hash(d, "faulty", len(d.status("faulty")["history"])) == final_hash(d, "clean", 1)
+        assert d.final_hash("faulty", len(d.status("faulty")["history"])) == d.final_hash("clean", 1)
         # A second replay, of the job as it finished (its last intervals): they verify.
         d.spx("verify", "faulty", "--from", "100")
         d.wait_state("faulty.verify", "succeeded", 300)

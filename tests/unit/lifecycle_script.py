@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from spx.daemon.core.restart_spec import Restart
 from spx.daemon.lifecycle import record
-from spx.daemon.lifecycle.actions import Log, Note
+from spx.daemon.lifecycle.actions import FindCheckpoint, Log, Note, Spawn
 from spx.daemon.lifecycle.machine import advance, placed
 from spx.daemon.lifecycle.observations import (
     AllGone,
@@ -79,3 +79,14 @@ def beats(s, steps_at, status="running"):
 
 
 XID79 = "XID 79 on GPU 1 (GPU fell off the bus)"
+
+
+def relaunch(s, now, found_path, found_step):
+    """Backoff over, Go, checkpoint discovery answers (`found_path`, `found_step`): FindCheckpoint and Spawn."""
+    s, _ = advance(s, Tick(), now)
+    s, actions = advance(s, Go((0, 1)), now)
+    find = only(actions, FindCheckpoint)
+    s, actions = advance(s, CheckpointFound(found_path, found_step, s.number), now)
+    spawn = only(actions, Spawn)
+    s, _ = advance(s, Spawned(4243 + s.number, WALL0 + now), now)
+    return s, find, spawn

@@ -11,23 +11,19 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from lifecycle_script import LIMITS, WALL0, kinds, only, running
+from lifecycle_script import LIMITS, WALL0, kinds, only, relaunch, running
 
 from spx.daemon.contract.worker_env import NON_FINITE, Divergence
 from spx.daemon.core.causes import ReasonClass, StopCause
 from spx.daemon.core.restart_spec import ClassLimit, Restart
 from spx.daemon.lifecycle import resume_fallback
-from spx.daemon.lifecycle.actions import FindCheckpoint, FinishAttempt, RecordStop, SignalTerm, Spawn
+from spx.daemon.lifecycle.actions import FinishAttempt, RecordStop, SignalTerm
 from spx.daemon.lifecycle.machine import advance
 from spx.daemon.lifecycle.observations import (
     AllGone,
-    CheckpointFound,
     Diagnosed,
-    Go,
     HeartbeatSeen,
     LauncherExited,
-    Spawned,
-    Tick,
 )
 from spx.daemon.lifecycle.record import Phase
 from spx.daemon.lifecycle.rollback import Rollback, rollback_after
@@ -44,17 +40,6 @@ def diverge(s, now, step=37, code=1):
     s, _ = advance(s, LauncherExited(code, None), now + 1)
     s, _ = advance(s, AllGone(), now + 1)
     return advance(s, Diagnosed(s.number, None, False), now + 2)
-
-
-def relaunch(s, now, found_path, found_step):
-    """Backoff over, Go, checkpoint discovery answers (`found_path`, `found_step`): FindCheckpoint and Spawn."""
-    s, _ = advance(s, Tick(), now)
-    s, actions = advance(s, Go((0, 1)), now)
-    find = only(actions, FindCheckpoint)
-    s, actions = advance(s, CheckpointFound(found_path, found_step, s.number), now)
-    spawn = only(actions, Spawn)
-    s, _ = advance(s, Spawned(4243 + s.number, WALL0 + now), now)
-    return s, find, spawn
 
 
 def test_a_diverged_heartbeat_classes_the_attempt_divergence_and_restarts_it():

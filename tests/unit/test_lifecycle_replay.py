@@ -10,32 +10,27 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
-from lifecycle_script import LIMITS, WALL0, kinds, logs, only, running
+from lifecycle_script import LIMITS, WALL0, kinds, logs, only, relaunch, running
 
 from spx.daemon.contract.replay_verdict import ReplayVerdict
 from spx.daemon.core.causes import ReasonClass, StopCause
 from spx.daemon.core.restart_spec import Restart
 from spx.daemon.lifecycle import resume_fallback
 from spx.daemon.lifecycle.actions import (
-    FindCheckpoint,
     FinishAttempt,
     Note,
     RecordStop,
     RecordVerdict,
     RemoveCgroup,
     SignalKill,
-    Spawn,
 )
 from spx.daemon.lifecycle.machine import advance
 from spx.daemon.lifecycle.observations import (
     AllGone,
-    CheckpointFound,
     Diagnosed,
-    Go,
     HeartbeatSeen,
     LauncherExited,
     ReplayDiffered,
-    Spawned,
     Tick,
 )
 from spx.daemon.lifecycle.record import Phase
@@ -53,16 +48,6 @@ def killed_for_replay(s, now, step=25):
     s, _ = advance(s, LauncherExited(None, 9), now + 2)
     s, end = advance(s, AllGone(), now + 2)  # no diagnosis: the daemon knows why it ended
     return s, stop, end
-
-
-def relaunch(s, now, found_path, found_step):
-    s, _ = advance(s, Tick(), now)
-    s, actions = advance(s, Go((0, 1)), now)
-    find = only(actions, FindCheckpoint)
-    s, actions = advance(s, CheckpointFound(found_path, found_step, s.number), now)
-    spawn = only(actions, Spawn)
-    s, _ = advance(s, Spawned(4243 + s.number, WALL0 + now), now)
-    return s, find, spawn
 
 
 def test_a_running_attempt_is_killed_at_once_without_a_checkpoint_of_its_wrong_state():
