@@ -65,7 +65,8 @@ def test_soak_figure_draws_each_life_and_marks_each_disruption(tmp_path):
                                        "rss_mib_per_hour": 0.5, "fds_range": 0, "threads_range": 0}]}
     root = ET.fromstring(figures.soak_figure(result))
     rss = root.findall(f".//{NS}polyline[@class='series rss_mib']")
-    assert len(rss) == 2 and "0.5 MiB/h" in rss[0].get("data-label", "")
+    assert len(rss) == 2 and rss[0].get("data-label") == "RSS MiB (slope 0.5 MiB/h)"
+    assert root.findall(f".//{NS}g[@class='legend']")[0].findall(f"{NS}text")[1].text == "RSS MiB (slope 0.5 MiB/h)"
     assert len(root.findall(f".//{NS}g[@class='marker disruption']")) == 3  # one per panel
     (tmp_path / "soak.json").write_text(json.dumps(result))
     assert tmp_path / "soak.svg" in figures.draw_all(tmp_path)
