@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_soak.py [--minutes 60] [--sample-seconds 60] [--warmup-seconds 300]
                                          [--concurrency 2] [--disruptions 4] [--torchrun-every 20] [--quick]
-                                         [--no-job-labels]
+                                         [--disrupt-within 0.4] [--no-job-labels]
 
 One real daemon (`--gpu-backend fake`, the bundled 8-GPU fixture) while jobs flow through it, at most
 `--concurrency` in flight, each one submitted (dropped into the spool) as the one before it ends, the
@@ -465,20 +465,23 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=2, help="jobs in flight at once")
     p.add_argument("--disruptions", type=int, default=4, help="adopt/reload disruptions, alternating")
     p.add_argument("--torchrun-every", type=int, default=20, help="every Nth ok job is a torchrun job (0: none)")
+    p.add_argument("--disrupt-within", type=float, default=0.4, help="the disruptions spread over this first part of the run")
     p.add_argument("--no-job-labels", action="store_true",
                    help="metrics_job_labels: false (no per-job series in /metrics): what grows without them")
-    p.add_argument("--quick", action="store_true", help="3 minutes, a sample every 5 s, 30 s warm-up, 2 disruptions")
+    p.add_argument("--quick", action="store_true",
+                   help="3 minutes, a sample every 5 s, 60 s warm-up, 2 disruptions in the first 15 %%, no torchrun job")
     p.add_argument("--name", default="soak", help="the result's name (bench/results/NAME.json)")
     a = p.parse_args()
     # SIGTERM (or SIGINT, ignored in a shell's background jobs) ends the run through its `finally`:
     # the daemon is stopped with its jobs, nothing is left running.
     signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
     if a.quick:
-        a.minutes, a.sample_seconds, a.warmup_seconds, a.disruptions, a.torchrun_every = 3, 5, 30, 2, 0
+        a.minutes, a.sample_seconds, a.warmup_seconds, a.disruptions, a.torchrun_every = 3, 5, 60, 2, 0
+        a.disrupt_within = 0.15
     with tempfile.TemporaryDirectory(prefix="spx-soak-") as tmp:
         run, verdict = soak(Path(tmp), a.minutes, a.sample_seconds, a.warmup_seconds, a.concurrency,
                             a.disruptions, a.torchrun_every,
-                            {"metrics_job_labels": False} if a.no_job_labels else None)
+                            {"metrics_job_labels": False} if a.no_job_labels else None, a.disrupt_within)
     f = verdict["figures"]
     print(json.dumps(verdict, indent=1))
     goals = [
@@ -499,7 +502,8 @@ def main() -> int:
     rows += [{"case": "disruption", **e} for e in run.events]
     rows.append({"case": "figures", **f, "jobs_by_kind": verdict["jobs"], "broken": verdict["broken"],
                  "minutes": a.minutes, "sample_seconds": a.sample_seconds, "warmup_seconds": a.warmup_seconds,
-                 "concurrency": a.concurrency, "metrics_job_labels": not a.no_job_labels, "bounds": {"rss_mib_per_hour": RSS_MIB_PER_HOUR, "fds_range": FD_FLAT,
+                 "concurrency": a.concurrency, "disrupt_within": a.disrupt_within,
+                 "metrics_job_labels": not a.no_job_labels, "bounds": {"rss_mib_per_hour": RSS_MIB_PER_HOUR, "fds_range": FD_FLAT,
                                                           "threads_range": THREADS_FLAT, "trend_factor": TREND_FACTOR}})
     write_result(a.name, rows, goals)
     for why in verdict["broken"]:
