@@ -503,8 +503,9 @@ def main() -> int:
     rows.append({"case": "figures", **f, "jobs_by_kind": verdict["jobs"], "broken": verdict["broken"],
                  "minutes": a.minutes, "sample_seconds": a.sample_seconds, "warmup_seconds": a.warmup_seconds,
                  "concurrency": a.concurrency, "disrupt_within": a.disrupt_within,
-                 "metrics_job_labels": not a.no_job_labels, "bounds": {"rss_mib_per_hour": RSS_MIB_PER_HOUR, "fds_range": FD_FLAT,
-                                                          "threads_range": THREADS_FLAT, "trend_factor": TREND_FACTOR}})
+                 "metrics_job_labels": not a.no_job_labels,
+                 "bounds": {"rss_mib_per_hour": RSS_MIB_PER_HOUR, "fds_range": FD_FLAT, "threads_range": THREADS_FLAT,
+                            "trend_factor": TREND_FACTOR}})
     write_result(a.name, rows, goals)
     for why in verdict["broken"]:
         print(f"SOAK FAILED: {why}", file=sys.stderr)
