@@ -15,8 +15,8 @@ kinds in turn:
   after 2 hangs (stacks dumped, killed);
 - cancel: heartbeats until `spx cancel` (the command, as a user runs it) once it is running; ends
   cancelled;
-- adopt / reload (`--disruptions` of them, spread over the first 40 % of the run, alternating, so
-  the last 60 % is one daemon's uninterrupted life): a job writing heartbeats for 15 s; once it is
+- adopt / reload (`--disruptions` of them, spread over the first 40 % of the run, `--disrupt-within`,
+  alternating, so the last 60 % is one daemon's uninterrupted life): a job writing heartbeats for 15 s; once it is
   running the daemon is killed (SIGKILL) and started again on the same root, or sent SIGHUP after
   its config file changed (`straggler_threshold_percent`: a reload re-executes it in place with the
   config re-read). Every running job is adopted; the disrupted one ends succeeded in its 1 attempt.
@@ -30,7 +30,8 @@ ended since the last sample.
 A restart or a reload is a new process image (a new segment): RSS, descriptors, threads and the
 histogram start again. So every figure is taken within segments, each after its own warm-up
 (`--warmup-seconds`): slopes are pooled within segments (Theil–Sen: the median of the slopes between
-every two samples of one segment), ranges are the largest max − min of a segment. The run fails (exit 1, each broken bound said) if:
+every two samples of one segment), ranges are the largest max − min of a segment. The run fails
+(exit 1, each broken bound said) if:
 - RSS grows faster than 5 MiB/hour;
 - descriptors or threads are not flat: max − min over a segment after warm-up above FD_FLAT /
   THREADS_FLAT (each running job holds a few descriptors and a thread or two while it runs: the
