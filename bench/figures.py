@@ -16,6 +16,10 @@ into bench/results/*.svg, so they can be redrawn without rerunning anything:
 - scale.svg: the daemon's latencies (loop turn p99, spx ls / status over the socket and /metrics,
   p99) against finished jobs in the store and against queued jobs, both axes log10, each line's
   log-log slope in its legend (0 flat, 1 linear).
+- soak.svg: the daemon's samples over the soak (bench_soak.py): RSS, descriptors and threads, loop
+  turn p99 and the /metrics scrape, against minutes since the start; each restart (adopt) or reload
+  a marker, each daemon life's warm-up (not fitted) shaded, earlier lives dashed, the fitted slopes
+  and ranges in the legends.
 
 Drawn with the daemon's own stdlib SVG writer (spx.daemon.cli.plot / svg): no plotting library.
 """
@@ -160,8 +164,49 @@ def scale_figure(result: dict[str, Any]) -> str:
     return svg.render()
 
 
+# Per panel: (sample key, label, the figure of the result's "figures" row said in the legend, how).
+SOAK_PANELS = ((("rss_mib", "RSS MiB", "rss_mib_per_hour", "slope {} MiB/h"),),
+               (("fds", "open descriptors", "fds_range", "max − min {}"), ("threads", "threads", "threads_range", "max − min {}")),
+               (("loop_p99_ms", "loop turn p99 ms", "loop_p99_ms_per_hour", "slope {} ms/h"),
+                ("scrape_ms", "/metrics scrape ms", "scrape_ms_per_hour", "slope {} ms/h")))
+
+
+def soak_figure(result: dict[str, Any]) -> str:
+    samples = [r for r in result["rows"] if r.get("case") == "sample"]
+    disruptions = [r for r in result["rows"] if r.get("case") == "disruption"]
+    figures = next((r for r in result["rows"] if r.get("case") == "figures"), {})
+    warmup = float(figures.get("warmup_seconds", 0))
+    panel_h = 250.0
+    svg = Svg(880, 50 + panel_h * len(SOAK_PANELS), title="soak: the daemon's samples over a run of jobs of every kind")
+    svg.text(80, 24, f"soak bench ({result.get('when', '')}): {figures.get('minutes', '?')} min, "
+             f"{figures.get('jobs', '?')} jobs, {figures.get('segments', '?')} daemon lives", font_size=14,
+             font_weight="bold", class_="title")
+    x_top = nice_top(max((s["t"] for s in samples), default=1.0) / 60)
+    starts = [0.0] + [float(d["t"]) for d in disruptions]
+    for i, panel in enumerate(SOAK_PANELS):
+        values = [s[key] for key, *_ in panel for s in samples if s.get(key) is not None]
+        plot = Plot(svg, Box(80, 60 + panel_h * i, 500, panel_h - 80), (0.0, x_top), (0.0, nice_top(max(values, default=1.0))))
+        plot.axes("minutes since the start", " / ".join(label for _, label, *_ in panel))
+        for start in starts:
+            plot.span(start / 60, (start + warmup) / 60, "warm-up (not fitted)", "warmup", "#999999")
+        for n, (key, label, figure, how) in enumerate(panel):
+            by_life: dict[int, list[tuple[float, float]]] = {}
+            for s in samples:
+                if s.get(key) is not None:
+                    by_life.setdefault(s["segment"], []).append((s["t"] / 60, float(s[key])))
+            for life, pts in by_life.items():
+                plot.line(pts, f"{label} ({how.format(figures.get(figure, '?'))})", key, PALETTE[n],
+                          dashed=life != max(by_life))
+        top = plot.y_range[1]
+        plot.markers([(float(d["t"]) / 60, top) for d in disruptions], "daemon restarted (adopt) / reloaded", "disruption",
+                     PALETTE[3], titles=[f"{d['what']} at {d['t']} s ({d['seconds']} s)" for d in disruptions])
+        plot.legend_entries = list(dict.fromkeys(plot.legend_entries))  # one entry per series, not per life
+        plot.legend(x=plot.box.right + 15, y=plot.box.top)
+    return svg.render()
+
+
 FIGURES = {"goodput": goodput_figure, "recovery": recovery_figure, "checkpoint_stall": checkpoint_figure,
-           "scale": scale_figure}
+           "scale": scale_figure, "soak": soak_figure}
 
 
 def draw_all(results: Path = RESULTS) -> list[Path]:
