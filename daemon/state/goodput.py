@@ -298,12 +298,13 @@ class HostSeconds:
 
 
 def host_account(ledgers: Iterable[Ledger], gpus: int, quarantined: Iterable[tuple[float, float | None]],
-                 start: float, end: float) -> HostSeconds:
+                 start: float, end: float, held: HostSeconds | None = None) -> HostSeconds:
     """The host's GPU-seconds in [start, end]: each job's time while it held GPUs × its GPUs by cause
     (its unsettled time apart), the quarantined GPUs' time (each (since, until), None: still), and the
-    rest of the host's `gpus` × (end - start) idle. Idle time is what no job held, so it grows too."""
-    out = dict.fromkeys(HOST_CAUSES, 0.0)
-    unsettled = 0.0
+    rest of the host's `gpus` × (end - start) idle. Idle time is what no job held, so it grows too.
+    `held`: jobs' GPU-seconds summed already (jobs that ended, accounted once), added to `ledgers`'."""
+    out = dict(held.settled) if held is not None else dict.fromkeys(HOST_CAUSES, 0.0)
+    unsettled = held.unsettled if held is not None else 0.0
     for ledger in ledgers:
         for cause, seconds in ledger.between(start, end).items():
             if cause == UNSETTLED:

@@ -257,6 +257,13 @@ class JobsTable:
         rows = self._db.conn.execute(f"SELECT * FROM jobs WHERE {_ENDED_SQL} AND updated >= ?", (since,)).fetchall()
         return sorted((_job(r) for r in rows), key=lambda j: j.id)
 
+    def ended_times_since(self, since: float) -> list[tuple[int, float]]:
+        """(id, last change) of the jobs in a terminal state whose last change was at or after `since`,
+        read through the finished jobs' index (a terminal job's row changes no more)."""
+        rows = self._db.conn.execute(f"SELECT id, updated FROM jobs WHERE {_ENDED_SQL} AND updated >= ?",
+                                     (since,)).fetchall()
+        return [(int(r[0]), float(r[1])) for r in rows]
+
     def ended_ids_since(self, since: float) -> list[int]:
         """The ids of the jobs in a terminal state whose last change was at or after `since` (as
         `ended_since`, without reading their specs)."""

@@ -59,30 +59,40 @@ def job_ledger(store: Store, job: JobRow, attempts: list[AttemptRow], now: float
 
 class HostAccount:
     """The host's GPU-seconds by cause since `since` (the daemon's start): /metrics asks on every
-    scrape, from its own thread. A job that ended is accounted once and kept (its ledger no longer
-    changes); live ones are accounted afresh. A GPU released from quarantine keeps the quarantined
-    time it had (its span ends at the first scrape that sees it released), so no cause goes down."""
+    scrape, from its own thread. A job that ended is accounted once, into a running sum (its ledger no
+    longer changes), and only the jobs that ended since the last read are read: the account's memory
+    and each read's cost stay flat however many jobs the daemon has seen end (the soak found a dict
+    of every ended job's ledger, read back by id on every scrape, growing for the daemon's life).
+    Live ones are accounted afresh. A GPU released from quarantine keeps the quarantined time it had
+    (its span ends at the first scrape that sees it released), so no cause goes down."""
 
     def __init__(self, store: Store, since: float):
         self.store = store
         self.since = since
-        self._ended: dict[int, goodput.Ledger] = {}
+        self._ended = goodput.HostSeconds(dict.fromkeys(goodput.HOST_CAUSES, 0.0), 0.0)  # GPU-seconds of ended jobs
+        self._read_until = since                            # ended jobs changed before this are in `_ended`
+        self._read_at: set[int] = set()                     # … and those changed exactly at it
         self._quarantined: dict[int, float] = {}           # GPU → since, as last seen
         self._released: list[tuple[float, float]] = []     # (since, until) of quarantines since ended
 
     def gpu_seconds(self, gpus: int, now: float, live: dict[int, goodput.Ledger] | None = None) -> goodput.HostSeconds:
         """`live`: the live jobs' ledgers at `now` as a reader already computed them (job id →
         ledger; a scrape's job views), else read here. One that ended since counts once, ended."""
-        ended = self.store.jobs.ended_ids_since(self.since)
-        for job_id in ended:
-            if job_id not in self._ended:
-                job = self.store.jobs.get(job_id)
-                self._ended[job_id] = job_ledger(self.store, job, self.store.attempts.for_job(job_id), now)
+        ended = [(job_id, at) for job_id, at in self.store.jobs.ended_times_since(self._read_until)
+                 if not (at == self._read_until and job_id in self._read_at)]
+        if ended:
+            fresh = [job_ledger(self.store, self.store.jobs.get(job_id), self.store.attempts.for_job(job_id), now)
+                     for job_id, _at in ended]
+            self._ended = _add(self._ended, goodput.host_account(fresh, 0, (), self.since, now))
+            latest = max(at for _id, at in ended)
+            self._read_at = {job_id for job_id, at in ended if at == latest} | (
+                self._read_at if latest == self._read_until else set())
+            self._read_until = latest
         if live is None:
             live_ledgers = [job_ledger(self.store, job, self.store.attempts.for_job(job.id), now)
                             for job in self.store.jobs.live()]
         else:
-            gone = set(ended)
+            gone = {job_id for job_id, _at in ended}
             live_ledgers = [ledger for job_id, ledger in live.items() if job_id not in gone]
         quarantined = {gpu: since for gpu, (_uuid, _reason, since) in self.store.host.quarantined_gpus().items()}
         for gpu, since in self._quarantined.items():
@@ -90,4 +100,9 @@ class HostAccount:
                 self._released.append((since, now))
         self._quarantined = quarantined
         spans = [*self._released, *((since, None) for since in quarantined.values())]
-        return goodput.host_account([*self._ended.values(), *live_ledgers], gpus, spans, self.since, now)
+        jobs = goodput.host_account(live_ledgers, 0, (), self.since, now)
+        return goodput.host_account([], gpus, spans, self.since, now, held=_add(self._ended, jobs))
+
+
+def _add(a: goodput.HostSeconds, b: goodput.HostSeconds) -> goodput.HostSeconds:
+    return goodput.HostSeconds({c: a.settled[c] + b.settled[c] for c in a.settled}, a.unsettled + b.unsettled)

@@ -6,6 +6,7 @@ scripted (no processes), the clock is fake, waits are on events."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,11 @@ def keeper_for(jobs: list[JobRow], helpers: Helpers, clock: Clock, lost: list | 
 
 
 def answered(keeper: LeaseKeeper, until) -> None:
-    """Deliver the lanes' answers (as the keeper's thread does) until `until()` holds."""
-    for _ in range(int(WAIT * 10)):
+    """Deliver the lanes' answers (as the keeper's thread does) until `until()` holds, for up to WAIT
+    seconds (a deadline, not a count of wake-ups: each answer wakes the keeper, and a burst of them
+    used up a count of 100 in milliseconds under load before the awaited one came)."""
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
         keeper.lanes.deliver()
         if until():
             return

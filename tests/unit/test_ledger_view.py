@@ -115,3 +115,32 @@ def test_the_hosts_account_takes_the_live_ledgers_a_scrape_already_computed(stor
     store.jobs.transition(running, JobState.FAILED, "ended after the views", 405.0)
     ended = ledger_view.HostAccount(store, since=200.0).gpu_seconds(8, now=410.0)
     assert shared.gpu_seconds(8, now=410.0, live=ledgers).settled["startup"] == ended.settled["startup"]
+
+
+def test_the_hosts_account_of_ended_jobs_is_a_running_sum_reading_only_the_newly_ended(store, monkeypatch):
+    """The soak found the account holding every ended job's ledger for the daemon's life and reading
+    all their ids back on every scrape: now each ended job is read once, into a sum, and a read reads
+    only the jobs that ended since the last one (ties at the same instant included, none twice)."""
+    crashed_once(store)
+    account = ledger_view.HostAccount(store, since=200.0)
+    first = account.gpu_seconds(8, now=400.0)
+    reads: list[int] = []
+    real = store.attempts.for_job
+    monkeypatch.setattr(store.attempts, "for_job", lambda job_id: reads.append(job_id) or real(job_id))
+    assert account.gpu_seconds(8, now=400.0) == first and reads == []  # nothing ended since: nothing read
+    for n in range(3):  # three jobs end at the same instant
+        job = store.jobs.add(parse_spec(f"name: e{n}\nscript: /bin/true\n"), os.getuid(), "u", "/spool/e", 401.0)
+        store.jobs.transition(job, JobState.CANCELLED, "cancelled by u", 402.0)
+    account.gpu_seconds(8, now=403.0)
+    assert len(reads) == 3
+    account.gpu_seconds(8, now=404.0)
+    assert len(reads) == 3, "an ended job was read again"
+    for n in range(30):  # thirty more, one after another
+        job = store.jobs.add(parse_spec(f"name: f{n}\nscript: /bin/true\n"), os.getuid(), "u", "/spool/f", 403.0)
+        store.jobs.transition(job, JobState.CANCELLED, "cancelled by u", 403.0 + n / 100)
+    account.gpu_seconds(8, now=404.0)
+    assert len(reads) == 33
+    held = {k: len(v) for k, v in vars(account).items() if isinstance(v, dict | set | list)}
+    assert max(held.values()) < 10, f"the account keeps something per ended job: {held}"
+    assert account.gpu_seconds(8, now=404.0).settled == ledger_view.HostAccount(store, since=200.0).gpu_seconds(
+        8, now=404.0).settled  # the sum is what a fresh account computes
