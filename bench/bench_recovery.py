@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import Goal, write_result  # noqa: E402
-from process_tree import kill_tree  # noqa: E402
+from process_tree import kill_tree, live_environments  # noqa: E402
 
 from harness import EXAMPLES, Daemon, wait_for  # noqa: E402
 from spx.daemon.state.phases import ALL_PHASES  # noqa: E402
@@ -69,17 +69,7 @@ def first_step_after(path: Path, t: float) -> float | None:
 def rank_pid(tag: str, rank: int) -> int | None:
     """The worker of global rank `rank` whose environment carries `tag` (KEY=VALUE)."""
     want = {tag.encode(), f"RANK={rank}".encode(), f"LOCAL_RANK={rank}".encode()}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = set(Path(entry.path, "environ").read_bytes().split(b"\0"))
-            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if want <= env and state not in ("Z", "X"):
-            return int(entry.name)
-    return None
+    return next((pid for pid, env in live_environments() if want <= env), None)
 
 
 def wait_step(path: Path, since: float, steps: int) -> None:

@@ -64,6 +64,7 @@ from typing import Any
 
 import yaml
 from benchlib import Goal, write_result
+from process_tree import live_environments
 
 from spx.daemon.service import control
 
@@ -144,18 +145,7 @@ def descendants(pid: int) -> list[tuple[int, str]]:
 def tagged(names: set[str]) -> list[int]:
     """Live processes anywhere whose environment names one of these jobs (SPX_JOB)."""
     tags = {f"SPX_JOB={n}".encode() for n in names}
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = set(Path(entry.path, "environ").read_bytes().split(b"\0"))
-            state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if env & tags and state not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, env in live_environments() if env & tags]
 
 
 def turn_buckets(metrics_text: str) -> list[tuple[float, float]]:

@@ -337,8 +337,7 @@ def set_aside_wrong(job: JobRow, files: AttemptFiles, from_step: int, timeout: f
     moved = []
     for where in (files.checkpoint_dir, files.local_checkpoint_dir):
         if where is not None:
-            names = sorted(as_user.set_aside(user, str(where), 0.0, into, timeout, from_step))
-            moved += [f"{where}/{into}/{name}" for name in names]
+            moved += [f"{where}/{into}/{n}" for n in sorted(as_user.set_aside(user, str(where), 0.0, into, timeout, from_step))]
     if moved:
         log.warning("checkpoints_set_aside", job=job.name, attempt=None, moved=moved, why=f"a replay differs at step {from_step}")
     return moved
