@@ -138,6 +138,10 @@ class DaemonConfig(BaseModel):
         "series, spx_job_info's `owner` among them). /metrics has no authentication: any local user (anyone who can "
         "reach metrics_address) can read it, so job and owner names are visible to all of them. false drops every "
         "job and owner name from the scrape; GPU series stay."))
+    metrics_ended_jobs: int = Field(256, ge=0, le=10_000, description=(
+        "How many of the jobs that ended in the last 24 hours /metrics shows (the newest; each is ~34 series, and "
+        "SpxJobFailed reads their state): a scrape's time and the daemon's memory follow this, not the day's job "
+        "count. `spx ls` shows them all."))
     straggler_threshold_percent: float = Field(10.0, gt=0, le=1000, description=(
         "A rank whose own work per step (spx.trainer's per-rank timing, in its heartbeat) is at least this much "
         "above the median of the job's ranks is a straggler: `spx status`/`spx top` name it with its GPU's "

@@ -147,7 +147,7 @@ class Daemon:
         from spx.daemon.exporter.server import build_registry, serve
 
         self.backend.start_xid_watch(self._on_xid)  # before the thread starts: no XID goes unheard
-        registry = build_registry(self.backend, ScrapeJobs(self.views), daemon_version(), job_labels=self.cfg.metrics_job_labels,
+        registry = build_registry(self.backend, ScrapeJobs(functools.partial(self.views, jobviews.EndedViews(self.cfg.metrics_ended_jobs))), daemon_version(), job_labels=self.cfg.metrics_job_labels,
                                   quarantined=self.store.host.quarantined_gpus, drained=self.store.host.drained,
                                   housekeeping=[self.retention.samples, self.notifications.samples],
                                   host_account=HostAccount(self.store, time.time()), stragglers=self.stragglers,
@@ -191,9 +191,9 @@ class Daemon:
 
     # --- what readers see -----------------------------------------------------------------------
 
-    def views(self, now: float, ledgers: dict[int, Ledger]) -> list[JobView]:
-        """The exporter's jobs (its thread, once a scrape): the store, the pids the supervisor published."""
-        return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot().live_pids, now=now, ledgers=ledgers)
+    def views(self, kept: jobviews.EndedViews, now: float, ledgers: dict[int, Ledger]) -> list[JobView]:
+        """The exporter's jobs (its thread, once a scrape), with the pids the supervisor published."""
+        return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot().live_pids, now=now, ledgers=ledgers, kept=kept)
 
     def status_text(self) -> str:
         return format_status(self.store.jobs.live_states(), len(self.backend.devices()), self.supervisor.last_restart, time.time(),

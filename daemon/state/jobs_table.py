@@ -206,19 +206,20 @@ class JobsTable:
     def all(self) -> list[JobRow]:
         return [_job(r) for r in self._db.conn.execute("SELECT * FROM jobs ORDER BY id").fetchall()]
 
-    def current(self, finished_since: float) -> list[JobRow]:
+    def current(self, finished_since: float, ended_limit: int | None = None) -> list[JobRow]:
         """One job per name, the one `by_name` gives (the live one, else the newest finished),
-        without finished ones that ended before `finished_since`."""
+        without finished ones that ended before `finished_since`; of those, only the `ended_limit`
+        that ended last when it is set."""
         # The candidates (live jobs, jobs that ended since: two index reads), each kept if it is its
-        # name's `by_name` job (the `jobs_name` index): never a pass over the whole history.
-        rows = self._db.conn.execute(
-            f"SELECT * FROM jobs j WHERE j.id IN (SELECT id FROM jobs WHERE {_LIVE_SQL}"
-            f"  UNION ALL SELECT id FROM jobs WHERE {_ENDED_SQL} AND updated >= ?)"
-            f" AND j.id = (SELECT k.id FROM jobs k WHERE k.name = j.name ORDER BY (k.{_ENDED_SQL}), k.id DESC LIMIT 1)"
-            " ORDER BY j.id",
-            (finished_since,),
+        # name's `by_name` job (the `jobs_name` index): never a pass over the whole history. The
+        # ended ones are walked newest first along `jobs_ended`, so a limit stops the walk.
+        latest = f"j.id = (SELECT k.id FROM jobs k WHERE k.name = j.name ORDER BY (k.{_ENDED_SQL}), k.id DESC LIMIT 1)"
+        live = self._db.conn.execute(f"SELECT * FROM jobs j WHERE {_LIVE_SQL} AND {latest}").fetchall()
+        ended = self._db.conn.execute(
+            f"SELECT * FROM jobs j WHERE {_ENDED_SQL} AND updated >= ? AND {latest} ORDER BY updated DESC, id DESC LIMIT ?",
+            (finished_since, -1 if ended_limit is None else ended_limit),
         ).fetchall()
-        return [_job(r) for r in rows]
+        return sorted((_job(r) for r in [*live, *ended]), key=lambda j: j.id)
 
     def by_name(self, name: str) -> JobRow | None:
         """The live job of that name, else the most recent finished one."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,18 +95,58 @@ RECENT_SECONDS = 24 * 3600.0
 Scope = Literal["live", "recent", "all"]
 
 
+class EndedViews:
+    """The views of ended jobs, kept between one scrape and the next: an ended job's view no longer
+    changes (its attempts, its settled ledger, its last beat), and each scrape showed every one of them
+    afresh — the soak's scrape time followed the day's job count (bench/bench_soak.py). Keyed by the
+    row's state and reason too, so a job changed after its end is built again. Holds only what the
+    last read showed; the exporter's scrapes may run on two threads at once. `limit`: how many ended
+    jobs a read shows, the newest (config `metrics_ended_jobs`); None, all of the last day's."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._kept: dict[int, tuple[tuple[str, str | None], JobView]] = {}
+        self.built = 0  # views built rather than found (the tests count them)
+
+    def views(self, rows: list[JobRow], build: Callable[[JobRow], JobView]) -> list[JobView]:
+        with self._lock:
+            kept = dict(self._kept)
+        fresh: dict[int, tuple[tuple[str, str | None], JobView]] = {}
+        shown = []
+        for job in rows:
+            if not job.state.terminal:
+                shown.append(build(job))
+                continue
+            key = (job.state.value, job.reason)
+            found = kept.get(job.id)
+            if found is None or found[0] != key:
+                found = (key, build(job))
+                self.built += 1
+            fresh[job.id] = found
+            shown.append(found[1])
+        with self._lock:
+            self._kept = fresh
+        return shown
+
+
 def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int]]] | None = None,
               scope: Scope = "recent", now: float | None = None,
-              ledgers: dict[int, goodput.Ledger] | None = None) -> list[JobView]:
+              ledgers: dict[int, goodput.Ledger] | None = None, kept: EndedViews | None = None) -> list[JobView]:
     """Views of the live jobs ("live"), plus each name's latest job that finished in the last
     RECENT_SECONDS ("recent"), or of every job ever submitted ("all"); each ledger at `now`, and the
-    live jobs' in `ledgers` (see `job_view`)."""
+    live jobs' in `ledgers` (see `job_view`). With `kept`, "recent" shows only the `kept.limit` that
+    ended last, and an ended job's view is taken from the last read's when it showed the same job."""
     live_pids = pids() if pids else {}
     now = time.time() if now is None else now
     if scope == "live":
         rows = store.jobs.live()
     elif scope == "recent":
-        rows = store.jobs.current(finished_since=now - RECENT_SECONDS)
+        rows = store.jobs.current(finished_since=now - RECENT_SECONDS, ended_limit=kept.limit if kept else None)
     else:
         rows = store.jobs.all()
-    return [job_view(store, j, run_dir, live_pids, now=now, ledgers=ledgers) for j in rows]
+
+    def build(job: JobRow) -> JobView:
+        return job_view(store, job, run_dir, live_pids, now=now, ledgers=ledgers)
+
+    return kept.views(rows, build) if kept is not None else [build(j) for j in rows]

@@ -47,6 +47,7 @@ def test_the_reads_of_every_turn_and_scrape_never_scan_the_jobs_table(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     history(store, random.Random(1), 300)
     for name, read in {"live": store.jobs.live, "current": lambda: store.jobs.current(100.0),
+                       "current_limited": lambda: store.jobs.current(100.0, ended_limit=20),
                        "ended_ids_since": lambda: store.jobs.ended_ids_since(100.0),
                        "ended_since": lambda: store.jobs.ended_since(100.0),
                        "active_since": lambda: store.jobs.active_since(100.0)}.items():
@@ -70,6 +71,13 @@ def test_current_is_each_names_by_name_job_unless_it_ended_before_the_cutoff(tmp
                     "SELECT updated FROM jobs WHERE id = ?", (job.id,)).fetchone()[0] >= cutoff):
                 expected.append(job.id)
         assert [j.id for j in store.jobs.current(cutoff)] == sorted(expected)
+        # With a limit: every live one, and of the ended ones the newest by their end (ties by id).
+        ended = sorted((i for i in expected if store.jobs.get(i).state.terminal),
+                       key=lambda i: store.db.conn.execute("SELECT updated, id FROM jobs WHERE id = ?", (i,)).fetchone(),
+                       reverse=True)
+        for limit in (0, 1, 7, len(ended) + 3):
+            kept = [i for i in expected if not store.jobs.get(i).state.terminal] + ended[:limit]
+            assert [j.id for j in store.jobs.current(cutoff, ended_limit=limit)] == sorted(kept)
     assert [j.id for j in store.jobs.live()] == [j.id for j in sorted(
         (j for j in every if not j.state.terminal), key=lambda j: (-j.priority, j.submitted, j.id))]
 
@@ -128,5 +136,34 @@ def test_a_queued_jobs_view_costs_two_statements(tmp_path):
     views = jobviews.all_views(store, tmp_path / "run", now=100.0)
     store.db.conn.set_trace_callback(None)
     assert len(views) == 25 and all(v.restarts_by_reason == {} for v in views)
-    assert len(statements) == 1 + 2 * 25, statements[:8]
+    assert len(statements) == 2 + 2 * 25, statements[:8]  # the live jobs, the ended ones, then 2 per view
+    store.close()
+
+
+def test_a_scrape_shows_the_newest_ended_jobs_up_to_its_limit_and_builds_each_once(tmp_path):
+    """/metrics shows every live job and the `metrics_ended_jobs` that ended last; an ended job's view
+    is built at the first scrape that shows it and found at the next ones (it no longer changes), built
+    again if its row changed, and let go once it is no longer shown."""
+    from spx.daemon.state import jobviews
+
+    store = Store(tmp_path / "s.sqlite")
+    live = store.jobs.add(spec("live"), 0, "root", "/x/live", 0.0)
+    ended = []
+    for i in range(10):
+        job = store.jobs.add(spec(f"e{i}"), 0, "root", f"/x/{i}", float(i))
+        store.jobs.transition(job, JobState.STARTING, None, float(i))
+        store.jobs.transition(job, JobState.SUCCEEDED, "done", 1000.0 + i)
+        ended.append(job)
+    kept = jobviews.EndedViews(limit=4)
+
+    def shown() -> list[str]:
+        return [v.name for v in jobviews.all_views(store, tmp_path / "run", now=2000.0, kept=kept)]
+
+    assert shown() == ["live", "e6", "e7", "e8", "e9"] and kept.built == 4
+    assert shown() == ["live", "e6", "e7", "e8", "e9"] and kept.built == 4  # found, not built
+    store.jobs.transition(live, JobState.CANCELLED, "cancelled by root", 1500.0)  # ends last: e6 drops out
+    assert shown() == ["live", "e7", "e8", "e9"] and kept.built == 5
+    assert set(kept._kept) == {live, *ended[7:]}
+    every = ["live"] + [f"e{i}" for i in range(10)]  # `spx ls`: no limit
+    assert [v.name for v in jobviews.all_views(store, tmp_path / "run", now=2000.0)] == every
     store.close()
