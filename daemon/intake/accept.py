@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import pwd
 import queue
 import time
 from pathlib import Path
 
-from spx.daemon.contract.checkpoint_layout import fsync_dir
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Lanes, Outcome
 from spx.daemon.core.log import get_logger
 from spx.daemon.core.spec import JobSpec, SpecError, parse_spec
+from spx.daemon.intake import accepted_copy
 from spx.daemon.intake.access import ACCESS_CHECK_TIMEOUT_SECONDS, access_problem
 from spx.daemon.intake.claim_queue import ClaimQueue
 from spx.daemon.intake.dependencies import dependency_problem
@@ -137,13 +136,7 @@ class Intake:
         problem = dependency_problem(self.store, spec, acc.owner_uid, self.cfg.admin_group)
         if problem:
             return Rejected(acc.name, problem, acc.owner_uid)
-        copy = self.jobs_dir / f"{spec.name}.{acc.owner_uid}.{time.time_ns()}.yaml"
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(acc.text)
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_dir(self.jobs_dir)
+        copy = accepted_copy.keep(self.jobs_dir, spec.name, acc.owner_uid, acc.text)
         self.claimer.remove(acc.name)
         self._record(spec, acc.owner_uid, acc.owner, copy, acc.name)
         return None

@@ -35,7 +35,7 @@ import yaml
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
 from spx.daemon.core.spec import JobSpec
-from spx.daemon.intake import job_record
+from spx.daemon.intake import accepted_copy, job_record
 from spx.daemon.intake.accept import Intake
 from spx.daemon.intake.access import access_problem
 from spx.daemon.intake.adopt_scan import Found, Refused, scan
@@ -177,13 +177,9 @@ class Adopter:
             return {**base, "result": "known", "detail": f"already here as job {known.id} ({known.state.value})"}
         # Kept as intake keeps a spool file (root-only state dir), under a name intake's recovery of
         # unrecorded spool copies does not take.
-        copy = self.intake.jobs_dir / f"{rec.name}.{found.owner_uid}.{time.time_ns()}.adopted"
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"# adopted from {found.dir}/.spx/job.yaml (uid {rec.uid}, written by {rec.host})\n")
-            f.write(yaml.safe_dump(spec.model_dump(mode="json", by_alias=True), sort_keys=False))
-            f.flush()
-            os.fsync(f.fileno())
+        text = (f"# adopted from {found.dir}/.spx/job.yaml (uid {rec.uid}, written by {rec.host})\n"
+                + yaml.safe_dump(spec.model_dump(mode="json", by_alias=True), sort_keys=False))
+        copy = accepted_copy.keep(self.intake.jobs_dir, rec.name, found.owner_uid, text, suffix="adopted")
         try:
             job_id = self.store.jobs.add(spec, found.owner_uid, found.owner, str(copy), time.time(), uid=rec.uid,
                                         submitted=rec.submitted, event=f"adopted from {found.dir} (ran on {rec.host})")

@@ -13,7 +13,6 @@ restarted daemon starts counting again, which at worst delays a replay by N chec
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import yaml
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.log import get_logger
 from spx.daemon.core.spec import parse_spec
+from spx.daemon.intake import accepted_copy
 from spx.daemon.intake.replay_file import free_name, replay_doc
 from spx.daemon.run import attempt_files
 from spx.daemon.state.jobs_table import JobRow
@@ -93,13 +93,7 @@ class AutoVerify:
             return
         text = yaml.safe_dump(replay_doc(name, job.spec, seen.covered, gpus or None, LOWEST_PRIORITY), sort_keys=False)
         spec = parse_spec(text)
-        # Kept as intake keeps an accepted file (its recovery re-records a copy the store lacks).
-        copy = self.jobs_dir / f"{name}.{job.owner_uid}.{time.time_ns()}.yaml"
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        copy = accepted_copy.keep(self.jobs_dir, name, job.owner_uid, text)  # as intake keeps a spool file
         self.store.jobs.add(spec, job.owner_uid, job.owner, str(copy), time.time(),
                             event=f"a periodic replay of {job.name} (verify.every_checkpoints: "
                                   f"{job.spec.verify.every_checkpoints if job.spec.verify else '?'})")

@@ -47,7 +47,7 @@ ALLOWED: dict[str, str] = {
     "intake/spool.py": "claims by the spool's dir fd (O_NOFOLLOW|O_NONBLOCK, fstat); rejected/ through fsafe",
     "intake/accept.py": "state_dir/jobs: root-only (state_dir is 0700)",
     "intake/adopt.py": "state_dir/jobs: root-only (state_dir is 0700); the volume is walked by adopt_scan via fsafe",
-    "run/auto_verify.py": "state_dir/jobs: root-only (state_dir is 0700): the accepted copy of a periodic replay",
+    "intake/accepted_copy.py": "state_dir/jobs: root-only (state_dir is 0700): the copy each job row names",
     "run/retention_files.py": "removes a finished job's root-owned dirs by the fd of log_dir (renamed by dir fd "
                               "under attempt_files.LOG_DIRS, only when its .job-id marker names the job), "
                               "state_dir/jobs (root-only) and spool/rejected/ (root's, checked by fstat)",
