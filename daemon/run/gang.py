@@ -110,7 +110,7 @@ def beat(cfg: DaemonConfig, job: JobRow, ckpt_dir: str, generation: int, step: i
     """While this host's share runs in `generation`: say so; the generation now and every host's line."""
     answer = as_user.run(as_user.owner(job.owner_uid), "gang_beat",
                          {**me(cfg).args(time.time()), "dir": ckpt_dir, "gen": generation, "step": step},
-                         CALL_TIMEOUT_SECONDS)
+                         CALL_TIMEOUT_SECONDS, session=True)  # once a second: a kept child, not a process each
     hosts = [h for h in answer.get("hosts") or [] if isinstance(h, dict)]
     return turn_of(answer.get("current"), time.time()), [host_line(h) for h in hosts[:64]]
 

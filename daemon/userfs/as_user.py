@@ -3,7 +3,8 @@ for that user, with that user's groups — never by root guessing from mode bits
 walking a tree the user can rearrange under it.
 
 `run(user, action, args, timeout)` starts `python -I -m spx.daemon.userfs.user_actions` (the daemon's
-own interpreter, in its own session, in `/`, with a fixed environment); the child imports all it
+own interpreter, in its own session, in `/`, with a fixed environment; with `session=True`, a kept
+child of as_user_session answers instead of a new one); the child imports all it
 needs while still root — the interpreter may live where the user cannot read (a pyenv under /root) —
 then `become`s the owner: supplementary groups (`os.getgrouplist`), gid, uid, all three ids, before
 it touches a single user path. The request goes in on stdin, one JSON document comes back on stdout. A child
@@ -26,6 +27,7 @@ from typing import Any
 
 from spx.daemon.core import bounded
 from spx.daemon.userfs import user_actions
+from spx.daemon.userfs.as_user_session import Sessions
 from spx.daemon.userfs.fsafe import UserPathError
 from spx.daemon.userfs.identity import become
 
@@ -38,6 +40,7 @@ MAX_REPLY_BYTES = 1 << 20
 # user is needed. Checkpoint discovery opens files (a FIFO would block) and always gets a process.
 IN_PROCESS = frozenset({"access", "mkdirs"})
 DEFAULT_TIMEOUT_SECONDS = 10.0
+SESSIONS = Sessions(SAFE_ENV)
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,11 @@ def owner(uid: int) -> Owner:
     return Owner(pw.pw_uid, pw.pw_gid, pw.pw_name, pw.pw_dir, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)))
 
 
-def run(user: Owner, action: str, args: dict[str, Any], timeout: float = DEFAULT_TIMEOUT_SECONDS) -> Any:
+def run(user: Owner, action: str, args: dict[str, Any], timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        session: bool = False) -> Any:
     """The result of `action` (see user_actions.ACTIONS) run as `user`; UserPathError on timeout, on
-    a failed start, or when the action itself failed."""
+    a failed start, or when the action itself failed. `session`: in a kept child (as_user_session),
+    for what a job does every second."""
     ids = user.to_json()
     if ids is None and action in IN_PROCESS:
         # Nobody to become (the owner is the daemon's own user, root's own job): the answer is the
@@ -78,6 +83,9 @@ def run(user: Owner, action: str, args: dict[str, Any], timeout: float = DEFAULT
             return json.loads(json.dumps(user_actions.ACTIONS[action](args)))
         except Exception as e:
             raise UserPathError(errno.EIO, f"{action} as {user.name} failed: {type(e).__name__}: {e}") from e
+    if session:
+        line = SESSIONS.call(ids, user.name, action, json.dumps({"action": action, "args": args}).encode(), timeout)
+        return _result(line, action, user)
     request = json.dumps({"action": action, "args": args, "as": ids}).encode()
     try:
         proc = subprocess.Popen(
@@ -104,6 +112,10 @@ def run(user: Owner, action: str, args: dict[str, Any], timeout: float = DEFAULT
     if not out.lstrip().startswith(b"{"):  # no answer: the child's last words say why
         tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
         raise UserPathError(errno.EIO, f"{action} as {user.name} failed: {tail[0]}")
+    return _result(out, action, user)
+
+
+def _result(out: bytes, action: str, user: Owner) -> Any:
     try:
         # What the child read in the user's tree comes back in it: through core.bounded, so no number
         # or nesting there reaches the daemon unbounded.

@@ -1,6 +1,11 @@
 """The child side of `as_user`: one small action, run as the job's owner, answered as JSON.
 
     python -I -m spx.daemon.userfs.user_actions   < {"action": ..., "args": {...}}   (as_user.run runs it)
+    python -I -m spx.daemon.userfs.user_actions --serve   (a session: as_user_session keeps it)
+
+A session reads {"as": ...} first, becomes that user, then answers one request per line, one JSON
+line each, until its stdin closes: a job's once-a-second work (the generation beat across hosts)
+costs a line on a pipe, not a process start.
 
 It starts as root (the interpreter may be unreadable to the user), imports everything, then becomes
 the owner — uid, gid and supplementary groups — before reading the request's paths, so `os.access`,
@@ -183,16 +188,41 @@ ACTIONS = {"mkdirs": _mkdirs, "access": _access, "find_latest": _find_latest, "s
            "post_webhook": webhook.post}
 
 
+def _answer(req: dict[str, Any]) -> tuple[bool, str]:
+    try:
+        return True, json.dumps({"ok": True, "result": ACTIONS[req["action"]](req["args"])})
+    except Exception as e:  # the parent turns this into UserPathError with the text
+        return False, json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"})
+
+
+def serve() -> int:
+    """A session: become the first line's user once, then one answer line per request line."""
+    become(json.loads(sys.stdin.readline(1 << 16)).get("as"))
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+        except ValueError as e:
+            return _say(json.dumps({"ok": False, "error": f"ValueError: {e}"}), 1)
+        sys.stdout.write(_answer(req)[1] + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def _say(text: str, code: int) -> int:
+    sys.stdout.write(text)
+    return code
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--serve"]:
+        return serve()
     try:
         req = json.loads(sys.stdin.read(1 << 20))
         become(req.get("as"))
-        result = ACTIONS[req["action"]](req["args"])
-    except Exception as e:  # the parent turns this into UserPathError with the text
-        sys.stdout.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}))
-        return 1
-    sys.stdout.write(json.dumps({"ok": True, "result": result}))
-    return 0
+    except Exception as e:
+        return _say(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}), 1)
+    ok, text = _answer(req)
+    return _say(text, 0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ from accounts import uid_without_account
 from hostile import probe
 from hostile.users import hostile_users, run_as
 
+from harness import wait_for
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.spec import parse_spec
 from spx.daemon.run import attempt_files
 from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.states import JobState
-from spx.daemon.userfs import as_user
+from spx.daemon.userfs import as_user, as_user_session
 from spx.daemon.userfs.fsafe import UserPathError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates users and acts as them")
@@ -102,6 +103,86 @@ def test_checkpoint_discovery_skips_a_fifo_and_a_slow_one_times_out(users, world
     # Whatever still blocks (a hung mount) costs the timeout, not the daemon: the helper is killed.
     with pytest.raises(UserPathError, match="longer than"):
         as_user.find_latest(as_user.owner(owner.pw_uid), str(ckpt), None, 0.001)
+
+
+@pytest.fixture
+def sessions():
+    """The daemon's kept sessions, closed at the test's end (no process or thread outlives it)."""
+    yield as_user.SESSIONS
+    as_user.SESSIONS.close()
+
+
+def _session_pids() -> list[int]:
+    with as_user.SESSIONS._lock:
+        return [s.proc.pid for spare in as_user.SESSIONS._idle.values() for s in spare]
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
+def _uid_of(pid: int) -> int:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("Uid:"))
+    return int(line.split()[1])
+
+
+def test_a_session_answers_every_call_in_one_process_of_the_owner(users, world, sessions):
+    """The every-second work (a job's generation beat) costs a line on a pipe: twenty calls, one child,
+    running as the owner, the same answers as a one-shot child's."""
+    owner, victim, _group = users
+    me = as_user.owner(owner.pw_uid)
+    private = Path(victim.pw_dir) / "private"
+    private.mkdir(exist_ok=True)
+    args = {"checks": [{"path": str(world), "what": "enter-dir"}, {"path": str(private), "what": "enter-dir"}]}
+    one_shot = as_user.run(me, "access", args, 10.0)
+    assert one_shot[0] is None and "Permission denied" in one_shot[1]
+    before = as_user.SESSIONS.started
+    answers = [as_user.run(me, "access", args, 10.0, session=True) for _ in range(20)]
+    assert answers == [one_shot] * 20
+    assert as_user.SESSIONS.started == before + 1
+    (pid,) = [p for p in _session_pids() if _uid_of(p) == owner.pw_uid]
+    with pytest.raises(UserPathError, match="KeyError"):  # an action's failure is an answer, not the session's end
+        as_user.run(me, "no-such-action", {}, 10.0, session=True)
+    assert as_user.SESSIONS.started == before + 1 and pid in _session_pids()
+
+
+def test_a_session_the_owner_stops_costs_one_timeout_and_one_they_kill_is_replaced(users, world, sessions):
+    owner, _victim, _group = users
+    me = as_user.owner(owner.pw_uid)
+    args = {"checks": [{"path": str(world), "what": "enter-dir"}]}
+    as_user.run(me, "access", args, 10.0, session=True)
+    (pid,) = [p for p in _session_pids() if _uid_of(p) == owner.pw_uid]
+    assert run_as(owner, ["kill", "-STOP", str(pid)]).returncode == 0  # the owner can: it is theirs
+    t0 = time.monotonic()
+    with pytest.raises(UserPathError, match="longer than 1 s"):
+        as_user.run(me, "access", args, 1.0, session=True)
+    assert time.monotonic() - t0 < 3
+    wait_for(lambda: not Path(f'/proc/{pid}').exists(), 5, 'the session gone')  # killed with its group, not kept
+    assert as_user.run(me, "access", args, 10.0, session=True) == [None]  # a fresh one
+    (pid,) = [p for p in _session_pids() if _uid_of(p) == owner.pw_uid]
+    assert run_as(owner, ["kill", "-KILL", str(pid)]).returncode == 0
+    wait_for(lambda: _ended(pid), 5, "the session dead (a zombie until the pool looks at it)")
+    started = as_user.SESSIONS.started
+    assert as_user.run(me, "access", args, 10.0, session=True) == [None]  # a dead one is not taken
+    assert as_user.SESSIONS.started == started + 1
+
+
+def test_an_idle_session_is_closed_and_its_process_ends(users, world):
+    owner, _victim, _group = users
+    clock = [100.0]
+    kept = as_user_session.Sessions(as_user.SAFE_ENV, clock=lambda: clock[0])
+    me = as_user.owner(owner.pw_uid)
+    request = b'{"action": "access", "args": {"checks": []}}'
+    assert kept.call(me.to_json(), me.name, "access", request, 10.0) == b'{"ok": true, "result": []}'
+    pids = [s.proc.pid for spare in kept._idle.values() for s in spare]
+    assert kept.sweep() == 1  # used just now: kept
+    clock[0] += as_user_session.IDLE_SECONDS
+    assert kept.sweep() == 0
+    wait_for(lambda: not Path(f'/proc/{pids[0]}').exists(), 5, 'the session gone')
+    kept.close()  # its sweeper thread ends
 
 
 # --- attempt_files -------------------------------------------------------------------------------
