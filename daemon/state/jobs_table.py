@@ -7,7 +7,6 @@ Only intake adds jobs; only the run package changes their state afterwards, thro
 
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
 import uuid
@@ -59,20 +58,10 @@ class JobRow:
     held: str | None = None  # who holds it queued (`spx hold`), None when not held
 
 
-# Specs parsed and kept: a job's stored spec never changes after intake, and every read of the live
-# jobs (the scheduler's, each `spx ls`, each scrape) would otherwise validate each one again — most of
-# the cost of reading a thousand queued jobs (bench/bench_scale.py). Enough for the live jobs and the
-# last day's ended ones of a busy host; a reader of more (`spx ls --all`) parses as it always did.
-SPECS_KEPT = 2048
-
-
-@functools.lru_cache(maxsize=SPECS_KEPT)
-def _stored_spec(job_id: int, raw: str) -> tuple[JobSpec, str | None]:
-    """The accepted spec of job `job_id`, re-validated by this version, once per (job, text): a
-    JobSpec is frozen, so one parsed copy is shared by every reader. A row that no longer validates
-    must not make every read raise (the daemon would crash-loop at start on one job): it is returned
-    unvalidated with the problem, and the run package ends such a job with that reason
-    (`run/invalid_specs.py`)."""
+def _parse_stored(raw: str) -> tuple[JobSpec, str | None]:
+    """The accepted spec, re-validated by this version. A row that no longer validates must not make
+    every read raise (the daemon would crash-loop at start on one job): it is returned unvalidated
+    with the problem, and the run package ends such a job with that reason (`run/invalid_specs.py`)."""
     try:
         return JobSpec.model_validate_json(raw), None
     except ValidationError as e:
@@ -80,12 +69,40 @@ def _stored_spec(job_id: int, raw: str) -> tuple[JobSpec, str | None]:
         return JobSpec.model_construct(**json.loads(raw)), problem
 
 
-def _job(row: sqlite3.Row) -> JobRow:
-    spec, spec_problem = _stored_spec(row["id"], row["spec_json"])
+class LiveSpecs:
+    """The live jobs' parsed specs, kept while they are live: a stored spec never changes after
+    intake, and the scheduler, every `spx ls` and every scrape read the live jobs — validating each
+    again was most of the cost of reading a thousand queued jobs (bench/bench_scale.py). A JobSpec is
+    frozen, so one parsed copy is shared by every reader. Only live jobs: an ended job's spec is read
+    now and then (~20 µs to parse), and a cache of every job read (an LRU of 2,048) filled at one
+    entry (~5 KiB) per job the daemon saw, for its life or the cap — the soak's RSS growth
+    (bench/bench_soak.py). Keyed by the text too: a rewritten row (an upgrade's) is parsed anew."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[str, tuple[JobSpec, str | None]]] = {}
+
+    def parsed(self, job_id: int, raw: str, live: bool) -> tuple[JobSpec, str | None]:
+        found = self._kept.get(job_id)
+        if found is not None and found[0] == raw:
+            return found[1]
+        parsed = _parse_stored(raw)
+        if live:
+            self._kept[job_id] = (raw, parsed)
+        return parsed
+
+    def keep_only(self, live_ids: set[int]) -> None:
+        """Let go of the jobs no longer live (every read of all live jobs says which are)."""
+        if len(self._kept) > len(live_ids):
+            self._kept = {i: v for i, v in self._kept.items() if i in live_ids}
+
+
+def _job(row: sqlite3.Row, specs: LiveSpecs) -> JobRow:
+    state = JobState(row["state"])
+    spec, spec_problem = specs.parsed(row["id"], row["spec_json"], not state.terminal)
     return JobRow(
         id=row["id"],
         name=row["name"],
-        state=JobState(row["state"]),
+        state=state,
         reason=row["reason"],
         owner_uid=row["owner_uid"],
         owner=row["owner"],
@@ -131,6 +148,7 @@ class JobsTable:
 
     def __init__(self, db: Database):
         self._db = db
+        self._specs = LiveSpecs()
 
     # --- writes -----------------------------------------------------------------------------------
 
@@ -185,13 +203,15 @@ class JobsTable:
     # --- reads ------------------------------------------------------------------------------------
 
     def get(self, job_id: int) -> JobRow:
-        return _job(self._db.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
+        return _job(self._db.conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone(), self._specs)
 
     def live(self) -> list[JobRow]:
         """The jobs not finished (`LIVE`), in the queue's order: from the `jobs_live` index, however
         many finished jobs the store keeps."""
         rows = self._db.conn.execute(f"SELECT * FROM jobs WHERE {_LIVE_SQL} ORDER BY priority DESC, submitted, id").fetchall()
-        return [_job(r) for r in rows]
+        jobs = [_job(r, self._specs) for r in rows]
+        self._specs.keep_only({j.id for j in jobs})
+        return jobs
 
     def live_states(self) -> list[tuple[str, list[int]]]:
         """Each live job's state and GPUs, in one statement reading no spec: what the STATUS line
@@ -204,7 +224,7 @@ class JobsTable:
         return [j for j in self.live() if j.spec_problem is not None]
 
     def all(self) -> list[JobRow]:
-        return [_job(r) for r in self._db.conn.execute("SELECT * FROM jobs ORDER BY id").fetchall()]
+        return [_job(r, self._specs) for r in self._db.conn.execute("SELECT * FROM jobs ORDER BY id").fetchall()]
 
     def current(self, finished_since: float, ended_limit: int | None = None) -> list[JobRow]:
         """One job per name, the one `by_name` gives (the live one, else the newest finished),
@@ -219,7 +239,7 @@ class JobsTable:
             f"SELECT * FROM jobs j WHERE {_ENDED_SQL} AND updated >= ? AND {latest} ORDER BY updated DESC, id DESC LIMIT ?",
             (finished_since, -1 if ended_limit is None else ended_limit),
         ).fetchall()
-        return sorted((_job(r) for r in [*live, *ended]), key=lambda j: j.id)
+        return sorted((_job(r, self._specs) for r in [*live, *ended]), key=lambda j: j.id)
 
     def by_name(self, name: str) -> JobRow | None:
         """The live job of that name, else the most recent finished one."""
@@ -227,12 +247,12 @@ class JobsTable:
             f"SELECT * FROM jobs WHERE name = ? ORDER BY (state IN ({_TERMINAL_SQL})), id DESC LIMIT 1",
             (name,),
         ).fetchone()
-        return _job(row) if row else None
+        return _job(row, self._specs) if row else None
 
     def by_uid(self, uid: str) -> JobRow | None:
         """The job with this identity (see `JobRow.uid`), whatever its state; None if unknown here."""
         row = self._db.conn.execute("SELECT * FROM jobs WHERE uid = ? ORDER BY id DESC LIMIT 1", (uid,)).fetchone()
-        return _job(row) if row else None
+        return _job(row, self._specs) if row else None
 
     def latest_named_before(self, name: str, before_id: int, owner_uid: int | None) -> JobRow | None:
         """The newest job called `name` submitted before job `before_id` (what `after:` names) of
@@ -242,7 +262,7 @@ class JobsTable:
             "SELECT * FROM jobs WHERE name = ? AND id < ? AND (? IS NULL OR owner_uid = ?) ORDER BY id DESC LIMIT 1",
             (name, before_id, owner_uid, owner_uid),
         ).fetchone()
-        return _job(row) if row else None
+        return _job(row, self._specs) if row else None
 
     def active_since(self, since: float) -> list[JobRow]:
         """Jobs that are live, or whose last change was at or after `since` (wall clock), oldest first:
@@ -250,13 +270,13 @@ class JobsTable:
         rows = self._db.conn.execute(
             f"SELECT * FROM jobs WHERE {_LIVE_SQL} UNION ALL SELECT * FROM jobs WHERE {_ENDED_SQL} AND updated >= ?",
             (since,)).fetchall()
-        return sorted((_job(r) for r in rows), key=lambda j: j.id)
+        return sorted((_job(r, self._specs) for r in rows), key=lambda j: j.id)
 
     def ended_since(self, since: float) -> list[JobRow]:
         """Jobs in a terminal state whose last change was at or after `since` (wall clock)."""
         # Sorted here: an ORDER BY id makes SQLite scan the table in id order rather than read `jobs_ended`.
         rows = self._db.conn.execute(f"SELECT * FROM jobs WHERE {_ENDED_SQL} AND updated >= ?", (since,)).fetchall()
-        return sorted((_job(r) for r in rows), key=lambda j: j.id)
+        return sorted((_job(r, self._specs) for r in rows), key=lambda j: j.id)
 
     def ended_times_since(self, since: float) -> list[tuple[int, float]]:
         """(id, last change) of the jobs in a terminal state whose last change was at or after `since`,

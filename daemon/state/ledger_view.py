@@ -35,8 +35,9 @@ def facts(store: Store, job: JobRow, attempts: list[AttemptRow]) -> goodput.JobF
 # ledger stops at its end), and every `spx ls`, `spx status` and scrape shows the jobs that ended in
 # the last day — hundreds of ledgers recomputed per read on a busy host (bench/bench_scale.py). Job
 # ids are never reused in a store. Bounded: a reader of the whole history (`spx ls --all`) keeps
-# only the newest ENDED_KEPT.
-ENDED_KEPT = 4096
+# only the newest ENDED_KEPT — the scrape's ended jobs (metrics_ended_jobs, 256 by default, their
+# views kept anyway) and a busy day's `spx ls`; each is ~1.3 KiB, held for the daemon's life.
+ENDED_KEPT = 1024
 _ended: weakref.WeakKeyDictionary[Store, dict[int, goodput.Ledger]] = weakref.WeakKeyDictionary()
 _ended_lock = threading.Lock()
 
