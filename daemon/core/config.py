@@ -182,7 +182,9 @@ class DaemonConfig(BaseModel):
         "Start each torchrun/DeepSpeed attempt's launcher ahead, with its modules imported: the next attempt's while "
         "the current one trains (about one Python process with torch imported per job, no CUDA), a first attempt's "
         "while its checkpoint is looked for. It becomes the attempt's launcher when the attempt starts, so a "
-        "relaunch skips the launcher's start-up. false: every attempt starts cold."))
+        "relaunch skips the launcher's start-up. Each costs its memory (~230 MiB with torch): `spx status NAME` shows "
+        "it, /metrics has spx_job_standby_memory_bytes per job and spx_standby_memory_bytes for the host. false "
+        "(hosts short of RAM): every attempt starts cold, and that memory stays free."))
     user_work: UserWork = Field(default_factory=UserWork, description=(
         "Lanes for work done on users' behalf off the main loop: {slots_per_owner: 4, slots_total: 32, "
         "standby_handoff_seconds: 30}."))

@@ -15,7 +15,7 @@ JOB_FAMILIES = [
     "spx_job_info", "spx_job_state", "spx_job_restarts_total", "spx_job_step", "spx_job_samples_per_second",
     "spx_job_last_checkpoint_timestamp_seconds", "spx_job_gpus", "spx_job_attempts",
     "spx_job_node_rank", "spx_job_generation", "spx_job_rank_step_seconds", "spx_job_straggler",
-    "spx_job_seconds_total", "spx_job_unsettled_seconds",
+    "spx_job_seconds_total", "spx_job_unsettled_seconds", "spx_job_standby_memory_bytes",
 ]
 
 
@@ -60,4 +60,6 @@ class JobCollector:
                 for cause, seconds in view.ledger["seconds"].items():
                     fam.add("spx_job_seconds_total", {**job, "cause": cause}, seconds)
                 fam.add("spx_job_unsettled_seconds", job, view.ledger["unsettled_seconds"])
+            if view.standby_memory_bytes is not None:
+                fam.add("spx_job_standby_memory_bytes", job, view.standby_memory_bytes)
         return fam.metrics(), True

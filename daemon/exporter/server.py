@@ -116,7 +116,7 @@ def build_registry(
     if drained is not None:  # the daemon's store (spx_queue_drained); not the standalone exporter
         parts["queue"] = QueueCollector(drained)
     if host_account is not None:  # the daemon's store (spx_host_gpu_seconds_total); not the standalone exporter
-        parts["host"] = HostCollector(backend, host_account,
+        parts["host"] = HostCollector(backend, host_account, shared.views,
                                       live=shared.live_ledgers if isinstance(jobs, ScrapeJobs) else None)
     if housekeeping is not None:  # the daemon's retention and notifications; not the standalone exporter
         parts["housekeeping"] = HousekeepingCollector(housekeeping)

@@ -171,6 +171,10 @@ class Executor:
     def live_pids(self, names: dict[int, str]) -> dict[str, list[int]]:
         return self.runtime.live_pids(names)
 
+    def standby_pids(self) -> dict[int, tuple[int, ...]]:
+        """job → its standby's monitor and relay (what its view reads the standby's memory from)."""
+        return dict(self.standbys.processes())
+
     def gang_hosts(self, job_id: int) -> list[dict] | None:
         return self.gang.hosts.get(job_id)
 

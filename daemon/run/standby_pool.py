@@ -124,6 +124,10 @@ class StandbyPool:
         for job_id in list(self.standbys):
             self.discard(job_id)
 
+    def processes(self) -> dict[int, tuple[int, ...]]:
+        """job → its standby's monitor and log relay, the processes the daemon started for it."""
+        return {job_id: (r.pid, r.monitor.relay.pid) for job_id, r in list(self.standbys.items())}
+
     def children(self) -> set[int]:
         return {p.pid for ready in list(self.standbys.values()) for p in (ready.monitor.proc, ready.monitor.relay)}
 

@@ -65,6 +65,7 @@ class Effects(Protocol):
     def child_pids(self) -> set[int]: ...
     def attempt_cgroups(self) -> set[Path]: ...
     def live_pids(self, names: dict[int, str]) -> dict[str, list[int]]: ...
+    def standby_pids(self) -> dict[int, tuple[int, ...]]: ...
     def gang_hosts(self, job_id: int) -> list[dict] | None: ...
 
 
@@ -138,7 +139,7 @@ class Supervisor:
             self.turns.guarded(job, observe)
         pids = self.executor.live_pids({j: job.name for j, job in self.jobs.items()})
         self._snapshot = snapshot.take(self.records, pids, {j: self.executor.gang_hosts(j) for j in self.records},
-                                       self.last_restart)
+                                       self.last_restart, self.executor.standby_pids())
 
     # --- requests --------------------------------------------------------------------------------------
 

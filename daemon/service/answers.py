@@ -59,7 +59,7 @@ class Answers:
         return getattr(self, op.replace("-", "_"))(name, uid)
 
     def ls(self, _name: str | None, uid: int, scope: jobviews.Scope = "recent") -> dict:
-        views = self.stragglers.annotate(jobviews.all_views(self.store, self.cfg.run_dir, self.snapshot().live_pids,
+        views = self.stragglers.annotate(jobviews.all_views(self.store, self.cfg.run_dir, self.snapshot,
                                                             scope=scope))
         admin = is_admin(uid, self.cfg.admin_group)
         return {"ok": True, "result": [v.to_json() for v in views if admin or v.owner_uid == uid]}
@@ -87,7 +87,7 @@ class Answers:
         tracked = snap.job(job.id)
         hosts = [dict(line) for line in tracked.gang_hosts] if tracked and tracked.gang_hosts is not None else None
         view = self.stragglers.view(jobviews.job_view(self.store, job, self.cfg.run_dir, snap.live_pids(),
-                                                      with_history=True, gang_hosts=hosts))
+                                                      with_history=True, gang_hosts=hosts, standbys=snap.standby_pids()))
         return {"ok": True, "result": view.to_json(with_history=True)}
 
     def replay_spec(self, name: str | None, uid: int, arg: str | None) -> dict:

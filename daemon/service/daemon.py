@@ -192,8 +192,8 @@ class Daemon:
     # --- what readers see -----------------------------------------------------------------------
 
     def views(self, kept: jobviews.EndedViews, now: float, ledgers: dict[int, Ledger]) -> list[JobView]:
-        """The exporter's jobs (its thread, once a scrape), with the pids the supervisor published."""
-        return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot().live_pids, now=now, ledgers=ledgers, kept=kept)
+        """The exporter's jobs (its thread, once a scrape), with the pids and standbys the supervisor published."""
+        return jobviews.all_views(self.store, self.cfg.run_dir, self.supervisor.snapshot, now=now, ledgers=ledgers, kept=kept)
 
     def status_text(self) -> str:
         return format_status(self.store.jobs.live_states(), len(self.backend.devices()), self.supervisor.last_restart, time.time(),

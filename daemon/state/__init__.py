@@ -9,8 +9,9 @@
     transactions, StoreUnavailable/StoreRefused) ← fault_points (the tests' kill-at-a-write hook);
     schema (every table and column, numbered migrations, `PRAGMA user_version`) · integrity (is the
     store whole and ours) · backup (scheduled online backups) · views (snapshot types) ← jobviews
-    (store + heartbeats → views), node_view (a job's share on this host, across hosts), phases (the
-    names of a restart's phases), accounting (what each job used: elapsed, GPU-hours, peak memory;
+    (store + heartbeats → views) ← standby_memory (what a job's standby holds now, from /proc),
+    node_view (a job's share on this host, across hosts), phases (the names of a restart's phases),
+    accounting (what each job used: elapsed, GPU-hours, peak memory;
     `spx history`), incident_views (a job's incidents with their recovery: `spx incidents`) · goodput
     (the pure ledger: a job's every second by cause, the host's GPU-seconds) ← ledger_view (the
     store's facts → ledgers) ← attempt_progress (an attempt's progress record from its heartbeats)

@@ -7,9 +7,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
-from spx.daemon.state import goodput, ledger_view
+from spx.daemon.state import goodput, ledger_view, standby_memory
 from spx.daemon.state import phases as timeline
 from spx.daemon.state.attempts_table import restarts_by_reason
 from spx.daemon.state.jobs_table import JobRow
@@ -24,12 +24,22 @@ def heartbeat_path(run_dir: Path, job: JobRow) -> Path:
     return run_dir / "jobs" / f"{job.id}-{job.name}" / "heartbeat.json"
 
 
+class Seen(Protocol):
+    """The processes the supervisor last published (run/snapshot.py's `Snapshot`): each job's
+    attempt's, by name, and its standby's, by id."""
+
+    def live_pids(self) -> dict[str, list[int]]: ...
+    def standby_pids(self) -> dict[int, list[int]]: ...
+
+
 def job_view(
     store: Store, job: JobRow, run_dir: Path, pids: dict[str, list[int]] | None = None, with_history: bool = False,
     gang_hosts: list[dict] | None = None, now: float | None = None, ledgers: dict[int, goodput.Ledger] | None = None,
+    standbys: dict[int, list[int]] | None = None,
 ) -> JobView:
     """`gang_hosts`: for a job across hosts, every host's line as the supervisor last read it. The
-    goodput ledger is at `now` (default: the wall clock); a live job's is also put in `ledgers`."""
+    goodput ledger is at `now` (default: the wall clock); a live job's is also put in `ledgers`.
+    `standbys`: each job's standby processes by job id, whose memory is read now (state/standby_memory.py)."""
     attempts = store.attempts.for_job(job.id)
     # Through userfs: the file is the user's, and this runs for every `spx ls` and scrape — a FIFO,
     # a link to a root-only file, a huge file or garbage there is "no heartbeat" with the reason,
@@ -73,6 +83,7 @@ def job_view(
         priority=job.priority,
         restarts_by_reason=restarts_by_reason(attempts),
         pids=list((pids or {}).get(job.name, [])),
+        standby_memory_bytes=standby_memory.tree_bytes((standbys or {}).get(job.id, ())),
         staging=job.staging,
         history=history,
         job_id=job.id,
@@ -130,14 +141,16 @@ class EndedViews:
         return shown
 
 
-def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int]]] | None = None,
+def all_views(store: Store, run_dir: Path, seen: Callable[[], Seen] | None = None,
               scope: Scope = "recent", now: float | None = None,
               ledgers: dict[int, goodput.Ledger] | None = None, kept: EndedViews | None = None) -> list[JobView]:
     """Views of the live jobs ("live"), plus each name's latest job that finished in the last
     RECENT_SECONDS ("recent"), or of every job ever submitted ("all"); each ledger at `now`, and the
     live jobs' in `ledgers` (see `job_view`). With `kept`, "recent" shows only the `kept.limit` that
-    ended last, and an ended job's view is taken from the last read's when it showed the same job."""
-    live_pids = pids() if pids else {}
+    ended last, and an ended job's view is taken from the last read's when it showed the same job.
+    `seen`: the supervisor's last snapshot (its jobs' pids and standbys)."""
+    snap = seen() if seen else None
+    live_pids, standbys = (snap.live_pids(), snap.standby_pids()) if snap else ({}, {})
     now = time.time() if now is None else now
     if scope == "live":
         rows = store.jobs.live()
@@ -147,6 +160,6 @@ def all_views(store: Store, run_dir: Path, pids: Callable[[], dict[str, list[int
         rows = store.jobs.all()
 
     def build(job: JobRow) -> JobView:
-        return job_view(store, job, run_dir, live_pids, now=now, ledgers=ledgers)
+        return job_view(store, job, run_dir, live_pids, now=now, ledgers=ledgers, standbys=standbys)
 
     return kept.views(rows, build) if kept is not None else [build(j) for j in rows]

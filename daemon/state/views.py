@@ -66,6 +66,9 @@ class JobView:
     priority: int = 0
     restarts_by_reason: dict[str, int] = field(default_factory=dict)
     pids: list[int] = field(default_factory=list)
+    # What its standby (the next attempt's launcher, started ahead: config `launch_standby`) holds in
+    # memory now, its processes' summed Pss in bytes (state/standby_memory.py); None without one.
+    standby_memory_bytes: int | None = None
     staging: str | None = None
     history: list[AttemptView] = field(default_factory=list)
     # The store's id: tells apart the jobs of a reused name (`spx ls --all`, `spx logs --job-id`).

@@ -191,6 +191,12 @@ def processes() -> list[g.Panel]:
                 [g.query(f"max by (gpu, pid, spx_job) (spx_gpu_process_memory_used_bytes{{{GPU}}})", table=True)],
                 transformations=g.merged(columns, [], ["gpu", "pid", "spx_job", "Memory used"]),
                 overrides=[g.unit_override("Memory used", "bytes")], no_value="No compute processes", h=7),
+        g.timeseries("Standby launchers' memory", "Host memory held by the jobs' standbys: each torchrun/DeepSpeed "
+                     "job's next launcher, started ahead with torch imported (config launch_standby; "
+                     "`spx status NAME` shows each job's). launch_standby: false gives it back; relaunches then "
+                     "start cold.",
+                     [g.query(f"max by (instance) (spx_standby_memory_bytes{{{HOST}}})", "{{instance}}")],
+                     unit="bytes", min_=0, w=24, h=6),
     ]
 
 

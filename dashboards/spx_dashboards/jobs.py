@@ -141,6 +141,11 @@ def resources() -> list[g.Panel]:
         g.timeseries("GPU power", "Power drawn by the GPUs each job holds.",
                      [g.query(f"sum by (spx_job) (spx_gpu_power_watts{{{JOB_GPUS}}})", "{{spx_job}}")],
                      unit="watt", min_=0, w=6),
+        g.timeseries("Standby launcher memory", "Host memory held by each job's standby: its next attempt's "
+                     "launcher, started ahead with torch imported so a relaunch skips that start-up (config "
+                     "launch_standby; the host's total is on the Host GPUs dashboard).",
+                     [g.query(f"sum by (spx_job) (spx_job_standby_memory_bytes{{{JOB}}})", "{{spx_job}}")],
+                     unit="bytes", min_=0, w=24, h=6),
     ]
 
 

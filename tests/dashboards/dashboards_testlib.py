@@ -38,6 +38,7 @@ CONTRACT_METRICS = frozenset({
     "spx_job_attempts", "spx_job_rank_step_seconds", "spx_job_straggler", "spx_scrape_duration_seconds",
     "spx_scrape_success", "spx_nvml_errors_total", "spx_build_info", "spx_job_seconds_total",
     "spx_job_unsettled_seconds", "spx_host_gpu_seconds_total", "spx_host_unsettled_gpu_seconds",
+    "spx_job_standby_memory_bytes", "spx_standby_memory_bytes",
 })
 PROMETHEUS_METRICS = frozenset({"up"})  # written by Prometheus itself for every target
 BUILTIN_VARIABLES = frozenset({"__rate_interval", "__interval", "__range", "__interval_ms", "__range_s"})

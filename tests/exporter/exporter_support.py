@@ -26,7 +26,7 @@ def job_view(name: str = "train-a", state: str = "running", gpus: list[int] | No
         name=name, state=state, reason=None, owner_uid=1000, owner="alice", attempts=2, step=1200, epoch=1,
         samples_per_second=812.5, last_checkpoint_step=1000, last_checkpoint_time=1_718_000_000.0,
         gpus=[0, 1] if gpus is None else gpus, submitted=1_717_990_000.0,
-        restarts_by_reason={"crash": 1}, pids=pids or [],
+        restarts_by_reason={"crash": 1}, pids=pids or [], standby_memory_bytes=230 * 2**20,
         ledger=account(JobFacts(submitted=1_717_990_000.0, gpus=2, allocated=1_717_990_010.0, attempts=(
             AttemptFacts(start=1_717_990_012.0, end=1_717_990_500.0, reason_class="crash", backoff=10.0,
                          phases={"placed": 1_717_990_010.0, "spawn": 1_717_990_012.0,

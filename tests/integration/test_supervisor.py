@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,7 @@ def test_kill9_of_one_worker_takes_the_group_down_and_the_job_resumes(daemon):
     daemon.drop("k.yaml", ddp_job("kill-worker", "--steps", "60", "--checkpoint-every", "5", "--sleep-per-step", "0.2"))
     wait_for(lambda: (daemon.job("kill-worker") or {}).get("step") and daemon.job("kill-worker")["step"] >= 12,
              240, "training progress")
+    assert_the_standby_is_shown(daemon, "kill-worker")
     victims = worker_pids("kill-worker")
     assert len(victims) == 2
     attempt1 = job_pids("kill-worker", attempt_tag(victims[0]))
@@ -85,6 +88,24 @@ def test_kill9_of_one_worker_takes_the_group_down_and_the_job_resumes(daemon):
     assert [r["phase"] for r in relaunch] == list(ALL_PHASES), relaunch
     times = [r["time"] for r in relaunch]
     assert times == sorted(times), relaunch
+
+
+def assert_the_standby_is_shown(daemon: Daemon, name: str) -> None:
+    """The next attempt's launcher, started during this one with torch imported: what it holds is in
+    `spx status` (--json and the text) and /metrics, the job's gauge and the host's."""
+    def torch_imported() -> int | None:
+        held = daemon.status(name).get("standby_memory_bytes")
+        return held if held is not None and held > 64 * 2**20 else None
+
+    held = wait_for(torch_imported, 120, "the standby's memory with torch imported")
+    print(f"{name}: standby holds {held / 2**20:.0f} MiB (Pss)")
+    assert re.search(r"^  standby: next attempt's launcher ready, \d+ MiB \(launch_standby\)$",
+                     daemon.spx("status", name).stdout, re.M)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics_port}/metrics", timeout=30).read().decode()
+    job = re.search(rf'^spx_job_standby_memory_bytes{{spx_job="{name}"}} (\S+)$', text, re.M)
+    host = re.search(r"^spx_standby_memory_bytes (\S+)$", text, re.M)
+    assert job is not None and float(job[1]) > 64 * 2**20, text[-2000:]
+    assert host is not None and host[1] == job[1], "the host's sum, from the scrape's one read of the views"
 
 
 def test_setsid_grandchild_ignoring_sigterm_is_gone_after_cancel(daemon, tmp_path):

@@ -50,6 +50,7 @@ class ScriptedExecutor:
         self.later: list[tuple[int, Observation]] = []
         self.forgotten: list[int] = []
         self.pids: dict[int, list[int]] = {}
+        self.standbys: dict[int, tuple[int, ...]] = {}
         self.store_error: str | None = None
         self.last_restart = None
         self.turns = 0
@@ -95,6 +96,9 @@ class ScriptedExecutor:
 
     def live_pids(self, names):
         return {names[j]: p for j, p in self.pids.items() if j in names}
+
+    def standby_pids(self):
+        return dict(self.standbys)
 
     def gang_hosts(self, job_id):
         return None
@@ -267,12 +271,14 @@ def test_the_snapshot_is_published_each_turn_and_cannot_be_changed(world):
     job = add(store, "seen")
     launched(sup, executor, job, clock)
     executor.pids[job.id] = [4242, 4243]
+    executor.standbys[job.id] = (4250, 4251)
     sup.tick()
     snap = sup.snapshot()
     summary = snap.job(job.id)
     assert summary is not None and (summary.name, summary.phase, summary.attempt, summary.pids) == (
         "seen", Phase.RUNNING, 1, (4242, 4243))
     assert snap.live_pids() == {"seen": [4242, 4243]}
+    assert summary.standby_pids == (4250, 4251) and snap.standby_pids() == {job.id: [4250, 4251]}
     with pytest.raises(FrozenInstanceError):
         summary.phase = Phase.DONE  # type: ignore[misc]
     executor.seen[job.id] = [LauncherExited(0, None), AllGone()]

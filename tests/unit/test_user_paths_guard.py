@@ -65,6 +65,7 @@ ALLOWED: dict[str, str] = {
                             "cgroupfs subtree, as bpf(2)'s attach target",
     "run/proctree.py": "/proc",
     "run/rank_cpu.py": "/proc (a rank's environ and schedstat)",
+    "state/standby_memory.py": "/proc (smaps_rollup and children of the standbys, the daemon's own children)",
     "run/oom.py": "/dev/kmsg",
     "gpu/kernel_log.py": "/dev/kmsg (a test's own file in tests)",
     "gpu/fake_sim.py": "the fake fixture's simulated kernel log: a file the fixture (a test) names",
