@@ -14,7 +14,7 @@ from dataclasses import replace
 from spx.daemon.contract.worker_env import Divergence
 from spx.daemon.core.causes import StopCause
 from spx.daemon.lifecycle import across_hosts
-from spx.daemon.lifecycle.actions import Action, DumpStacks, Log, Note, RecordStop, SignalTerm, StartStandby
+from spx.daemon.lifecycle.actions import DumpStacks, Log, Note, RecordStop, SignalTerm, StartStandby
 from spx.daemon.lifecycle.moves import Result, term, to, with_attempt
 from spx.daemon.lifecycle.observations import ActivitySeen, HeartbeatSeen, Tick
 from spx.daemon.lifecycle.record import Phase, TrackedJob
@@ -83,14 +83,23 @@ def heartbeat(s: TrackedJob, obs: HeartbeatSeen, now: float) -> Result:
                    Note(f"diverged at step {sampled.step}: {sampled.describe()}; SIGTERM, "
                         f"{s.limits.grace_seconds:.0f} s grace"),
                    SignalTerm()]
-    actions: list[Action] = []
-    if (s.phase is Phase.RUNNING and s.limits.standby and s.limits.restart.max_restarts > 0
-            and not a.standby_asked):
+    s = replace(s, attempt=a, hang=hang)
+    if _standby_due(s):
         # running: the attempt trained a step (its own beat, not the last attempt's still in the
         # file), so the next attempt's launcher starts now, never slowing this one's start.
-        a = replace(a, standby_asked=True)
-        actions.append(StartStandby(s.number + 1))
-    return replace(s, attempt=a, hang=hang), actions
+        return with_attempt(s, standby_asked=True), [StartStandby(s.number + 1)]
+    return s, []
+
+
+# A script that writes no heartbeat never says it trained a step: its next launcher starts once the
+# attempt has lived this long and shows work (a GPU computing, its log growing) — past a launcher's
+# and its workers' start-up on most hosts, so the standby's imports do not slow this attempt's start.
+STANDBY_WITHOUT_HEARTBEAT_SECONDS = 20.0
+
+
+def _standby_due(s: TrackedJob) -> bool:
+    return (s.phase is Phase.RUNNING and s.limits.standby and s.limits.restart.max_restarts > 0
+            and not s.attempt.standby_asked)
 
 
 DAEMON_NON_FINITE = "non-finite, in its heartbeat"
@@ -109,8 +118,15 @@ def _non_finite(obs: HeartbeatSeen) -> Divergence | None:
 def activity(s: TrackedJob, obs: ActivitySeen, now: float) -> Result:
     # running, no heartbeat progress: GPUs computing or the log growing restart the idle clock
     # (it starts at the first look after the spawn).
-    if obs.active or s.attempt.last_activity is None:
-        return with_attempt(s, last_activity=now), []
+    a = s.attempt
+    if not obs.active and a.last_activity is not None:
+        return s, []
+    s = with_attempt(s, last_activity=now)
+    if (obs.active and a.beat_status is None and a.started is not None
+            and now - a.started >= STANDBY_WITHOUT_HEARTBEAT_SECONDS and _standby_due(s)):
+        # running, no beat at all so far (a plain torchrun script): its next launcher starts now,
+        # as a heartbeat writer's does at its first step.
+        return with_attempt(s, standby_asked=True), [StartStandby(s.number + 1)]
     return s, []
 
 

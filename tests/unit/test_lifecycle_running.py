@@ -12,6 +12,7 @@ from spx.daemon.lifecycle.actions import (
     DumpStacks,
     FinishAttempt,
     RecordStop,
+    StartStandby,
 )
 from spx.daemon.lifecycle.machine import advance
 from spx.daemon.lifecycle.observations import (
@@ -26,6 +27,7 @@ from spx.daemon.lifecycle.running import (
     AUTO_HANG_CEILING_SECONDS,
     AUTO_HANG_FLOOR_SECONDS,
     FINISHED_EXIT_SECONDS,
+    STANDBY_WITHOUT_HEARTBEAT_SECONDS,
     hang_timeout,
 )
 from spx.daemon.state.states import JobState
@@ -145,3 +147,30 @@ def test_activity_keeps_a_job_without_heartbeat_alive_and_a_heartbeat_takes_over
     assert s.phase is Phase.RUNNING, "with heartbeat progress the step clock rules (30 s from 100), not activity"
     s, actions = advance(s, Tick(), 131.0)
     assert s.phase is Phase.DUMPING
+
+
+def test_a_heartbeat_writers_first_beat_asks_for_the_next_launcher_once():
+    s = running(limits=replace(LIMITS, standby=True))
+    s, actions = advance(s, HeartbeatSeen(1, WALL0 + 5, "running"), 5.0)
+    assert StartStandby(2) in actions and s.attempt.standby_asked
+    s, actions = advance(s, HeartbeatSeen(2, WALL0 + 6, "running"), 6.0)
+    assert not any(isinstance(a, StartStandby) for a in actions)
+    s, actions = advance(running(limits=LIMITS), HeartbeatSeen(1, WALL0 + 5, "running"), 5.0)
+    assert not any(isinstance(a, StartStandby) for a in actions), "a launcher without a standby (config, python)"
+
+
+def test_a_script_without_a_heartbeat_gets_its_next_launcher_once_it_lived_and_worked_a_while():
+    """A plain torchrun script never says it trained a step: its standby starts once the attempt has
+    run STANDBY_WITHOUT_HEARTBEAT_SECONDS and shows work, not during its start-up, and only once."""
+    s = running(limits=replace(LIMITS, standby=True))
+    early = STANDBY_WITHOUT_HEARTBEAT_SECONDS - 1
+    s, actions = advance(s, ActivitySeen(True), early)
+    assert actions == [] and not s.attempt.standby_asked, "still starting up"
+    s, actions = advance(s, ActivitySeen(False), STANDBY_WITHOUT_HEARTBEAT_SECONDS + 1)
+    assert actions == [], "no sign of work in this look"
+    s, actions = advance(s, ActivitySeen(True), STANDBY_WITHOUT_HEARTBEAT_SECONDS + 5)
+    assert actions == [StartStandby(2)] and s.attempt.standby_asked
+    s, actions = advance(s, ActivitySeen(True), STANDBY_WITHOUT_HEARTBEAT_SECONDS + 10)
+    assert actions == []
+    s, actions = advance(running(limits=LIMITS), ActivitySeen(True), STANDBY_WITHOUT_HEARTBEAT_SECONDS + 5)
+    assert actions == [], "a launcher without a standby (config, python)"
