@@ -16,10 +16,17 @@ instant, read the same way:
   as its delta from the kill (median of K). The next attempt's launcher is a standby, started
   ahead with torch imported (daemon/run/standby.py);
 - the same relaunch by a daemon with `launch_standby: false` (every launcher starts cold), for
-  what the standby saves.
+  what the standby saves;
+- a plain script (`--plain`, on by default; bench/plain_ddp.py: a DDP loop on torch alone, no
+  spx.trainer, no heartbeat — what most people bring), whose "first step" is the time its rank 0
+  appends to a file after its first optimizer step: bare torchrun's cold start, and spx's relaunch
+  (kill → first step, rank 1 `kill -9`'d once the attempt has run long enough for its next
+  launcher's standby: a script without a heartbeat gets it after 20 s of work), with and without
+  the standby, each on a daemon of its own with `healthy_seconds: 15` (an attempt without a heartbeat
+  counts as progress once it lived that long; by default three kills within 600 s are a crash loop).
 
 Goals (ratios of this run): spx cold start ≤ 1.05× bare torchrun's; kill → first step ≤ 1.05× the spx
-cold start. Writes bench/results/recovery.json (bench/benchlib.py).
+cold start; for the plain script, spx's kill → first step ≤ 1.0× bare torchrun's cold start. Writes bench/results/recovery.json (bench/benchlib.py).
 """
 
 from __future__ import annotations
@@ -47,7 +54,10 @@ from spx.daemon.state.phases import ALL_PHASES  # noqa: E402
 PY = sys.executable
 SCRIPT_ARGS = ["--batch_size", "4", "--model-size", "tiny", "--seed", "7", "--checkpoint-every", "10",
                "--sleep-per-step", "0.1"]
+PLAIN = Path(__file__).resolve().parent / "plain_ddp.py"
 KILL_AFTER_STEPS = 12      # past the first checkpoint of an attempt (every 10 steps)
+PLAIN_STANDBY_AFTER = 20.0  # lifecycle/running.py STANDBY_WITHOUT_HEARTBEAT_SECONDS
+PLAIN_HEALTHY_SECONDS = 15.0  # each plain attempt lives ~23 s before its kill
 RECOVERY_TIMEOUT = 60.0    # a kill not followed by a first step within this is a miss
 
 
@@ -191,6 +201,72 @@ def spx_relaunch(d: Daemon, kills: int, name: str = "relaunch") -> tuple[list[fl
     return recover, phases
 
 
+# --- a plain script (no heartbeat) --------------------------------------------------------------------------
+
+
+def first_step_in(path: Path, after: float) -> float | None:
+    """The newest first-step time bench/plain_ddp.py appended to `path`, if it is after `after`."""
+    try:
+        times = [float(x) for x in path.read_text().split()]
+    except (OSError, ValueError):
+        return None
+    return max(times) if times and max(times) > after else None
+
+
+def plain_bare_cold(base: Path, i: int) -> float:
+    """bare torchrun launched → the plain script's first step."""
+    mark = base / f"plain-cold{i}.txt"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.time()
+    proc = subprocess.Popen([PY, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+                             "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0", str(PLAIN),
+                             "--first-step-file", str(mark)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return wait_for(lambda: first_step_in(mark, t0), 120, "plain first step", interval=0.02) - t0
+    finally:
+        kill_tree(proc)
+
+
+def plain_relaunch(d: Daemon, base: Path, kills: int, name: str) -> list[float]:
+    """kill → first step of the next attempt, each kill once the attempt has run past its standby's start."""
+    mark = base / f"{name}.txt"
+    d.drop(f"{name}.yaml", f"name: {name}\nlauncher: torchrun\nscript: {PLAIN}\npython: {PY}\n"
+                           f"args: [\"--first-step-file\", \"{mark}\"]\nprocs: 2\n"
+                           "restart: {backoff_seconds: [0, 1], max_restarts: 100}\n")
+    since, recover = 0.0, []
+    for _ in range(kills):
+        started = wait_for(lambda s=since: first_step_in(mark, s), 120, "plain first step", interval=0.05)
+        time.sleep(max(0.0, started + PLAIN_STANDBY_AFTER + 3.0 - time.time()))  # its standby is up by then
+        pid = rank_pid(f"SPX_JOB={name}", 1)
+        assert pid is not None, "rank 1 not found"
+        since = time.time()
+        os.kill(pid, signal.SIGKILL)
+        recover.append(wait_for(lambda s=since: first_step_in(mark, s), RECOVERY_TIMEOUT * 2, "plain relaunch",
+                                interval=0.02) - since)
+    d.spx("cancel", name)
+    d.wait_state(name, {"cancelled", "failed", "succeeded"}, 120)
+    return recover
+
+
+def plain_cases(base: Path, kills: int, colds: int) -> tuple[list[float], list[float], list[float]]:
+    """Bare torchrun's cold starts, then spx's relaunches with and without the standby. The daemons
+    count an attempt alive PLAIN_HEALTHY_SECONDS as progress: the script writes none the daemon could
+    see, and three kills within the default 600 s would end it as a crash loop."""
+    bare = [plain_bare_cold(base, i) for i in range(colds)]
+    relaunched = {}
+    for name, standby in (("plain", True), ("plain-no-standby", False)):
+        d = Daemon(base / f"spx-{name}", config={"healthy_seconds": PLAIN_HEALTHY_SECONDS, "launch_standby": standby})
+        d.start()
+        try:
+            relaunched[name] = plain_relaunch(d, base, kills, name)
+        finally:
+            d.stop()
+    return bare, relaunched["plain"], relaunched["plain-no-standby"]
+
+
 def med(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 2) if xs else None
 
@@ -200,6 +276,7 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=5, help="kills per restart figure (K)")
     ap.add_argument("--cold", type=int, default=3, help="cold starts per cold-start figure")
     ap.add_argument("--quick", action="store_true", help="2 kills, 1 cold start each")
+    ap.add_argument("--no-plain", dest="plain", action="store_false", help="leave out the plain script's case")
     a = ap.parse_args()
     kills, colds = (2, 1) if a.quick else (a.kills, a.cold)
     with tempfile.TemporaryDirectory(prefix="spx-bench-recovery-") as tmp:
@@ -221,6 +298,7 @@ def main() -> int:
             relaunch_cold, _ = spx_relaunch(d, kills, "relaunch-cold")
         finally:
             d.stop()
+        plain_bare, plain, plain_cold = plain_cases(base, kills, colds) if a.plain else ([], [], [])
     bare, cold = [b for b, _ in bare_runs], [c for c, _ in cold_runs]
     ok = [r for r in restarts if r is not None]
     bare_m, cold_m, relaunch_m = med(bare), med(cold), med(relaunch)
@@ -238,8 +316,20 @@ def main() -> int:
         {"case": "spx relaunch without a standby (launch_standby: false)", "median_s": med(relaunch_cold),
          "reached": f"{len(relaunch_cold)} of {kills}"},
     ]
+    if a.plain:
+        rows += [
+            {"case": "plain script: bare torchrun cold start (launch → first step)", "median_s": med(plain_bare),
+             "n": len(plain_bare), "runs_s": [round(x, 2) for x in plain_bare]},
+            {"case": "plain script: spx relaunch (kill → first step)", "median_s": med(plain),
+             "reached": f"{len(plain)} of {kills}", "runs_s": [round(x, 2) for x in plain]},
+            {"case": "plain script: spx relaunch without a standby", "median_s": med(plain_cold),
+             "reached": f"{len(plain_cold)} of {kills}", "runs_s": [round(x, 2) for x in plain_cold]},
+        ]
     goals = [Goal("spx cold start / bare torchrun cold start", round((cold_m or 0) / (bare_m or 1), 3), "<=", 1.05),
              Goal("spx kill → first step / spx cold start", round((relaunch_m or 0) / (cold_m or 1), 3), "<=", 1.05)]
+    if a.plain:
+        goals.append(Goal("plain script: spx kill → first step / bare torchrun cold start",
+                          round((med(plain) or 0) / (med(plain_bare) or 1), 3), "<=", 1.0))
     path = write_result("recovery", rows, goals)
     for r in rows:
         extra = r.get("reached") or (f"n={r['n']}" if "n" in r else "")

@@ -154,7 +154,9 @@ class DaemonConfig(BaseModel):
         "log dir, staging.log): unset, the owner alone (0600; never the owner's primary group, which on many "
         "hosts is everyone's `users`); set, this group's members too (0640 with this group). A name that is "
         "no group gives no one else access."))
-    healthy_seconds: float = Field(600.0, gt=0, description="An attempt alive this long resets the backoff.")
+    healthy_seconds: float = Field(600.0, gt=0, description=(
+        "An attempt alive this long resets the backoff; for a script that writes no heartbeat (no step the daemon "
+        "could see) it is also what counts as progress: three attempts in a row without progress are a crash loop."))
     log_max_bytes: int = Field(256 * 1024 * 1024, ge=4096, description=(
         "Cap on one attempt log file; past it the log rotates to attempt-N.log.1 (one kept), so an attempt's "
         "logs use at most twice this. Output that meets a full disk is dropped and counted in the log."))
