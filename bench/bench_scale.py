@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import Goal, write_result
+from process_tree import cpu_seconds
 from scale_seed import BLOCKER, RECENT, seed
 
 from spx.daemon.service import control
@@ -48,7 +48,6 @@ from spx.daemon.service import control
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import Daemon, wait_for  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 CONFIG = {"retention": {"finished_jobs_days": None}}
 SCRIPT = "import time\ntime.sleep(1e6)\n"
 
@@ -56,11 +55,6 @@ SCRIPT = "import time\ntime.sleep(1e6)\n"
 def quantile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))] if xs else float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def rss_mib(pid: int) -> float:

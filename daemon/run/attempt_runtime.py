@@ -6,7 +6,8 @@ pids seen. `AttemptRuntime` keeps them per job and turns what changed into obser
 heartbeat, activity, the launcher's exit, nothing left), and performs what touches the attempt's
 processes and log (signals, cgroup removal, notes, log lines with its pids). On the main loop's
 thread only; everything here is quick and never waits on a user (the heartbeat is read through
-userfs, non-blocking and capped; pids come from one scan of /proc per turn).
+userfs, non-blocking and capped, once a second and at the launcher's exit; every attempt's pids
+come from one scan of /proc every PIDS_EVERY_SECONDS).
 """
 
 from __future__ import annotations
@@ -33,10 +34,15 @@ from spx.daemon.run import attempt_files, cgroups, launcher, proctree, timeline
 from spx.daemon.run.attempt_files import AttemptFiles
 from spx.daemon.run.progress_log import ProgressLog
 from spx.daemon.state.jobs_table import JobRow
+from spx.daemon.userfs.heartbeat import HeartbeatFile
 
 log = get_logger()
 
 PIDS_EVERY_SECONDS = 2.0
+# How often a running attempt's heartbeat is read: a worker writes it about once a second (hang
+# detection's unit is seconds), the loop turns four times as often; on its launcher's exit it is read
+# at once, so the last beat before an exit is always seen before the exit is.
+HEARTBEAT_EVERY_SECONDS = 1.0
 ACTIVITY_EVERY_SECONDS = 5.0  # how often an attempt without heartbeat progress is looked at
 _WITH_PROCESSES = ("leftover_processes", "adopted_after_restart")
 
@@ -58,13 +64,19 @@ class AttemptHandles:
     cgroup: Path | None = None
     pids: list[int] = field(default_factory=list)
     seen_pids: set[int] = field(default_factory=set)  # every pid ever seen, for the OOM check
-    pids_checked: float = 0.0
+    beat_due: float = float("-inf")  # when its heartbeat is read next (HEARTBEAT_EVERY_SECONDS)
+    pids_looked: bool = False  # its pids were looked up once (then with every attempt's, see begin_turn)
     activity_checked: float = 0.0
     log_size: int | None = None
     exit_reported: bool = False
     standby_age: float | None = None  # seconds its launcher waited as a standby (None: launched cold)
     spawned_wall: float = 0.0  # when this daemon spawned it (0: adopted; any heartbeat is then its own)
     memory_peak: int | None = None  # its cgroup's memory.peak, read as the cgroup is removed (stored at its end)
+    heartbeat: HeartbeatFile | None = field(init=False, default=None)  # read each turn, parsed on change
+
+    def __post_init__(self) -> None:
+        if self.files is not None:
+            self.heartbeat = HeartbeatFile(self.files.heartbeat_file)
 
     @property
     def procs(self) -> proctree.AttemptProcesses:
@@ -109,10 +121,19 @@ class AttemptRuntime:
         self.gpu_computing = gpu_computing  # backend.computing: None means "cannot say" (busy)
         self.handles: dict[int, AttemptHandles] = {}
         self._index: dict[str, list[int]] | None = None  # this turn's tagged pids (proctree.tag_index)
+        self._pids_due = False  # this turn looks up every attempt's pids (once every PIDS_EVERY_SECONDS)
+        self._next_pids = 0.0
 
     def begin_turn(self) -> None:
-        """A new loop turn: the next pid lookup scans /proc afresh (once for all attempts)."""
+        """A new loop turn: the next pid lookup scans /proc afresh (once for all attempts). Every
+        attempt's pids are looked up in the same turn, every PIDS_EVERY_SECONDS: one scan serves
+        them all (each on its own schedule, 8 attempts made 8 scans of every process's environment
+        per period)."""
         self._index = None
+        now = self.clock()
+        self._pids_due = now >= self._next_pids
+        if self._pids_due:
+            self._next_pids = now + PIDS_EVERY_SECONDS
 
     def prepared(self, job: JobRow, number: int, files: AttemptFiles, found: dict) -> None:
         """Attempt `number`'s files are made and its checkpoint found: its handles (kept if a retried
@@ -159,15 +180,19 @@ class AttemptRuntime:
 
     def _observe_attempt(self, s: TrackedJob, h: AttemptHandles) -> list[Observation]:
         obs: list[Observation] = []
-        if h.files is not None:
-            beat = attempt_files.read_heartbeat(h.files.heartbeat_file)
+        now = self.clock()
+        ended = None if h.exit_reported else self._launcher_status(h)
+        if h.heartbeat is not None and (now >= h.beat_due or ended is not None or h.exit_reported):
+            h.beat_due = now + HEARTBEAT_EVERY_SECONDS
+            beat = h.heartbeat.read().beat
             if beat is not None:
-                obs.append(HeartbeatSeen(beat.step, beat.time, beat.status, beat.loss, beat.grad_norm, beat.diverged, beat.replay))
+                if beat.time != s.attempt.last_beat_time:  # the machine takes each beat once: the same is no news
+                    obs.append(HeartbeatSeen(beat.step, beat.time, beat.status, beat.loss, beat.grad_norm, beat.diverged,
+                                             beat.replay))
                 self.timeline.beat(s.job.id, h.row_id, beat)
                 self.progress.beat(s.job.id, h.row_id, beat)
-        now = self.clock()
-        if now - h.pids_checked >= PIDS_EVERY_SECONDS or h.exit_reported or h.proc is None:
-            h.pids_checked = now
+        if self._pids_due or not h.pids_looked or h.exit_reported or h.proc is None:
+            h.pids_looked = True
             if self._index is None:
                 self._index = proctree.tag_index()
             h.pids = h.procs.pids(self._index)
@@ -175,13 +200,11 @@ class AttemptRuntime:
         if (s.phase is Phase.RUNNING and s.attempt.last_progress is None and s.ledger.gpus and h.files is not None
                 and self.gpu_computing is not None and now - h.activity_checked >= ACTIVITY_EVERY_SECONDS):
             obs.append(self._activity(s, h, now))
-        if not h.exit_reported:
-            ended = self._launcher_status(h)
-            if ended is not None:
-                h.exit_reported = True
-                obs.append(ended)
-                self._timeline_exit(h)
-                h.pids = h.procs.pids()  # a fresh look (the turn's index may predate the exit): all gone now?
+        if ended is not None:
+            h.exit_reported = True
+            obs.append(ended)
+            self._timeline_exit(h)
+            h.pids = h.procs.pids()  # a fresh look (the turn's index may predate the exit): all gone now?
         if h.exit_reported and h.procs.gone(h.pids):
             obs.append(AllGone())
             self.timeline.phase(h.row_id, "group_dead")

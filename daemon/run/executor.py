@@ -47,6 +47,11 @@ from spx.daemon.state.store import Store
 
 # Each performer takes the action type its table entry names (the table is what guarantees it).
 Perform = Callable[[JobRow, TrackedJob, Any], object]
+# A running attempt with nothing new this turn (no beat, no exit, no answer) is told of time passing
+# this often rather than every turn: what a running attempt's Tick decides (a hang, a gang's beat) is
+# counted in seconds, and a Tick every turn for every running job was most of what they cost the loop.
+# Anything observed brings its Tick along at once, as does a store write waiting to be retried.
+RUNNING_TICK_SECONDS = 1.0
 
 
 class Executor:
@@ -59,6 +64,8 @@ class Executor:
                  quarantine: Callable[[int, str], None] | None = None):
         self.cfg = cfg
         self.cgroups = cgroup_tree
+        self.clock = clock
+        self._running_ticks: dict[int, float] = {}  # job → when its running attempt's next Tick is due
         self.timeline = timeline.Recorder(store, wall)  # per-attempt phase times (spx status --timeline)
         self.work = UserWork(lanes, clock)
         self.runtime = AttemptRuntime(cfg, self.timeline, clock, gpu_computing)
@@ -106,9 +113,15 @@ class Executor:
         return [*self.work.results(), *self.verifications.results()]
 
     def observe(self, job: JobRow, s: TrackedJob) -> list[Observation]:
-        """What changed for this job since the last turn, ending with a Tick."""
-        obs = self.staging.observe(job) if s.phase is Phase.STAGING else []
-        return [*obs, *self.runtime.observe(job, s), *self.work.observe(job.id), Tick()]
+        """What changed for this job since the last turn, ending with a Tick (for a running attempt
+        with nothing new, one every RUNNING_TICK_SECONDS)."""
+        staged = self.staging.observe(job) if s.phase is Phase.STAGING else []
+        obs = [*staged, *self.runtime.observe(job, s), *self.work.observe(job.id)]
+        now = self.clock()
+        if obs or s.phase is not Phase.RUNNING or s.pending or now >= self._running_ticks.get(job.id, now):
+            self._running_ticks[job.id] = now + RUNNING_TICK_SECONDS
+            obs.append(Tick())
+        return obs
 
     def perform(self, job: JobRow, s: TrackedJob, actions: list[act.Action]) -> list[Observation]:
         """Do `actions` in order (failures.in_order: no write after one the store refused); never raises."""
@@ -149,6 +162,7 @@ class Executor:
     def forget(self, job_id: int) -> None:
         """The supervisor is done with the job: everything held for it goes."""
         self.runtime.forget(job_id)
+        self._running_ticks.pop(job_id, None)
         self.timeline.forget(job_id)
         self.gang.forget(job_id)
         self.incidents.forget(job_id)

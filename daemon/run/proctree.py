@@ -34,11 +34,26 @@ def become_subreaper() -> bool:
         return False
 
 
-def _environ(pid: int) -> bytes:
+def _read_proc(path: str) -> bytes:
+    """A /proc file's content; b"" if it cannot be read (the process is gone, or hides it). Plain
+    os calls, no pathlib: the scans below read one file of every process on the host."""
     try:
-        return (_PROC / str(pid) / "environ").read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return b""
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _environ(pid: int) -> bytes:
+    return _read_proc(f"/proc/{pid}/environ")
 
 
 def _is_zombie(pid: int) -> bool:
@@ -66,7 +81,10 @@ def tag_index() -> dict[str, list[int]]:
         pid = int(entry.name)
         if pid == me:
             continue
-        tag = next((v for v in _environ(pid).split(b"\0") if v.startswith(prefix)), None)
+        env = _environ(pid)
+        if prefix not in env:  # most processes of a host are no attempt's: no split of their environment
+            continue
+        tag = next((v for v in env.split(b"\0") if v.startswith(prefix)), None)
         if tag is not None and not _is_zombie(pid):
             index.setdefault(tag[len(prefix):].decode(errors="replace"), []).append(pid)
     for pids in index.values():
@@ -174,17 +192,35 @@ class AttemptProcesses:
 def reap_orphans(keep: set[int]) -> None:
     """Collect exit statuses of re-parented descendants (as subreaper) without touching the
     launcher processes in `keep`, whose status the supervisor reads through Popen."""
-    me = str(os.getpid())
-    for entry in os.scandir(_PROC):
-        if not entry.name.isdigit() or int(entry.name) in keep:
-            continue
+    for pid in _children() - keep:
         try:
-            stat = (Path(entry.path) / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 1 and fields[1] == me:
-            try:
-                os.waitpid(int(entry.name), os.WNOHANG)
-            except ChildProcessError:
-                pass
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def _children() -> set[int]:
+    """This process's children: each thread's `children` list (a child is its forking thread's; an
+    orphan re-parented to the subreaper, one of its threads'), a few short reads where a scan of
+    /proc reads every process of the host. Without that file (a kernel built without
+    CONFIG_PROC_CHILDREN), the scan: every process whose parent is this one."""
+    me = os.getpid()
+    found: set[int] = set()
+    try:
+        tids = os.listdir(f"/proc/{me}/task")
+        if not os.path.exists(f"/proc/{me}/task/{me}/children"):
+            raise FileNotFoundError
+    except OSError:
+        return _children_by_scan(me)
+    for tid in tids:
+        found.update(int(p) for p in _read_proc(f"/proc/{me}/task/{tid}/children").split())
+    return found
+
+
+def _children_by_scan(me: int) -> set[int]:
+    return {int(e.name) for e in os.scandir(_PROC) if e.name.isdigit() and _parent(e.name) == me}
+
+
+def _parent(pid: str) -> int | None:
+    fields = _read_proc(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()
+    return int(fields[1]) if len(fields) > 1 else None

@@ -134,7 +134,9 @@ class Supervisor:
             job = self.jobs[job_id]
 
             def observe(job: JobRow = job) -> None:
-                self.turns.feed(job.id, self.executor.observe(job, self.records[job.id]))
+                seen = self.executor.observe(job, self.records[job.id])
+                if seen:  # nothing seen (a running attempt between its Ticks): nothing to advance
+                    self.turns.feed(job.id, seen)
 
             self.turns.guarded(job, observe)
         pids = self.executor.live_pids({j: job.name for j, job in self.jobs.items()})

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from contextlib import nullcontext
 
@@ -84,3 +85,25 @@ def test_a_stored_pid_is_the_same_process_only_with_the_same_boot_and_start_time
         child.kill()
         child.wait()
     assert not proctree.same_process(child.pid, boot, ticks), "gone"
+
+
+def test_the_reaper_collects_exited_children_of_any_thread_and_leaves_the_kept_ones():
+    """Its children come from each thread's `children` list (a child is its forking thread's), the
+    same as a scan of /proc by parent pid finds."""
+    def zombie(pid: int) -> bool:
+        try:
+            return proctree._read_proc(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()[0] == b"Z"
+        except IndexError:
+            return False
+
+    spawned: list[int] = []
+    forker = threading.Thread(target=lambda: spawned.append(os.posix_spawn("/bin/true", ["true"], os.environ)))
+    forker.start()
+    forker.join()
+    kept = subprocess.Popen(["/bin/true"])
+    orphan = spawned[0]
+    wait_for(lambda: zombie(orphan) and zombie(kept.pid), 10, "both children exited")
+    assert {orphan, kept.pid} <= proctree._children() == proctree._children_by_scan(os.getpid())
+    proctree.reap_orphans({kept.pid})
+    assert not os.path.exists(f"/proc/{orphan}") and zombie(kept.pid)
+    assert kept.wait(timeout=5) == 0
