@@ -72,7 +72,7 @@ class AttemptHandles:
     standby_age: float | None = None  # seconds its launcher waited as a standby (None: launched cold)
     spawned_wall: float = 0.0  # when this daemon spawned it (0: adopted; any heartbeat is then its own)
     memory_peak: int | None = None  # its cgroup's memory.peak, read as the cgroup is removed (stored at its end)
-    heartbeat: HeartbeatFile | None = field(init=False, default=None)  # read each turn, parsed on change
+    heartbeat: HeartbeatFile | None = field(init=False, default=None)  # read once a second, parsed on change
 
     def __post_init__(self) -> None:
         if self.files is not None:

@@ -129,7 +129,7 @@ class StandbyPool:
         return {job_id: (r.pid, r.monitor.relay.pid) for job_id, r in list(self.standbys.items())}
 
     def children(self) -> set[int]:
-        return {p.pid for ready in list(self.standbys.values()) for p in (ready.monitor.proc, ready.monitor.relay)}
+        return {pid for pids in self.processes().values() for pid in pids}
 
     def cgroups_held(self) -> set[Path]:
         return {r.cgroup for r in list(self.standbys.values()) if r.cgroup is not None}

@@ -69,15 +69,9 @@ def open_dir_at(dir_fd: int, name: str) -> int:
 
 def walk(base: Path, rel: str | Path) -> int:
     """fd of `base/rel`, with `base` trusted and every component of `rel` opened O_NOFOLLOW."""
-    rel = Path(rel)
-    if rel.is_absolute() or ".." in rel.parts:
+    parts = Path(rel).parts
+    if Path(rel).is_absolute() or ".." in parts:
         raise UserPathError(errno.EINVAL, f"{rel} is not a relative path below {base}")
-    return walk_parts(base, rel.parts)
-
-
-def walk_parts(base: Path, parts: tuple[str, ...]) -> int:
-    """`walk` with the relative path already split into its components (each one checked as it is
-    opened: a link, "..", or a name with a slash is refused)."""
     fd = open_trusted_dir(base)
     try:
         for part in parts:
@@ -277,15 +271,9 @@ def read_at(dir_fd: int, name: str, cap: int = SMALL_FILE_BYTES) -> bytes:
 def read_file(path: Path, base: Path, cap: int = SMALL_FILE_BYTES) -> bytes:
     """Content of `path`, walked from the trusted `base` without following any link below it."""
     rel = Path(split_below(path, base))
-    return read_below(base, rel.parent.parts, rel.name, cap)
-
-
-def read_below(base: Path, dirs: tuple[str, ...], name: str, cap: int = SMALL_FILE_BYTES) -> bytes:
-    """`read_file` of `base/dirs.../name`, the path split once by the caller: a file read every loop
-    turn (a heartbeat) spares parsing its path each time."""
-    dir_fd = walk_parts(base, dirs)
+    dir_fd = walk(base, rel.parent)
     try:
-        return read_at(dir_fd, name, cap)
+        return read_at(dir_fd, rel.name, cap)
     finally:
         os.close(dir_fd)
 

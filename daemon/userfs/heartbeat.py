@@ -38,25 +38,20 @@ def read(path: Path, base: Path | None = None) -> HeartbeatRead:
 
 
 class HeartbeatFile:
-    """One attempt's heartbeat as the supervisor reads it, every loop turn (`read` as above): its
-    content is parsed and its numbers checked only when it differs from the last read's. A worker
-    writes it about once a second and the loop reads it four times as often; the parse was most of
-    what a running job cost the loop. The path is split once, too."""
+    """One attempt's heartbeat as the supervisor reads it (once a second, `read` as above): its content
+    is parsed and its numbers checked only when it differs from the last read's — a worker writes it
+    about once a second, and the parse was most of what a running job cost the loop."""
 
     def __init__(self, path: Path, base: Path | None = None) -> None:
         self.path = path
         self.base = base or path.parent.parent
-        self._below: tuple[tuple[str, ...], str] | None = None  # (directories below base, file name)
         self._raw: bytes | None = None
         self._last = HeartbeatRead(None)
 
     def read(self) -> HeartbeatRead:
         """The heartbeat now (the same object as the last read's while the content is unchanged)."""
         try:
-            if self._below is None:
-                rel = Path(fsafe.split_below(self.path, self.base))
-                self._below = (rel.parent.parts, rel.name)
-            raw = fsafe.read_below(self.base, *self._below, HEARTBEAT_MAX_BYTES)
+            raw = fsafe.read_file(self.path, self.base, HEARTBEAT_MAX_BYTES)
         except OSError as e:
             self._raw = None
             return _unreadable(e)
