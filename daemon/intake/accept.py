@@ -70,6 +70,10 @@ class Intake:
                 log.exception("claim_failed", spool_file=name, error=repr(e))
                 self._reject(Rejected(name, f"internal error while claiming: {e!r}", None))
 
+    def backlog(self) -> bool:
+        """Names wait for a later turn's claim budget (the loop keeps turning often meanwhile)."""
+        return bool(self.claims.waiting())
+
     def _claim(self, name: str) -> None:
         result = self.claimer.claim(name)
         if not isinstance(result, Claimed):

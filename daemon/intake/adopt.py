@@ -45,7 +45,7 @@ from spx.daemon.userfs import as_user
 from spx.daemon.userfs.fsafe import UserPathError
 
 log = get_logger()
-MAIN_LOOP_SECONDS = 60.0  # for the main loop to record a batch (it turns every 0.25 s)
+MAIN_LOOP_SECONDS = 60.0  # for the main loop to record a batch (it turns at least once a second)
 CLAIM_TIMEOUT_SECONDS = 10.0
 
 

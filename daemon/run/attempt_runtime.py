@@ -40,7 +40,7 @@ log = get_logger()
 
 PIDS_EVERY_SECONDS = 2.0
 # How often a running attempt's heartbeat is read: a worker writes it about once a second (hang
-# detection's unit is seconds), the loop turns four times as often; on its launcher's exit it is read
+# detection's unit is seconds), as often as a quiet loop turns; on its launcher's exit it is read
 # at once, so the last beat before an exit is always seen before the exit is.
 HEARTBEAT_EVERY_SECONDS = 1.0
 ACTIVITY_EVERY_SECONDS = 5.0  # how often an attempt without heartbeat progress is looked at

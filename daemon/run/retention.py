@@ -144,6 +144,10 @@ class Retention:
             self._again = False
             self._next_pass = self._next_sweep = 0.0
 
+    def backlog(self) -> bool:
+        """Rows of removed jobs wait for later turns (at most ROWS_PER_TURN a turn)."""
+        return bool(self._removable)
+
     def _delete_rows(self) -> None:
         """The rows of jobs whose files are gone, at most ROWS_PER_TURN in one transaction."""
         if not self._removable:

@@ -203,6 +203,11 @@ class Supervisor:
         """Jobs whose attempt still has processes (or is being recorded): what a shutdown waits for."""
         return sum(1 for s in self.records.values() if s.phase.has_processes or s.phase.ending)
 
+    def settled(self) -> bool:
+        """Every tracked job's attempt is running with no store write to retry: what is left to watch
+        is polled once a second (the loop may wait that long: service/cadence.py)."""
+        return all(s.phase is Phase.RUNNING and not s.pending for s in self.records.values())
+
     def waiting(self) -> list[Waiting]:
         out = []
         for s in self.records.values():

@@ -1,6 +1,7 @@
 """The daemon process itself: the main loop, the control socket, systemd.
 
     main (`spx-trainer`: flags, one-shot modes, start-up) → daemon (the loop and its wiring)
+    → cadence (how long the loop waits between turns: often while something moves, once a second at rest)
     · control (the Unix socket `spx` talks to) → requests (every request: who may, where answered)
     → answers (the reads) → stragglers (slow ranks explained in the views) · gpu_rows (the GPUs as `spx top` shows them)
     · sd_notify + status_line (what systemd shows) · reload (`systemctl reload`: re-exec in place)

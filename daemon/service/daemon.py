@@ -44,6 +44,7 @@ from spx.daemon.run.retention import Retention
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.service import handover, reload, wedge_hook
 from spx.daemon.service.answers import Answers
+from spx.daemon.service.cadence import Cadence
 from spx.daemon.service.control import Command, ControlServer
 from spx.daemon.service.dcgm_mapping import DcgmJobMapping
 from spx.daemon.service.requests import REQUESTS, Target, error, find_job
@@ -61,7 +62,6 @@ if TYPE_CHECKING:
     from spx.daemon.exporter.server import MetricsServer
 
 log = get_logger()
-TICK_SECONDS = 0.25
 REAP_EVERY_SECONDS = 2.0
 STATUS_EVERY_SECONDS = 2.0
 
@@ -208,6 +208,7 @@ class Daemon:
         turn = 0
         watchdog_every = self.notifier.watchdog_interval or 5.0
         dcgm_mapping = self.dcgm_mapping
+        cadence = Cadence()  # how long each wait for a wake-up may last (service/cadence.py)
         while True:
             now = time.monotonic()
             began = time.perf_counter()
@@ -259,10 +260,9 @@ class Daemon:
             # had the chance to do it (tests wait for these, not for seconds); with its length (the
             # scale bench reads them).
             log.debug("loop_turn", turn=turn, seconds=round(seconds, 6))
-            try:
-                self.wake.get(timeout=TICK_SECONDS)
-            except queue.Empty:
-                pass
+            moving = (self.stopping or self.reload_requested or bool(self.store_problems) or self.intake.backlog()
+                      or self.retention.backlog() or not self.supervisor.settled())
+            cadence.wait(self.wake, moving)
         self.shutdown()
         return 0
 

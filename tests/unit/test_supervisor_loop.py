@@ -134,9 +134,11 @@ def launched(sup: Supervisor, executor: ScriptedExecutor, job: JobRow, clock: Cl
 def test_a_job_runs_through_every_phase_and_is_forgotten_at_its_end(world):
     sup, store, clock, executor = world
     job = add(store, "whole-life")
+    assert sup.settled(), "nothing tracked: nothing moves"
     sup.start(Start(job.id, (0,), job))
     assert executor.kinds(job.id) == [act.MarkStarting, act.FindCheckpoint]
     assert sup.records[job.id].phase is Phase.PREPARING and sup.held_gpus() == {0}
+    assert not sup.settled(), "a job between phases keeps the loop's turns close"
     executor.later.append((job.id, CheckpointFound("/c/step-10", 10, 1)))
     sup.tick()
     assert executor.kinds(job.id)[-1] is act.Spawn
@@ -145,6 +147,7 @@ def test_a_job_runs_through_every_phase_and_is_forgotten_at_its_end(world):
     assert sup.records[job.id].phase is Phase.RUNNING
     assert executor.performed[-1] == (job.id, act.RecordRunning(1, 777, "boot", 12, "resuming from /c/step-10",
                                                                  WALL0 + clock.now))
+    assert sup.settled(), "a running attempt is watched once a second"
     clock.now += 30
     executor.seen[job.id] = [LauncherExited(0, None), AllGone()]
     sup.tick()
@@ -161,7 +164,7 @@ def test_a_crash_backs_off_on_the_clock_it_is_given_then_waits_for_its_gpus(worl
     sup.tick()
     executor.later.append((job.id, Diagnosed(1, None, False)))
     sup.tick()
-    assert sup.records[job.id].phase is Phase.BACKOFF and sup.waiting() == []
+    assert sup.records[job.id].phase is Phase.BACKOFF and sup.waiting() == [] and not sup.settled()
     clock.now += 9.9
     sup.tick()
     assert sup.waiting() == []
