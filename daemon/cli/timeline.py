@@ -5,7 +5,7 @@
 
 Built from the status document (its `history`, each attempt's `phases`; see run/timeline.py for
 what each phase means). Attempt N ≥ 2 starts with the failure phases of attempt N−1, and every row
-gives its delta from that failure (the first of them recorded: the launcher's exit) and from the
+gives its delta from that failure (the first of them recorded: a worker's death, else the launcher's exit) and from the
 attempt's spawn; attempt 1's "from failure" column counts from the job's submission instead. The
 table's last column draws each phase as a bar on the attempt's own scale (its origin to its last
 phase): where it began (the phase before it ended) and how long it took, so the slow phase of a

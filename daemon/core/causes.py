@@ -35,7 +35,9 @@ class StopCause(_Word):
     while this host could not renew) and runs it now; `divergence` its heartbeat reported a NaN/Inf
     loss or gradient norm and the job's script did not stop on it itself; `corruption` a replay of one of
     its checkpoint intervals on other GPUs computed different numbers (`spx verify`): a GPU computed
-    wrong ones, and the job goes back to the last checkpoint before them."""
+    wrong ones, and the job goes back to the last checkpoint before them; `worker-died` one of its
+    workers was killed by a signal or exited nonzero, and the attempt writes no heartbeat (so it has
+    no just-in-time checkpoint to wait for): it is killed at once, not after its launcher's teardown."""
 
     CANCEL = "cancel"
     HANG = "hang"
@@ -47,6 +49,7 @@ class StopCause(_Word):
     LEASE_LOST = "lease-lost"
     DIVERGENCE = "divergence"
     CORRUPTION = "corruption"
+    WORKER_DIED = "worker-died"
 
 
 # Stop causes that are not the job's fault: its attempt does not count as a restart.
@@ -54,7 +57,8 @@ NOT_THE_JOBS = frozenset({StopCause.DAEMON_STOP, StopCause.DAEMON_RESTART, StopC
                           StopCause.LEASE_LOST, StopCause.CORRUPTION})
 # Stops a daemon may find under way when it adopts an attempt: the stop goes on.
 CONTINUED_STOPS = frozenset({StopCause.CANCEL, StopCause.HANG, StopCause.DAEMON_STOP, StopCause.GPU_FAULT,
-                             StopCause.PEER_RESTART, StopCause.LEASE_LOST, StopCause.DIVERGENCE, StopCause.CORRUPTION})
+                             StopCause.PEER_RESTART, StopCause.LEASE_LOST, StopCause.DIVERGENCE, StopCause.CORRUPTION,
+                             StopCause.WORKER_DIED})
 
 
 class ReasonClass(_Word):

@@ -96,12 +96,17 @@ def decide_end(s: TrackedJob, now: float) -> tuple[TrackedJob, Decision]:
     lost_host = across_hosts.host_lost(s)
     if lost_host is not None:
         return s, lost_host
+    code, sig = a.exit_code, a.exit_signal
+    if a.stop_cause == StopCause.WORKER_DIED and a.worker is not None:
+        # The daemon killed the attempt for its worker's death: that death is how the attempt ended.
+        code, sig = a.worker.code, a.worker.signal
     outcome = AttemptOutcome(
-        exit_code=a.exit_code, signal=a.exit_signal, root_cause=a.root_cause,
+        exit_code=code, signal=sig, root_cause=a.root_cause,
         preempted=a.beat_status == "preempted" or a.exit_code == EXIT_PREEMPTED, diverged=a.diverged,
         corrupted=a.corrupted,
         oom=a.oom, stop_cause=a.stop_cause, hang_seconds=a.hang_idle, gpu_fault=a.gpu_fault,
         progressed=a.progressed or (a.last_step is None and ran >= s.limits.healthy_seconds), ran_seconds=ran,
+        worker=a.worker.describe() if a.stop_cause == StopCause.WORKER_DIED and a.worker is not None else None,
     )
     ledger = s.ledger
     d = decide(outcome, s.limits.restart, ledger.restarts, ledger.backoff_level, ledger.no_progress_streak,

@@ -19,6 +19,7 @@ Phases (the stored `JobState` in brackets):
     READY [queued|starting|restarting] --Go--> STAGING | PREPARING [starting]
     STAGING --copier done--> PREPARING;  PREPARING --checkpoint found, launched--> RUNNING [running]
     RUNNING --hang--> DUMPING --stacks dumped--> STOPPING;  RUNNING --cancel/daemon stop/GPU fault--> STOPPING
+    RUNNING --a worker died, no heartbeat--> STOPPING (SIGKILL at once)
     STOPPING --grace over--> SIGKILL (still STOPPING);  RUNNING|DUMPING|STOPPING --launcher exited--> EXITED
     EXITED --all processes gone--> DIAGNOSING --diagnosis (or its deadline)--> record the end:
         BACKOFF (a restart) | DONE (succeeded / failed / cancelled, or the daemon stops)
@@ -73,6 +74,7 @@ from spx.daemon.lifecycle.observations import (
     StacksDumped,
     StagingEnded,
     Tick,
+    WorkerDied,
     WorkQueued,
     WorkStarted,
 )
@@ -111,7 +113,8 @@ _BY_PHASE: dict[Phase, dict[type, Handler]] = {
     Phase.PREPARING: {Tick: starting.tick_preparing, CheckpointFound: starting.checkpoint_found,
                       Spawned: starting.spawned, **_SLOW_WORK},
     Phase.RUNNING: {Tick: running.tick_running, HeartbeatSeen: running.heartbeat, ActivitySeen: running.activity,
-                    GangSeen: gang_seen, GpuFault: stopping.gpu_fault, LauncherExited: stopping.launcher_exited},
+                    GangSeen: gang_seen, GpuFault: stopping.gpu_fault, WorkerDied: stopping.worker_died,
+                    LauncherExited: stopping.launcher_exited},
     Phase.DUMPING: {Tick: stopping.tick_dumping, StacksDumped: stopping.stacks_dumped, HeartbeatSeen: running.heartbeat,
                     GpuFault: stopping.gpu_fault, LauncherExited: stopping.launcher_exited, **_SLOW_WORK},
     Phase.STOPPING: {Tick: stopping.tick_stopping, HeartbeatSeen: running.heartbeat,

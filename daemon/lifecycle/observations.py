@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from spx.daemon.contract.replay_verdict import ReplayVerdict
 from spx.daemon.contract.worker_env import Divergence
-from spx.daemon.lifecycle.record import GangTurn
+from spx.daemon.lifecycle.record import GangTurn, WorkerExit
 
 if TYPE_CHECKING:
     from spx.daemon.lifecycle.actions import Action
@@ -99,6 +99,14 @@ class LauncherExited:
     stopped: bool = False
     lost: bool = False
     ended_wall: float | None = None  # when it ended (Unix seconds), if it ended while no daemon watched
+
+
+@dataclass(frozen=True)
+class WorkerDied:
+    """One of the attempt's workers ended abnormally (a signal, a nonzero exit), seen the moment it
+    did (run/worker_watch.py), before its launcher noticed. A worker's exit 0 is never one."""
+
+    worker: WorkerExit
 
 
 @dataclass(frozen=True)
@@ -200,10 +208,10 @@ class ActionFailed:
     retry: bool = False
 
 
-Observation = (Tick | Go | StagingEnded | CheckpointFound | Spawned | HeartbeatSeen | ActivitySeen | LauncherExited
-               | AllGone | StacksDumped | Diagnosed | CancelRequested | GpuFault | ReplayDiffered | LeaseLost | GangSeen
+Observation = (Tick | Go | StagingEnded | CheckpointFound | Spawned | HeartbeatSeen | ActivitySeen | WorkerDied
+               | LauncherExited | AllGone | StacksDumped | Diagnosed | CancelRequested | GpuFault | ReplayDiffered | LeaseLost | GangSeen
                | GenerationAgreed | WorkQueued | WorkStarted | DaemonStopping | ActionFailed)
 OBSERVATIONS: tuple[type, ...] = (
-    Tick, Go, StagingEnded, CheckpointFound, Spawned, HeartbeatSeen, ActivitySeen, LauncherExited, AllGone,
+    Tick, Go, StagingEnded, CheckpointFound, Spawned, HeartbeatSeen, ActivitySeen, WorkerDied, LauncherExited, AllGone,
     StacksDumped, Diagnosed, CancelRequested, GpuFault, ReplayDiffered, LeaseLost, GangSeen, GenerationAgreed, WorkQueued,
     WorkStarted, DaemonStopping, ActionFailed)

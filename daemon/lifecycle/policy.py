@@ -42,6 +42,9 @@ class AttemptOutcome:
     ran_seconds: float = 0.0
     diverged: Divergence | None = None  # its heartbeat said it diverged (the trainer's, or the daemon's NaN rule)
     corrupted: tuple[int, str] | None = None  # stop_cause corruption: (step, what) a replay found different
+    # stop_cause worker-died: which worker ended how ("worker rank 1 (pid 4242) killed by SIGKILL");
+    # `exit_code`/`signal` are then that worker's
+    worker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ def classify(outcome: AttemptOutcome) -> tuple[ReasonClass, str]:
         return cls, "preempted: checkpointed on SIGTERM and exited"
     if outcome.oom:
         return cls, "killed by the kernel's OOM killer"
+    if outcome.worker is not None:
+        return cls, f"{outcome.worker}; the daemon ended the attempt at once"
     if outcome.signal is not None:
         return cls, f"killed by {signal_name(outcome.signal)}"
     return cls, f"exit code {outcome.exit_code}"

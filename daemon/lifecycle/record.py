@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from spx.daemon.contract.replay_verdict import ReplayVerdict
 from spx.daemon.contract.worker_env import Divergence
-from spx.daemon.core.causes import ReasonClass, StopCause
+from spx.daemon.core.causes import ReasonClass, StopCause, signal_name
 from spx.daemon.core.restart_spec import Restart
 from spx.daemon.lifecycle.resume_fallback import PastAttempt
 from spx.daemon.state.states import JobState
@@ -67,6 +67,26 @@ class Limits:
     gang: bool = False      # the job spans hosts: attempt ends and restarts are agreed with the others
     standby: bool = False   # its launcher may be started ahead of its attempt (torchrun, DeepSpeed; the config allows)
     replay_of: str | None = None  # it replays this job's checkpoints (spec `replay:`): its end carries a verdict
+    # A worker's abnormal death ends its attempt at once when it writes no heartbeat (a launcher
+    # with rank workers, on one host, whose exit codes all restart: stopping.worker_died).
+    worker_deaths_end: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """One worker of an attempt ended abnormally: killed by `signal`, or exited with nonzero `code`.
+    `rank`: its RANK, as its environment says (None: not readable)."""
+
+    pid: int
+    rank: int | None
+    code: int | None
+    signal: int | None
+
+    def describe(self) -> str:
+        """"worker rank 1 (pid 4242) killed by SIGKILL", "worker rank 0 (pid 4241) exited with code 3"."""
+        who = f"worker rank {self.rank}" if self.rank is not None else "a worker"
+        how = f"killed by {signal_name(self.signal)}" if self.signal is not None else f"exited with code {self.code}"
+        return f"{who} (pid {self.pid}) {how}"
 
 
 @dataclass(frozen=True)
@@ -144,6 +164,7 @@ class Attempt:
     hang_idle: float | None = None
     gpu_fault: str | None = None         # stop_cause gpu-fault: the fault seen (e.g. "XID 79 on GPU 3 (...)")
     handed_to: str | None = None         # stop_cause lease-lost: the host that took the job's lease
+    worker: WorkerExit | None = None     # stop_cause worker-died: the worker whose death ended it
     term_at: float | None = None
     kill_at: float | None = None
     exited_at: float | None = None

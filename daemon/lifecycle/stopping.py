@@ -1,5 +1,5 @@
-"""The machine's edges that stop an attempt and see it gone: a cancel, a GPU fault, a lease another
-host took, the daemon's own stop, a hang's stack dump coming back (or not); SIGTERM, the grace, SIGKILL; the launcher's exit,
+"""The machine's edges that stop an attempt and see it gone: a cancel, a GPU fault, a worker's death
+(killed at once when there is no checkpoint to wait for), a lease another host took, the daemon's own stop, a hang's stack dump coming back (or not); SIGTERM, the grace, SIGKILL; the launcher's exit,
 the leftovers killed until none remain, then the diagnosis or the record of the end (ending.py).
 A stop's cause is stored before its SIGTERM (RecordStop): a daemon restarted meanwhile goes on with
 it and never counts it as the job's failure. PURE."""
@@ -34,6 +34,7 @@ from spx.daemon.lifecycle.observations import (
     ReplayDiffered,
     StacksDumped,
     Tick,
+    WorkerDied,
 )
 from spx.daemon.lifecycle.record import Phase, TrackedJob
 from spx.daemon.state.states import JobState
@@ -88,6 +89,23 @@ def gpu_fault(s: TrackedJob, obs: GpuFault, now: float) -> Result:
         Note(f"gpu-fault: {obs.detail}; GPU {obs.gpu} quarantined; SIGTERM, {s.limits.grace_seconds:.0f} s grace, "
              "then a restart on healthy GPUs"),
         SignalTerm()]
+
+
+def worker_died(s: TrackedJob, obs: WorkerDied, now: float) -> Result:
+    what = obs.worker.describe()
+    log = Log("worker_died", "warning", (("pid", obs.worker.pid), ("rank", obs.worker.rank),
+                                         ("exit_code", obs.worker.code), ("signal", obs.worker.signal)))
+    a = s.attempt
+    if a.stop_cause is not None or a.beat_status is not None or not s.limits.worker_deaths_end:
+        # A heartbeat writer: its surviving ranks may be writing a just-in-time checkpoint, which
+        # its launcher waits for; or a launcher this does not apply to. Its launcher's exit ends it.
+        return s, [log]
+    # running → stopping: a worker died and nothing of the attempt writes a heartbeat — no checkpoint
+    # a grace could save, and its launcher would only tear the other ranks down slowly first:
+    # SIGKILL to the whole attempt at once.
+    s = term(s, now, StopCause.WORKER_DIED, worker=obs.worker, kill_at=now)
+    return s, [RecordStop(s.number, StopCause.WORKER_DIED), log,
+               Note(f"{what}; no heartbeat, so nothing to checkpoint: SIGKILL to the attempt at once"), SignalKill()]
 
 
 def replay_differed(s: TrackedJob, obs: ReplayDiffered, now: float) -> Result:
@@ -213,7 +231,8 @@ def all_gone(s: TrackedJob, obs: AllGone, now: float) -> Result:
     # exited → diagnosing: nothing of the attempt runs; its cgroup goes, and a failure is diagnosed
     # off the loop (root cause from the log tail, the kernel's OOM record).
     a = s.attempt
-    failed = a.exit_code != 0 and a.stop_cause is None
+    # A worker's death is the job's failure as much as the launcher's own nonzero exit is.
+    failed = a.exit_code != 0 and a.stop_cause in (None, StopCause.WORKER_DIED)
     want_root = a.exit_code != 0 and a.stop_cause != StopCause.CANCEL and a.stop_cause not in NOT_THE_JOBS
     s = to(s, Phase.DIAGNOSING, now)
     if not (failed or want_root):

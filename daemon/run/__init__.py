@@ -16,7 +16,8 @@
     auto_verify (the periodic replays a job's `verify:` asks for, on idle GPUs),
     user_work (all of it that can wait on a user, in that user's lane: core.lanes)
     → launcher (argv, env, user) → attempt_monitor (records the exit) → enter_attempt (root exec shim:
-    cgroup, user, exec) → workers; exit_wake (the loop wakes when a launcher exits);
+    cgroup, user, exec) → workers; exit_wake (one thread on every pidfd: the loop wakes when a launcher
+    exits) ← worker_watch (a worker's abnormal death, seen as it happens);
     rendezvous (torchrun's meeting point, across hosts); attempt_files (the attempt's files, safely),
     checkpoint_report (what discovery decided), local_tier (the host-local checkpoint dir), timeline
     (where a restart spent its time), progress_log (each attempt's progress from its heartbeats, for

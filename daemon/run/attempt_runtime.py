@@ -3,7 +3,7 @@
 `AttemptHandles` holds what a value of the machine cannot: the attempt's files, its store row and
 tag, its launcher's Popen (the attempt monitor) and log relay, its process group and cgroup, the
 pids seen. `AttemptRuntime` keeps them per job and turns what changed into observations (`observe`:
-heartbeat, activity, the launcher's exit, nothing left), and performs what touches the attempt's
+heartbeat, activity, a worker's abnormal death, the launcher's exit, nothing left), and performs what touches the attempt's
 processes and log (signals, cgroup removal, notes, log lines with its pids). On the main loop's
 thread only; everything here is quick and never waits on a user (the heartbeat is read through
 userfs, non-blocking and capped, once a second and at the launcher's exit; every attempt's pids
@@ -28,11 +28,14 @@ from spx.daemon.lifecycle.observations import (
     HeartbeatSeen,
     LauncherExited,
     Observation,
+    WorkerDied,
 )
 from spx.daemon.lifecycle.record import Phase, TrackedJob
 from spx.daemon.run import attempt_files, cgroups, launcher, proctree, timeline
 from spx.daemon.run.attempt_files import AttemptFiles
+from spx.daemon.run.exit_wake import ExitWatch
 from spx.daemon.run.progress_log import ProgressLog
+from spx.daemon.run.worker_watch import WorkerWatch
 from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.userfs.heartbeat import HeartbeatFile
 
@@ -112,8 +115,11 @@ def adopted_end(h: AttemptHandles) -> LauncherExited | None:
 
 class AttemptRuntime:
     def __init__(self, cfg: DaemonConfig, recorder: timeline.Recorder, clock: Callable[[], float] = time.monotonic,
-                 gpu_computing: Callable[[int], bool | None] | None = None, progress: ProgressLog | None = None):
+                 gpu_computing: Callable[[int], bool | None] | None = None, progress: ProgressLog | None = None,
+                 exits: ExitWatch | None = None, workers: WorkerWatch | None = None):
         self.cfg = cfg
+        self.exits = exits if exits is not None else ExitWatch(clock)  # the thread every pidfd is polled on
+        self.workers = workers  # each attempt's workers' deaths, seen as they happen (worker_watch.py)
         self.timeline = recorder
         # Each attempt's progress record, for the goodput ledger (run/progress_log.py).
         self.progress = progress if progress is not None else ProgressLog(recorder.store, clock)
@@ -159,6 +165,8 @@ class AttemptRuntime:
         if h is not None and h.number == number:
             self.progress.forget(h.row_id)
             h.row_id, h.proc, h.pids = None, None, []
+        if self.workers is not None:
+            self.workers.drop(job_id)
 
     def forget(self, job_id: int) -> None:
         """The job is done: its handles go (a relay still draining, no longer ours to poll, is
@@ -166,6 +174,8 @@ class AttemptRuntime:
         h = self.handles.pop(job_id, None)
         if h is not None:
             self.progress.forget(h.row_id)
+        if self.workers is not None:
+            self.workers.drop(job_id)
 
     # --- observing -----------------------------------------------------------------------------------
 
@@ -182,7 +192,10 @@ class AttemptRuntime:
         obs: list[Observation] = []
         now = self.clock()
         ended = None if h.exit_reported else self._launcher_status(h)
-        if h.heartbeat is not None and (now >= h.beat_due or ended is not None or h.exit_reported):
+        deaths = self.workers.deaths(s.job.id, h.number) if self.workers is not None and not h.exit_reported else []
+        # At an exit (the launcher's, a worker's) the heartbeat is read at once: the machine sees the
+        # last beat before the exit (whether the attempt writes one decides what a worker's death does).
+        if h.heartbeat is not None and (now >= h.beat_due or ended is not None or h.exit_reported or deaths):
             h.beat_due = now + HEARTBEAT_EVERY_SECONDS
             beat = h.heartbeat.read().beat
             if beat is not None:
@@ -191,6 +204,9 @@ class AttemptRuntime:
                                              beat.replay))
                 self.timeline.beat(s.job.id, h.row_id, beat)
                 self.progress.beat(s.job.id, h.row_id, beat)
+        for death, seen in deaths:
+            obs.append(WorkerDied(death))
+            self.timeline.phase(h.row_id, "worker_exit", seen)  # the first death's, once
         if self._pids_due or not h.pids_looked or h.exit_reported or h.proc is None:
             h.pids_looked = True
             if self._index is None:

@@ -2,7 +2,8 @@
 
 A small dispatcher over effects, each holding one kind of what a value of the machine cannot:
 - attempt_runtime: per attempt, its files, row, monitor and relay, process group, cgroup, pids;
-  what is seen of it each turn (heartbeat, activity, exit, nothing left); signals, notes, logs;
+  what is seen of it each turn (heartbeat, activity, a worker's death, exit, nothing left); signals,
+  notes, logs; exit_wake's one thread polls every pidfd (launchers, workers: worker_watch);
 - launching: Spawn — the row, then the launch through a standby or cold (off the loop);
 - standby_pool: launchers started ahead for coming attempts;
 - attempt_prep, postmortem, gang_link: FindCheckpoint; DumpStacks and Diagnose; BeatGang and
@@ -32,6 +33,7 @@ from spx.daemon.lifecycle.record import Phase, TrackedJob
 from spx.daemon.run import adoption, cgroups, device_filter, local_tier, postmortem, timeline
 from spx.daemon.run.attempt_prep import AttemptPrep
 from spx.daemon.run.attempt_runtime import AttemptRuntime
+from spx.daemon.run.exit_wake import ExitWatch
 from spx.daemon.run.gang_link import GangLink
 from spx.daemon.run.incidents import GpuSources, Incidents
 from spx.daemon.run.launching import Launches
@@ -40,6 +42,7 @@ from spx.daemon.run.standby_pool import StandbyPool
 from spx.daemon.run.store_writes import StoreWrites
 from spx.daemon.run.user_work import UserWork
 from spx.daemon.run.verification import Verifications
+from spx.daemon.run.worker_watch import WorkerWatch
 from spx.daemon.state.attempts_table import AttemptRow
 from spx.daemon.state.db import StoreUnavailable
 from spx.daemon.state.jobs_table import JobRow
@@ -68,7 +71,9 @@ class Executor:
         self._running_ticks: dict[int, float] = {}  # job → when its running attempt's next Tick is due
         self.timeline = timeline.Recorder(store, wall)  # per-attempt phase times (spx status --timeline)
         self.work = UserWork(lanes, clock)
-        self.runtime = AttemptRuntime(cfg, self.timeline, clock, gpu_computing)
+        exits = ExitWatch(clock)  # one thread for every pidfd: launchers' exits, workers' deaths
+        self.runtime = AttemptRuntime(cfg, self.timeline, clock, gpu_computing, exits=exits,
+                                      workers=WorkerWatch(exits, wake, wall, clock))
         self.standbys = StandbyPool(cfg, store, cgroup_tree, clock, device_filters)
         self.staging = StagingRuns(cfg, store, wall)
         self.writes = StoreWrites(store, self.runtime.row_of, wall)
@@ -170,8 +175,10 @@ class Executor:
         self.work.forget(job_id)
 
     def close(self) -> None:
-        """Standbys end (a next daemon starts its own); work off the loop finishes on its own deadline."""
+        """Standbys end (a next daemon starts its own); work off the loop finishes on its own deadline;
+        the exit thread ends (a next daemon watches its adopted attempts' launchers by polling)."""
         self.standbys.close()
+        self.runtime.exits.close()
 
     # --- views ---------------------------------------------------------------------------------------
 

@@ -36,7 +36,6 @@ from spx.daemon.run import (
     attempt_files,
     cgroups,
     device_filter,
-    exit_wake,
     launcher,
     proctree,
     standby,
@@ -45,6 +44,7 @@ from spx.daemon.run import (
 from spx.daemon.run.attempt_runtime import AttemptHandles, AttemptRuntime, make_attempt_cgroup
 from spx.daemon.run.standby_pool import StandbyPool
 from spx.daemon.run.user_work import UserWork
+from spx.daemon.run.worker_watch import WORKER_LAUNCHERS
 from spx.daemon.state.jobs_table import JobRow
 from spx.daemon.state.store import Store
 
@@ -205,7 +205,9 @@ class _Landing:
             return None
         h.launching, h.standby_age = False, standby_age
         h.pgid, h.spawned_wall = proc.pid, self.wall
-        exit_wake.watch(proc.pid, launches.wake)
+        launches.runtime.exits.watch(proc.pid, launches.wake)
+        if self.job.spec.launcher in WORKER_LAUNCHERS and launches.runtime.workers is not None:
+            launches.runtime.workers.attempt(self.job.id, self.a.number, proc.pid, self.job.spec.worker_count)
         assert h.row_id is not None  # the Spawn made it before the launch
         launches.recorder.spawned(self.job.id, h.row_id, self.wall)
         log.info("attempt_started", job=self.job.name, attempt=self.a.number, pid=proc.pid,

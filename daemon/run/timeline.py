@@ -2,8 +2,10 @@
 
 The names, in order, are `state.phases`'s. A restart runs through these phases, in this order (Unix seconds each, `spx status --timeline`):
 
-- on the attempt that failed (`FAILURE_PHASES`): `launcher_exit` (the attempt monitor's exit record:
-  when torchrun/deepspeed ended), `failure_seen` (the daemon observed that exit), `group_dead` (none
+- on the attempt that failed (`FAILURE_PHASES`): `worker_exit` (a worker died abnormally — killed by a
+  signal, or a nonzero exit — seen at once through its pidfd, run/worker_watch.py; an attempt without a
+  heartbeat is killed there and then, so its monitor records no `launcher_exit`), `launcher_exit` (the
+  attempt monitor's exit record: when torchrun/deepspeed ended), `failure_seen` (the daemon observed that exit), `group_dead` (none
   of the attempt's processes is left), `end_recorded` (diagnosed, the policy decided, the end stored);
 - on the next attempt (`START_PHASES`): `placed` (the scheduler placed it: its GPUs, if it has any, are free and
   healthy), `checkpoint_found` (the resume checkpoint was chosen, as the job's owner), `spawn`;

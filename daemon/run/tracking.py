@@ -17,6 +17,7 @@ from spx.daemon.lifecycle.actions import Action
 from spx.daemon.lifecycle.observations import LauncherExited
 from spx.daemon.lifecycle.record import Limits, TrackedJob
 from spx.daemon.lifecycle.resume_fallback import past_attempt, remember
+from spx.daemon.run.worker_watch import WORKER_LAUNCHERS
 from spx.daemon.staging.runner import staging_done
 from spx.daemon.state.attempts_table import AttemptRow
 from spx.daemon.state.jobs_table import JobRow
@@ -33,11 +34,23 @@ class Adopter(Protocol):
     def adopt_lost(self, job: JobRow, number: int) -> None: ...
 
 
+def worker_deaths_end(job: JobRow) -> bool:
+    """Does a worker's abnormal death end the attempt at once when it writes no heartbeat
+    (lifecycle.stopping.worker_died)? For a launcher with rank workers (torchrun, DeepSpeed; run with
+    no in-launcher restarts, so a dead worker is the attempt's end anyway), on one host (across hosts
+    the launchers' own rendezvous tells the others), and only where every exit code restarts: the
+    launcher would have exited 1 whatever the worker's code, and `restart.on_exit_codes` is read on
+    that exit, so a job that lists its codes keeps it."""
+    return (job.spec.launcher in WORKER_LAUNCHERS and job.spec.nodes.count == 1
+            and job.spec.restart.on_exit_codes == "any")
+
+
 def limits_of(job: JobRow, cfg: DaemonConfig) -> Limits:
     return Limits(grace_seconds=job.spec.stop.grace_seconds, hang_timeout_seconds=job.spec.restart.hang_timeout_seconds,
                   healthy_seconds=cfg.healthy_seconds, restart=job.spec.restart,
                   stages=job.spec.data.stage is not None, gang=job.spec.nodes.count > 1,
                   standby=cfg.launch_standby and job.spec.launcher in STANDBY_LAUNCHERS,
+                  worker_deaths_end=worker_deaths_end(job),
                   replay_of=job.spec.replay.of if job.spec.replay is not None else None)
 
 

@@ -191,9 +191,21 @@ def test_timeline_rows_count_from_the_submission_then_from_the_previous_failure(
     assert [r["phase"] for r in first] == ["placed", "spawn", "first_step"]
     assert [r["from_origin"] for r in first] == [0.5, 1.0, 8.0] and first[-1]["from_spawn"] == 7.0
     second = [r for r in rows if r["attempt"] == 2]
-    assert [r["phase"] for r in second] == [*FAILURE_PHASES, "spawn", "rendezvous", "first_step"]
+    assert [r["phase"] for r in second] == [*FAILURE_PHASES[1:], "spawn", "rendezvous", "first_step"]
     assert second[0]["from_origin"] == 0.0 and second[-1]["from_origin"] == 7.5
     assert [r["from_spawn"] for r in second] == [None] * 4 + [0.0, 5.0, 6.5]
+
+
+def test_a_workers_death_comes_first_and_is_the_relaunchs_origin():
+    """The daemon saw a worker die (worker_exit) and killed the attempt at once: its monitor recorded
+    no launcher_exit, and the next attempt counts from the death."""
+    d = doc()
+    failed = d["history"][0]["phases"]
+    del failed["launcher_exit"]
+    failed["worker_exit"] = 119.9
+    second = [r for r in cli_timeline.rows(d) if r["attempt"] == 2]
+    assert [r["phase"] for r in second][:4] == ["worker_exit", "failure_seen", "group_dead", "end_recorded"]
+    assert second[0]["from_origin"] == 0.0 and second[-1]["from_origin"] == 7.6
 
 
 def test_timeline_table_names_each_attempts_origin_and_shows_deltas():

@@ -64,6 +64,7 @@ ALLOWED: dict[str, str] = {
     "run/device_filter.py": "opens an attempt's cgroup directory (O_RDONLY|O_DIRECTORY) in the daemon's own "
                             "cgroupfs subtree, as bpf(2)'s attach target",
     "run/proctree.py": "/proc",
+    "run/worker_watch.py": "/proc (children, environ and stat of an attempt's processes)",
     "run/rank_cpu.py": "/proc (a rank's environ and schedstat)",
     "state/standby_memory.py": "/proc (smaps_rollup and children of the standbys, the daemon's own children)",
     "run/oom.py": "/dev/kmsg",
