@@ -14,7 +14,7 @@ from dataclasses import replace
 from spx.daemon.contract.worker_env import Divergence
 from spx.daemon.core.causes import StopCause
 from spx.daemon.lifecycle import across_hosts
-from spx.daemon.lifecycle.actions import DumpStacks, Log, Note, RecordStop, SignalTerm, StartStandby
+from spx.daemon.lifecycle.actions import Action, DumpStacks, Log, Note, RecordStop, SignalTerm, StartStandby
 from spx.daemon.lifecycle.moves import Result, term, to, with_attempt
 from spx.daemon.lifecycle.observations import ActivitySeen, HeartbeatSeen, Tick
 from spx.daemon.lifecycle.record import Phase, TrackedJob
@@ -92,7 +92,8 @@ def heartbeat(s: TrackedJob, obs: HeartbeatSeen, now: float) -> Result:
 
 
 # A script that writes no heartbeat never says it trained a step: its next launcher starts once the
-# attempt has lived this long and shows work (a GPU computing, its log growing) — past a launcher's
+# attempt has lived this long and shows work (a GPU computing, its log growing; on no GPU, having
+# lived this long is the sign) — past a launcher's
 # and its workers' start-up on most hosts, so the standby's imports do not slow this attempt's start.
 STANDBY_WITHOUT_HEARTBEAT_SECONDS = 20.0
 
@@ -151,7 +152,14 @@ def tick_running(s: TrackedJob, obs: Tick, now: float) -> Result:
                 f"hang detected: not exited {idle:.0f} s after training finished; dumping stacks, then SIGTERM"
                 if finished else
                 f"hang detected: no step progress for {idle:.0f} s (at step {a.last_step}); dumping stacks, then SIGTERM")
-    return across_hosts.beat(s, now)
+    standby: list[Action] = []
+    if (not s.ledger.gpus and a.beat_status is None and a.started is not None
+            and now - a.started >= STANDBY_WITHOUT_HEARTBEAT_SECONDS and _standby_due(s)):
+        # running, no heartbeat and no GPU whose work could be seen (a job on CPUs): having lived
+        # this long is its sign of a healthy start, and its next launcher starts now.
+        s, standby = with_attempt(s, standby_asked=True), [StartStandby(s.number + 1)]
+    s, beat = across_hosts.beat(s, now)
+    return s, [*standby, *beat]
 
 
 def _hung(s: TrackedJob, idle: float, now: float, log: Log, note: str) -> Result:

@@ -41,7 +41,11 @@ from spx.daemon.userfs.heartbeat import HeartbeatFile
 
 log = get_logger()
 
-PIDS_EVERY_SECONDS = 2.0
+# How often every attempt's pids are looked up (one scan of every process's environment on the host,
+# ~2 ms here): they feed `spx status`, the per-job metrics and the OOM check's set of pids seen. No
+# death waits for it — a launcher's and a worker's exit are seen through their pidfds (exit_wake.py,
+# worker_watch.py), and at an exit the pids are looked up afresh.
+PIDS_EVERY_SECONDS = 5.0
 # How often a running attempt's heartbeat is read: a worker writes it about once a second (hang
 # detection's unit is seconds), as often as a quiet loop turns; on its launcher's exit it is read
 # at once, so the last beat before an exit is always seen before the exit is.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 from dataclasses import replace
 
-from lifecycle_script import LIMITS, WALL0, auto, beats, ended, logs, only, running
+from lifecycle_script import LIMITS, WALL0, auto, beats, ended, logs, only, ready, running
 
 from spx.daemon.lifecycle.actions import (
     DumpStacks,
@@ -17,8 +17,11 @@ from spx.daemon.lifecycle.actions import (
 from spx.daemon.lifecycle.machine import advance
 from spx.daemon.lifecycle.observations import (
     ActivitySeen,
+    CheckpointFound,
     Diagnosed,
+    Go,
     HeartbeatSeen,
+    Spawned,
     StacksDumped,
     Tick,
 )
@@ -174,3 +177,19 @@ def test_a_script_without_a_heartbeat_gets_its_next_launcher_once_it_lived_and_w
     assert actions == []
     s, actions = advance(running(limits=LIMITS), ActivitySeen(True), STANDBY_WITHOUT_HEARTBEAT_SECONDS + 5)
     assert actions == [], "a launcher without a standby (config, python)"
+
+
+def test_a_script_without_a_heartbeat_on_no_gpu_gets_its_next_launcher_once_it_lived_a_while():
+    """A job on CPUs has no GPU whose work the daemon could see: having lived
+    STANDBY_WITHOUT_HEARTBEAT_SECONDS is the sign of its healthy start (on its Ticks), once."""
+    s, _ = advance(ready(limits=replace(LIMITS, standby=True)), Go(()), 0.0)
+    s, _ = advance(s, CheckpointFound(None, None, s.number), 0.0)
+    s, _ = advance(s, Spawned(4242, WALL0), 0.0)
+    s, actions = advance(s, Tick(), STANDBY_WITHOUT_HEARTBEAT_SECONDS - 1)
+    assert actions == [] and not s.attempt.standby_asked, "still starting up"
+    s, actions = advance(s, Tick(), STANDBY_WITHOUT_HEARTBEAT_SECONDS + 1)
+    assert actions == [StartStandby(2)] and s.attempt.standby_asked
+    s, actions = advance(s, Tick(), STANDBY_WITHOUT_HEARTBEAT_SECONDS + 2)
+    assert actions == []
+    with_gpus = running(limits=replace(LIMITS, standby=True))
+    assert advance(with_gpus, Tick(), STANDBY_WITHOUT_HEARTBEAT_SECONDS + 1)[1] == [], "on GPUs: their work is the sign"
