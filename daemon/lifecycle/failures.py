@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from spx.daemon.core.causes import ReasonClass
+from spx.daemon.core.causes import ReasonClass, StopCause
 from spx.daemon.lifecycle import across_hosts
 from spx.daemon.lifecycle.actions import (
     STORE_ACTIONS,
@@ -57,6 +57,10 @@ def action_failed(s: TrackedJob, obs: ActionFailed, now: float) -> Result:
         # preparing → done (failed): the attempt's files cannot be made or read (the owner is gone,
         # a path is not theirs, discovery failed): no attempt can run.
         return fail_before_attempt(s, f"cannot prepare the attempt: {obs.error}", now)
+    if isinstance(a, Spawn) and s.phase is Phase.PREPARING and mine and s.attempt.stop_cause is StopCause.CANCEL:
+        # preparing → done (cancelled): cancelled during a launch that then failed: nothing ran.
+        return finish_without_attempt(s, JobState.CANCELLED, f"cancelled by {s.attempt.cancelled_by}", now,
+                                      number=s.number)
     if isinstance(a, Spawn) and s.phase is Phase.PREPARING and mine:
         # preparing → done (failed): the launch itself failed; the attempt row ends with it.
         finish = FinishAttempt(number=s.number, state=JobState.FAILED, reason=f"launch failed: {obs.error}",

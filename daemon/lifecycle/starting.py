@@ -7,18 +7,29 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from spx.daemon.core.causes import StopCause
 from spx.daemon.lifecycle import across_hosts
 from spx.daemon.lifecycle.actions import (
     Action,
     FindCheckpoint,
     Log,
     MarkStarting,
+    Note,
     RecordRunning,
+    RecordStop,
     SaveBackoff,
+    SignalKill,
     Spawn,
     StartStaging,
 )
-from spx.daemon.lifecycle.moves import Result, fail_before_attempt, finish_without_attempt, to, with_ledger
+from spx.daemon.lifecycle.moves import (
+    Result,
+    fail_before_attempt,
+    finish_without_attempt,
+    term,
+    to,
+    with_ledger,
+)
 from spx.daemon.lifecycle.observations import CheckpointFound, Go, Spawned, StagingEnded, Tick
 from spx.daemon.lifecycle.record import Attempt, HangCalibration, Phase, Resume, TrackedJob
 from spx.daemon.lifecycle.resume_fallback import checkpoint_to_avoid
@@ -120,7 +131,15 @@ def spawned(s: TrackedJob, obs: Spawned, now: float) -> Result:
     # preparing → running: the launcher exec'd. A fresh attempt (only the resume point it was
     # launched from carries over), a fresh hang calibration and share: nothing of the last
     # attempt's stop, exit or diagnosis survives into this one. Its pid and "running" are stored.
+    cancelled_by = s.attempt.cancelled_by if s.attempt.stop_cause is StopCause.CANCEL else None
     s = replace(to(with_ledger(s, job_state=JobState.RUNNING), Phase.RUNNING, now),
                 attempt=Attempt(resume=s.attempt.resume, started=now, started_wall=obs.wall),
                 hang=HangCalibration(), share=s.share.fresh())
-    return s, [RecordRunning(s.number, obs.pid, obs.boot_id, obs.start_ticks, obs.reason, obs.wall)]
+    running = RecordRunning(s.number, obs.pid, obs.boot_id, obs.start_ticks, obs.reason, obs.wall)
+    if cancelled_by is not None:
+        # preparing → running → stopping: cancelled while it launched (its GPUs kept meanwhile).
+        # Nothing has trained yet, so no grace: SIGKILL to the attempt; it ends cancelled.
+        s = term(s, now, StopCause.CANCEL, cancelled_by=cancelled_by, kill_at=now)
+        return s, [running, RecordStop(s.number, StopCause.CANCEL),
+                   Note(f"cancelled by {cancelled_by} during its launch: SIGKILL as it landed"), SignalKill()]
+    return s, [running]

@@ -55,11 +55,19 @@ def _without_launch(s: TrackedJob) -> TrackedJob:
 def cancel(s: TrackedJob, obs: CancelRequested, now: float) -> Result:
     note = Log("cancel_requested", "info", (("by", obs.by),))
     reason = f"cancelled by {obs.by}"
+    launching = s.phase is Phase.PREPARING and s.clock.answered
+    if launching and s.attempt.stop_cause is StopCause.CANCEL:
+        return s, [note]  # cancelled already, stopped as its launch lands
+    if launching and not any(isinstance(a, Spawn) for a in s.pending):
+        # preparing (launching) → preparing, cancelled: the launch is under way off the loop and its
+        # processes may start at any moment. The job keeps its GPUs until the launch lands and is
+        # killed (starting.spawned), or fails, so no other job is placed on GPUs it may still take.
+        s = with_attempt(s, stop_cause=StopCause.CANCEL, cancelled_by=obs.by)
+        return s, [note, RecordStop(s.number, StopCause.CANCEL), Note(f"{reason} during its launch: stopped as it lands")]
     if s.phase in (Phase.BACKOFF, Phase.READY, Phase.PREPARING, Phase.STAGING):
-        # backoff|ready|preparing|staging → done (cancelled): no process to stop. A launch under way
-        # (its row made) has that row ended; the executor ends the launch when it lands.
+        # backoff|ready|preparing|staging → done (cancelled): no process to stop (a launch the store
+        # has not yet taken the row of is not made any more: its row, made or not, is ended).
         extra = [StopStaging()] if s.phase is Phase.STAGING else []
-        launching = s.phase is Phase.PREPARING and s.clock.answered
         return finish_without_attempt(_without_launch(s), JobState.CANCELLED, reason, now, note, *extra,
                                       number=s.number if launching else 0)
     if s.phase in (Phase.RUNNING, Phase.DUMPING):

@@ -156,6 +156,9 @@ class Supervisor:
         self.feed(job.id, CancelRequested(by))
         if had_processes:
             return f"cancelling {job.name}: SIGTERM sent, {s.limits.grace_seconds:.0f} s grace to checkpoint"
+        after = self.records.get(job.id)
+        if after is not None and after.phase is Phase.PREPARING:
+            return f"cancelling {job.name}: its launch is under way; killed as it lands"
         return f"cancelled {job.name}"
 
     def stop_all(self) -> float:

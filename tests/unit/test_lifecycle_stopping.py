@@ -19,6 +19,7 @@ from spx.daemon.lifecycle.actions import (
     SaveBackoff,
     SignalKill,
     SignalTerm,
+    Spawn,
     StopStaging,
 )
 from spx.daemon.lifecycle.machine import advance
@@ -133,6 +134,35 @@ def test_cancel_while_preparing_cancels_and_the_late_checkpoint_is_ignored():
     assert s.phase is Phase.DONE and only(actions, FinishAttempt).state is JobState.CANCELLED
     s, actions = advance(s, CheckpointFound(None, None, 1), 2.0)
     assert s.phase is Phase.DONE and actions == []
+
+
+def launching():
+    """A job whose attempt 1's checkpoint was found: its launch is under way off the loop."""
+    s, _ = advance(ready(), Go((0, 1)), 0.0)
+    return advance(s, CheckpointFound(None, None, 1), 1.0)[0]
+
+
+def test_cancel_during_the_launch_keeps_the_gpus_until_it_lands_then_kills_it():
+    """The launch's processes may start at any moment: the job holds its GPUs until they land,
+    are killed (no grace: nothing trained) and gone — never placed under another job meanwhile."""
+    s, actions = advance(launching(), CancelRequested("alice"), 2.0)
+    assert s.phase is Phase.PREPARING and s.ledger.gpus == (0, 1) and not [a for a in actions if isinstance(a, FinishAttempt)]
+    assert only(actions, RecordStop) == RecordStop(1, "cancel"), "stored: a restarted daemon cancels it too"
+    s, again = advance(s, CancelRequested("alice"), 2.5)
+    assert kinds(again) == [], "a second cancel adds nothing"
+    s, actions = advance(s, Spawned(4242, WALL0 + 3), 3.0)
+    assert (s.phase, s.attempt.stop_cause, s.attempt.cancelled_by) == (Phase.STOPPING, "cancel", "alice")
+    assert SignalKill in kinds(actions) and SignalTerm not in kinds(actions)
+    s, actions = ended(s, 4.0, code=None, sig=signal.SIGKILL)
+    finish = only(actions, FinishAttempt)
+    assert (finish.state, finish.reason, finish.release_gpus) == (JobState.CANCELLED, "cancelled by alice", True)
+
+
+def test_cancel_during_a_launch_that_then_fails_ends_cancelled():
+    s, _ = advance(launching(), CancelRequested("alice"), 2.0)
+    s, actions = advance(s, ActionFailed(Spawn(1, None, None), "exec failed"), 3.0)
+    finish = only(actions, FinishAttempt)
+    assert s.phase is Phase.DONE and (finish.number, finish.state) == (1, JobState.CANCELLED)
 
 
 def test_cancel_while_staging_stops_the_copier():
