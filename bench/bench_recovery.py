@@ -159,6 +159,12 @@ def timeline(d: Daemon, name: str) -> list[dict]:
     return json.loads(d.spx("status", name, "--timeline", "--json").stdout)
 
 
+def timeline_with(d: Daemon, name: str, attempt: int, phase: str) -> list[dict] | None:
+    """The job's timeline once it has `phase` for `attempt`, else None."""
+    rows = timeline(d, name)
+    return rows if any(r["attempt"] == attempt and r["phase"] == phase for r in rows) else None
+
+
 def spx_cold(d: Daemon, i: int) -> tuple[float, dict[str, float]]:
     """submit → first step, and each phase of attempt 1 from the submission."""
     name = f"cold{i}"
@@ -187,7 +193,9 @@ def spx_relaunch(d: Daemon, kills: int, name: str = "relaunch") -> tuple[list[fl
         os.kill(pid, signal.SIGKILL)
         kill_times.append(since)
         wait_for(lambda s=since: first_step_after(hb, s), RECOVERY_TIMEOUT * 2, "spx relaunch first step", interval=0.05)
-    rows = timeline(d, name)
+    # The daemon records a phase when it reads the heartbeat (once a second): the last attempt's first
+    # step may be in the file before it is in the timeline.
+    rows = wait_for(lambda: timeline_with(d, name, kills + 1, "first_step"), 30, "the last first step in the timeline")
     d.spx("cancel", name)
     d.wait_state(name, {"cancelled", "failed", "succeeded"}, 120)
     recover: list[float] = []

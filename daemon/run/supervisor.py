@@ -211,6 +211,12 @@ class Supervisor:
         is polled once a second (the loop may wait that long: service/cadence.py)."""
         return all(s.phase is Phase.RUNNING and not s.pending for s in self.records.values())
 
+    def exiting(self) -> bool:
+        """An attempt's launcher has exited and its last processes are awaited: its workers, orphaned
+        when their launcher was killed with them, are the daemon's (a subreaper's) to reap, and each
+        one's zombie holds its process group alive until then — the loop reaps each turn meanwhile."""
+        return any(s.phase is Phase.EXITED for s in self.records.values())
+
     def waiting(self) -> list[Waiting]:
         out = []
         for s in self.records.values():

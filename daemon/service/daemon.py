@@ -227,8 +227,9 @@ class Daemon:
                 self._stage("dcgm_mapping", lambda: dcgm_mapping.show(self._gpu_holders()))
             self._stage("notify", self.notifications.tick)
             self._stage("retention", self.retention.tick)
-            if now >= next_reap:
+            if now >= next_reap or self.supervisor.exiting():  # an attempt's orphaned zombies hold up its end
                 self._stage("reap", lambda: proctree.reap_orphans(self.supervisor.child_pids()))
+            if now >= next_reap:
                 self._stage("sweep", self.supervisor.sweep_cgroups)
                 next_reap = now + REAP_EVERY_SECONDS
             if now >= next_status:
@@ -256,9 +257,8 @@ class Daemon:
             turn += 1
             seconds = time.perf_counter() - began
             self.turn_times.add(seconds)
-            # Debug only: each finished turn, so that "it did not happen" can be said after turns that
-            # had the chance to do it (tests wait for these, not for seconds); with its length (the
-            # scale bench reads them).
+            # Debug only: each finished turn, so that "it did not happen" can be said after turns that had
+            # the chance to do it (tests wait for these, not for seconds); its length: the scale bench's.
             log.debug("loop_turn", turn=turn, seconds=round(seconds, 6))
             moving = (self.stopping or self.reload_requested or bool(self.store_problems) or self.intake.backlog()
                       or self.retention.backlog() or not self.supervisor.settled())
