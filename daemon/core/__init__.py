@@ -11,7 +11,8 @@
     structures in files a user writes: JSON with size, depth and number caps, typed fields, Garbage)
     · causes (why an attempt stopped, how its end is classed: the words the store, the machine, root
     cause and `spx` share) · version (the installed package's version) · turn_times (how long the
-    main loop's turns take: the loop adds, /metrics reads)
+    main loop's turns take: the loop adds, /metrics reads) · malloc_arenas (caps glibc's malloc arenas at
+    start-up, before threads come and go)
 
 The leaf of the package graph (docs/architecture.md): it imports nothing from `spx.daemon`. `bounded`
 is stdlib-only, so `contract` (shared with spx.trainer) may import it.

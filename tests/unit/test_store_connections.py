@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from harness import wait_for
+from spx.daemon.state import db as db_module
 from spx.daemon.state.store import Store
 
 
@@ -45,3 +46,18 @@ def test_a_reader_threads_connection_closes_when_the_thread_ends(tmp_path):
     finally:
         gc.enable()
     assert store.jobs.live() == []
+
+
+def test_every_connection_has_the_small_page_cache(tmp_path):
+    """Each thread's connection is opened with the store's bounded page cache (db.CACHE_KIB), not
+    SQLite's default 2,000 KiB: the long-lived threads' caches otherwise grow with the store."""
+    store = Store(tmp_path / "spx.sqlite")
+    sizes = [store.db.conn.execute("PRAGMA cache_size").fetchone()[0]]
+
+    def read() -> None:
+        sizes.append(store.db.conn.execute("PRAGMA cache_size").fetchone()[0])
+
+    t = threading.Thread(target=read)
+    t.start()
+    t.join()
+    assert sizes == [-db_module.CACHE_KIB] * 2
