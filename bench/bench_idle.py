@@ -7,7 +7,8 @@ every 15 s as Prometheus would, against the same daemon with no job running.
 One daemon on the fake 8-GPU fixture (`--gpu-backend fake`, the bundled 8×H100 host with its
 simulated faults taken out: its one GPU that falls off the bus every 5 minutes would stop a job and
 leave it waiting for a GPU, which is not rest), at its default log level (info: debug logs every
-loop turn). First it runs with no job (an idle host): `--rounds` windows of `--seconds`
+loop turn), told the unit's WatchdogSec (60 s: it pings every 30 s, and a quiet loop turns once a
+second; under the test harness's 1 s it would turn twice a second). First it runs with no job (an idle host): `--rounds` windows of `--seconds`
 each. Then 8 one-GPU jobs are dropped into the spool, each a plain python loop that sleeps 1 s and
 writes a heartbeat (`spx.daemon.contract.worker_env.write_heartbeat`) per step; once all 8 run with
 a step, after `--settle-seconds`, another `--rounds` windows. In every window /metrics is scraped
@@ -110,7 +111,9 @@ def quiet_fixture(path: Path) -> Path:
 def run(tmp: Path, seconds: float, rounds: int, settle: float, scrape_every: float) -> list[dict[str, Any]]:
     script = tmp / "beats.py"
     script.write_text(BEATS)
-    d = Daemon(tmp / "root", gpu_backend="fake", extra_args=["--fake-gpus", str(quiet_fixture(tmp / "gpus.json"))])
+    # The unit's WatchdogSec (60 s): the harness's default 1 s would have a quiet loop turn twice a second.
+    d = Daemon(tmp / "root", gpu_backend="fake", extra_args=["--fake-gpus", str(quiet_fixture(tmp / "gpus.json"))],
+               watchdog_seconds=60.0)
     d.start(timeout=120)
     try:
         assert d.proc is not None

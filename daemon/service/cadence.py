@@ -27,8 +27,11 @@ SETTLE_SECONDS = 3.0
 class Cadence:
     """The loop's wait after each turn, from whether its turns and wake-ups lately were quiet."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, watchdog_every: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        # Never longer than the watchdog's ping interval: the loop pings only after a turn, and a
+        # host with a WatchdogSec under 2 s would otherwise have its quiet daemon killed as wedged.
+        self.settled = min(SETTLED_SECONDS, watchdog_every)
         self._moving_until = float("-inf")  # until then the loop turns every MOVING_SECONDS
 
     def wait(self, wake: queue.SimpleQueue[object], moving: bool) -> None:
@@ -44,4 +47,4 @@ class Cadence:
         self._moving_until = self.clock() + SETTLE_SECONDS
 
     def wait_seconds(self, now: float) -> float:
-        return MOVING_SECONDS if now < self._moving_until else SETTLED_SECONDS
+        return MOVING_SECONDS if now < self._moving_until else self.settled

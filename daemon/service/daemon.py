@@ -208,7 +208,7 @@ class Daemon:
         turn = 0
         watchdog_every = self.notifier.watchdog_interval or 5.0
         dcgm_mapping = self.dcgm_mapping
-        cadence = Cadence()  # how long each wait for a wake-up may last (service/cadence.py)
+        cadence = Cadence(watchdog_every)  # how long each wait for a wake-up may last (service/cadence.py)
         while True:
             now = time.monotonic()
             began = time.perf_counter()

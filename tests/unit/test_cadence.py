@@ -44,12 +44,12 @@ def turns(cadence: Cadence, wakes: Wakes, moving: list[bool]) -> list[float]:
 
 def test_a_quiet_loop_turns_once_a_second():
     clock = Clock()
-    assert turns(Cadence(clock), Wakes(clock), [False] * 5) == [SETTLED_SECONDS] * 5
+    assert turns(Cadence(5.0, clock), Wakes(clock), [False] * 5) == [SETTLED_SECONDS] * 5
 
 
 def test_motion_keeps_the_fast_turns_until_it_has_settled():
     clock = Clock()
-    waits = turns(Cadence(clock), Wakes(clock), [True] + [False] * 15)
+    waits = turns(Cadence(5.0, clock), Wakes(clock), [True] + [False] * 15)
     fast = int(SETTLE_SECONDS / MOVING_SECONDS)  # the turns within SETTLE_SECONDS of the motion
     assert waits[:fast] == [MOVING_SECONDS] * fast
     assert waits[fast:] == [SETTLED_SECONDS] * (len(waits) - fast)
@@ -57,7 +57,7 @@ def test_motion_keeps_the_fast_turns_until_it_has_settled():
 
 def test_a_wake_up_is_motion():
     clock = Clock()
-    cadence, wakes = Cadence(clock), Wakes(clock)
+    cadence, wakes = Cadence(5.0, clock), Wakes(clock)
     wakes.script = [None, "lane", None, None]
     waits = turns(cadence, wakes, [False, False, False, False])
     assert waits[:2] == [SETTLED_SECONDS, SETTLED_SECONDS]  # quiet until the wake-up came
@@ -66,4 +66,11 @@ def test_a_wake_up_is_motion():
 
 def test_steady_motion_never_slows_the_loop():
     clock = Clock()
-    assert set(turns(Cadence(clock), Wakes(clock), [True] * 40)) == {MOVING_SECONDS}
+    assert set(turns(Cadence(5.0, clock), Wakes(clock), [True] * 40)) == {MOVING_SECONDS}
+
+
+def test_a_quiet_loop_still_turns_within_the_watchdogs_ping_interval():
+    """A host whose WatchdogSec is under 2 s pings more often than once a second: the quiet wait
+    shrinks to the ping interval, or systemd would kill a healthy daemon as wedged."""
+    clock = Clock()
+    assert set(turns(Cadence(0.5, clock), Wakes(clock), [False] * 4)) == {0.5}
