@@ -3,11 +3,10 @@
 One main loop on one thread owns the state store: each turn it claims spool files, makes the changes
 users asked for, supervises attempts, places jobs on GPUs, and publishes a snapshot for the readers.
 Other threads (inotify, the control socket's clients, the metrics server, the XID watcher, the lanes
-that do users' work off the loop) only read the store, the snapshot, or hand work to the loop through
-queues; the supervisor publishes a frozen snapshot of its jobs at the end of each of its turns
-(run/snapshot.py). Every stage of a turn is contained: a store that refuses writes is shown in STATUS
-and retried; any other error is logged once and the loop goes on. The watchdog ping is sent only
-after a full turn, so it proves the loop turns.
+that do users' work off the loop) only read the store or the snapshot (the supervisor's frozen one,
+run/snapshot.py) or hand work to the loop through queues. Every stage of a turn is contained: a store
+that refuses writes is shown in STATUS and retried; any other error is logged once and the loop goes
+on. The watchdog ping is sent only after a full turn, so it proves the loop turns.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 from spx.daemon.core.config import DaemonConfig
 from spx.daemon.core.lanes import Lanes
 from spx.daemon.core.log import get_logger
+from spx.daemon.core.malloc_arenas import Trim
 from spx.daemon.core.turn_times import TurnTimes
 from spx.daemon.core.users import user_name
 from spx.daemon.core.version import daemon_version
@@ -204,8 +204,7 @@ class Daemon:
     def run(self) -> int:
         self.start()
         next_reap = next_status = next_watchdog = 0.0
-        stop_deadline = None
-        turn = 0
+        stop_deadline, turn, trim = None, 0, Trim()  # trim: what malloc keeps free goes back (core/malloc_arenas.py)
         watchdog_every = self.notifier.watchdog_interval or 5.0
         dcgm_mapping = self.dcgm_mapping
         cadence = Cadence(watchdog_every)  # how long each wait for a wake-up may last (service/cadence.py)
@@ -227,6 +226,7 @@ class Daemon:
                 self._stage("dcgm_mapping", lambda: dcgm_mapping.show(self._gpu_holders()))
             self._stage("notify", self.notifications.tick)
             self._stage("retention", self.retention.tick)
+            self._stage("trim", functools.partial(trim.tick, now))
             if now >= next_reap or self.supervisor.exiting():  # an attempt's orphaned zombies hold up its end
                 self._stage("reap", lambda: proctree.reap_orphans(self.supervisor.child_pids()))
             if now >= next_reap:
