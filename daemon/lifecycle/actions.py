@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from spx.daemon.contract.replay_verdict import ReplayVerdict
 from spx.daemon.contract.worker_env import StepRanges
 from spx.daemon.core.causes import ReasonClass, StopCause
-from spx.daemon.lifecycle.record import GangTurn
+from spx.daemon.lifecycle.record import GangTurn, WorkerExit
 from spx.daemon.lifecycle.resume_fallback import Avoid
 from spx.daemon.lifecycle.rollback import Rollback
 from spx.daemon.state.states import JobState
@@ -105,11 +105,14 @@ class DumpStacks:
 
 @dataclass(frozen=True)
 class Diagnose:
-    """Root cause from the log tail and/or the kernel's OOM record (off the loop). Answers Diagnosed."""
+    """Root cause from the log tail and/or the kernel's OOM record (off the loop). Answers Diagnosed.
+    `worker`: the worker whose death made the daemon kill the attempt — its rank, pid and end stand in
+    for the launcher's failure summary, which a launcher killed with it never printed."""
 
     number: int
     root_cause: bool
     oom: bool
+    worker: WorkerExit | None = None
 
 
 @dataclass(frozen=True)

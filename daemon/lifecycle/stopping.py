@@ -247,4 +247,4 @@ def all_gone(s: TrackedJob, obs: AllGone, now: float) -> Result:
         # exited → recorded: nothing to diagnose (success, or a stop the daemon made).
         s2, actions = record_end(s, now)
         return s2, [RemoveCgroup(), *actions]
-    return s, [RemoveCgroup(), Diagnose(s.number, root_cause=want_root, oom=failed)]
+    return s, [RemoveCgroup(), Diagnose(s.number, root_cause=want_root, oom=failed, worker=a.worker)]

@@ -44,7 +44,10 @@ def diagnose(work: UserWork, job: JobRow, h: AttemptHandles | None, a: Diagnose)
     files, seen = (h.files, set(h.seen_pids)) if h is not None else (None, set())
 
     def read() -> tuple[str | None, bool]:
-        root = root_cause_of(attempt_files.read_log_tail(files, TAIL_BYTES)) if a.root_cause and files else None
+        died = a.worker
+        summary = ((died.rank, died.code if died.code is not None else -(died.signal or 0), died.pid)
+                   if died is not None and died.rank is not None else None)
+        root = root_cause_of(attempt_files.read_log_tail(files, TAIL_BYTES), summary) if a.root_cause and files else None
         return root, oom_killed(seen) if a.oom else False
 
     def done(outcome: Outcome) -> Observation:

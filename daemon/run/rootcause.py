@@ -168,9 +168,15 @@ def find_root_cause(log_file: Path) -> str | None:
     return root_cause_of(tail)
 
 
-def root_cause_of(tail: bytes) -> str | None:
-    """The root cause in a log's last bytes (read safely by the caller), as one line, or None."""
+def root_cause_of(tail: bytes, died: tuple[int, int, int] | None = None) -> str | None:
+    """The root cause in a log's last bytes (read safely by the caller), as one line, or None.
+    `died`: (rank, exit code — negative: the signal —, pid) of the worker whose death the daemon saw
+    and killed the attempt for: torchrun, killed with it, printed no summary to say so."""
     scan = _scan(tail.decode("utf-8", "replace").splitlines())
+    if died is not None and died[0] not in scan.entries:
+        scan.entries[died[0]] = (died[1], died[2])
+        if scan.root is None and scan.first is None:
+            scan.first = died[0]
     root = _choose_root(scan)
     if root is None and not scan.errors and scan.gpu_fault is None:
         return None

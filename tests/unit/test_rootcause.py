@@ -213,3 +213,16 @@ def test_a_gpu_fault_in_the_log_explains_the_cuda_error_after_it():
             "[rank0]: RuntimeError: CUDA error: unspecified launch failure\n")
     found = root_cause_of(text.encode())
     assert cause_class(found) == "gpu-fault" and found.startswith("rank 0: NVRM: Xid"), found
+
+
+def test_a_worker_the_daemon_saw_die_stands_in_for_the_summary_torchrun_never_printed():
+    """The daemon killed the attempt at a worker's death (a script without a heartbeat): torchrun died
+    with it before its failure summary, so the dead worker's rank, pid and end come from the daemon."""
+    text = ("[default1]:[rank1]: Traceback (most recent call last):\n"
+            "[default1]:[rank1]: ValueError: bad batch\n")
+    assert root_cause_of(text.encode()) == "rank 1: ValueError: bad batch (user-code)"
+    assert root_cause_of(text.encode(), (1, 1, 4242)) == "rank 1 (pid 4242) exited with code 1: ValueError: bad batch (user-code)"
+    killed = root_cause_of(b"", (1, -9, 4242))
+    assert killed == "rank 1 (pid 4242) killed by SIGKILL (signal)", killed
+    summary = root_cause_of(KILLED_RANK_1.encode(), (1, -9, 1))
+    assert summary is not None and summary.startswith("rank 1 (pid 9854)"), "torchrun's own summary wins where it exists"
