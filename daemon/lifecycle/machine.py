@@ -19,7 +19,7 @@ Phases (the stored `JobState` in brackets):
     READY [queued|starting|restarting] --Go--> STAGING | PREPARING [starting]
     STAGING --copier done--> PREPARING;  PREPARING --checkpoint found, launched--> RUNNING [running]
     RUNNING --hang--> DUMPING --stacks dumped--> STOPPING;  RUNNING --cancel/daemon stop/GPU fault--> STOPPING
-    RUNNING --a worker died, no heartbeat--> STOPPING (SIGKILL at once)
+    RUNNING --a worker died, no survivor can checkpoint--> STOPPING (SIGKILL at once)
     STOPPING --grace over--> SIGKILL (still STOPPING);  RUNNING|DUMPING|STOPPING --launcher exited--> EXITED
     EXITED --all processes gone--> DIAGNOSING --diagnosis (or its deadline)--> record the end:
         BACKOFF (a restart) | DONE (succeeded / failed / cancelled, or the daemon stops)

@@ -104,16 +104,21 @@ def worker_died(s: TrackedJob, obs: WorkerDied, now: float) -> Result:
     log = Log("worker_died", "warning", (("pid", obs.worker.pid), ("rank", obs.worker.rank),
                                          ("exit_code", obs.worker.code), ("signal", obs.worker.signal)))
     a = s.attempt
-    if a.stop_cause is not None or a.beat_status is not None or not s.limits.worker_deaths_end:
-        # A heartbeat writer: its surviving ranks may be writing a just-in-time checkpoint, which
-        # its launcher waits for; or a launcher this does not apply to. Its launcher's exit ends it.
+    jit_possible = a.beat_status is not None and not s.limits.gang
+    if a.stop_cause is not None or jit_possible or not s.limits.worker_deaths_end:
+        # A heartbeat writer on one host: its surviving ranks may be writing a just-in-time
+        # checkpoint, which its launcher waits for; or a launcher this does not apply to. Its
+        # launcher's exit ends it.
         return s, [log]
-    # running → stopping: a worker died and nothing of the attempt writes a heartbeat — no checkpoint
-    # a grace could save, and its launcher would only tear the other ranks down slowly first:
-    # SIGKILL to the whole attempt at once.
+    # running → stopping: a worker died and no survivor can save a checkpoint — the attempt writes no
+    # heartbeat, or its ranks span hosts (each host keeps its ranks' step state, so no survivor holds
+    # every rank's: trainer/jit.py) — and its launcher would only tear the other ranks down slowly
+    # first: SIGKILL to the whole attempt at once.
+    why = "its ranks span hosts, so no survivor can save a just-in-time checkpoint" if s.limits.gang \
+        else "no heartbeat, so nothing to checkpoint"
     s = term(s, now, StopCause.WORKER_DIED, worker=obs.worker, kill_at=now)
     return s, [RecordStop(s.number, StopCause.WORKER_DIED), log,
-               Note(f"{what}; no heartbeat, so nothing to checkpoint: SIGKILL to the attempt at once"), SignalKill()]
+               Note(f"{what}; {why}: SIGKILL to the attempt at once"), SignalKill()]
 
 
 def replay_differed(s: TrackedJob, obs: ReplayDiffered, now: float) -> Result:

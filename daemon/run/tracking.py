@@ -35,14 +35,14 @@ class Adopter(Protocol):
 
 
 def worker_deaths_end(job: JobRow) -> bool:
-    """Does a worker's abnormal death end the attempt at once when it writes no heartbeat
-    (lifecycle.stopping.worker_died)? For a launcher with rank workers (torchrun, DeepSpeed; run with
-    no in-launcher restarts, so a dead worker is the attempt's end anyway), on one host (across hosts
-    the launchers' own rendezvous tells the others), and only where every exit code restarts: the
-    launcher would have exited 1 whatever the worker's code, and `restart.on_exit_codes` is read on
-    that exit, so a job that lists its codes keeps it."""
-    return (job.spec.launcher in WORKER_LAUNCHERS and job.spec.nodes.count == 1
-            and job.spec.restart.on_exit_codes == "any")
+    """Does a worker's abnormal death end the attempt at once when no survivor can checkpoint (no
+    heartbeat, or ranks on several hosts: lifecycle.stopping.worker_died)? For a launcher with rank
+    workers (torchrun, DeepSpeed; run with no in-launcher restarts, so a dead worker is the attempt's
+    end anyway), and only where every exit code restarts: the launcher would have exited 1 whatever
+    the worker's code, and `restart.on_exit_codes` is read on that exit, so a job that lists its codes
+    keeps it. Across hosts the other hosts' shares learn of it as before: their collectives fail, or
+    the next generation tells them."""
+    return job.spec.launcher in WORKER_LAUNCHERS and job.spec.restart.on_exit_codes == "any"
 
 
 def limits_of(job: JobRow, cfg: DaemonConfig) -> Limits:

@@ -1,24 +1,36 @@
 """The machine's edges at a worker's abnormal death (WorkerDied, seen through its pidfd before its
-launcher notices): an attempt that writes no heartbeat is killed at once and its end says which
-worker died how; a heartbeat writer, or a job the rule does not apply to, keeps waiting for its
-launcher (its surviving ranks may be writing a just-in-time checkpoint)."""
+launcher notices): an attempt no survivor can checkpoint — it writes no heartbeat, or its ranks span
+hosts — is killed at once and its end says which worker died how; a heartbeat writer on one host,
+or a job the rule does not apply to, keeps waiting for its launcher (its surviving ranks may be
+writing a just-in-time checkpoint)."""
 
 from __future__ import annotations
 
 import signal
 from dataclasses import replace
 
-from lifecycle_script import LIMITS, WALL0, kinds, logs, only, running
+from lifecycle_script import LIMITS, WALL0, kinds, logs, only, ready, running
 
 from spx.daemon.core.restart_spec import Restart
-from spx.daemon.lifecycle.actions import Diagnose, FinishAttempt, RecordExit, RecordStop, SignalKill
+from spx.daemon.lifecycle.actions import (
+    AgreeGeneration,
+    Diagnose,
+    FinishAttempt,
+    Note,
+    RecordExit,
+    RecordStop,
+    SignalKill,
+)
 from spx.daemon.lifecycle.machine import advance
 from spx.daemon.lifecycle.observations import (
     AllGone,
     CancelRequested,
+    CheckpointFound,
     Diagnosed,
+    Go,
     HeartbeatSeen,
     LauncherExited,
+    Spawned,
     Tick,
     WorkerDied,
 )
@@ -75,6 +87,24 @@ def test_a_heartbeat_writer_keeps_waiting_for_its_launcher():
     # … and its launcher's exit ends it as before.
     after, actions = advance(after, LauncherExited(1, None), 23.0)
     assert after.phase is Phase.EXITED and only(actions, RecordExit).stop_cause is None
+
+
+def test_across_hosts_a_heartbeat_writer_is_killed_at_once_too():
+    """Each host keeps its ranks' step state, so no survivor can assemble a just-in-time checkpoint
+    of every rank: waiting for the launcher's teardown gains nothing."""
+    s, _ = advance(ready(limits=replace(PLAIN, gang=True)), Go((0, 1)), 0.0)
+    s, _ = advance(s, CheckpointFound(None, None, s.number, generation=3), 0.0)
+    s, _ = advance(s, Spawned(4242, WALL0), 0.0)
+    s, _ = advance(s, HeartbeatSeen(4, WALL0 + 5, "running"), 5.0)
+    after, actions = advance(s, WorkerDied(KILLED), 20.0)
+    assert after.phase is Phase.STOPPING and after.attempt.stop_cause == "worker-died"
+    assert kinds(actions) == [RecordStop, SignalKill]
+    assert any("its ranks span hosts" in a.text for a in actions if isinstance(a, Note))
+    # Its end is agreed with the other hosts as any end is (test_lifecycle_across_hosts.py).
+    s, _ = advance(after, LauncherExited(None, signal.SIGKILL), 20.05)
+    s, actions = advance(s, AllGone(), 20.1)
+    s, actions = advance(s, Diagnosed(s.number, None, False), 20.2)
+    assert s.phase is Phase.AGREEING and only(actions, AgreeGeneration).bump.reason.startswith("worker rank 1")
 
 
 def test_a_job_the_rule_does_not_apply_to_keeps_todays_behaviour():
