@@ -10,7 +10,9 @@ current one trains (and, for a first attempt, while it still looks for the check
 PREIMPORT and waits on stdin. The attempt's plan — argv `[python, -m, MODULE, …]` and its
 environment, one line — arrives there once the daemon knows it (GPUs, port, resume checkpoint); the
 agent reads it whole, closes its stdin (which tells its monitor it took the plan), takes that
-environment as its own and runs MODULE as `python -m` would, in this process.
+environment as its own and runs MODULE as `python -m` would, in this process. A torchrun across
+hosts gets one change: its rendezvous looks for the other agents every 0.1 s, not every second
+(quicker_rendezvous).
 Until then it sees no GPU (`CUDA_VISIBLE_DEVICES` is empty): nothing imported ahead can create a
 CUDA context, or settle on a device, before the plan says which; each worker still starts fresh
 with its devices, as torchrun starts it.
@@ -29,6 +31,60 @@ import json
 import os
 import runpy
 import sys
+
+RENDEZVOUS_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+POLL_SECONDS_PER_HOST = 1 / 80  # each look reads the whole rendezvous state, which grows with the hosts
+MIN_POLL_SECONDS = 0.1
+
+
+def rendezvous_poll_seconds(argv: list[str]) -> float | None:
+    """How often a waiting agent of this launch re-reads the rendezvous state: every 0.1 s up to 8
+    hosts, 1/80 s per host beyond, torch's own 1 s from 80 hosts (the store serves every waiting
+    agent the whole state at each look). None: one host (no one to wait for), or `--nnodes` not
+    readable."""
+    for i, arg in enumerate(argv):
+        if arg == "--nnodes" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--nnodes="):
+            value = arg.partition("=")[2]
+        else:
+            continue
+        try:
+            hosts = int(value.rpartition(":")[2])  # "N" or "MIN:MAX"
+        except ValueError:
+            return None
+        return None if hosts <= 1 else min(1.0, max(MIN_POLL_SECONDS, hosts * POLL_SECONDS_PER_HOST))
+    return None
+
+
+def quicker_rendezvous(poll: float) -> None:
+    """torchrun's rendezvous (c10d, etcd) looks at the shared state at most once a second while an
+    agent waits for the others: it sleeps a second between looks (`_delay(seconds=1)` in its join
+    loop) and serves a look within a second of the last from its cache (its state holder's
+    `cache_duration`). Across hosts that cost every relaunch about a second after the last agent had
+    joined, waiting rather than working. Here both are `poll` instead, for this launcher only. Its
+    other delays (the 0–0.3 s spread of the agents' first write) stay torch's own, and a torch
+    without these names is left as it is."""
+    try:
+        module = __import__(RENDEZVOUS_MODULE, fromlist=["_delay"])
+    except BaseException:  # noqa: BLE001 — not this torch's layout: its own pace stays
+        return
+    delay = getattr(module, "_delay", None)
+    holder = getattr(module, "_BackendRendezvousStateHolder", None)
+    if not callable(delay) or holder is None:
+        return
+    holder_init = holder.__init__
+
+    def poll_sooner(seconds: float | tuple[float, float]) -> None:
+        delay(poll if seconds == 1 else seconds)
+
+    def cache_shorter(self: object, *args: object, **kwargs: object) -> None:
+        holder_init(self, *args, **kwargs)
+        if getattr(self, "_cache_duration", 0) > poll:
+            self._cache_duration = poll  # type: ignore[attr-defined]
+
+    module._delay = poll_sooner  # type: ignore[attr-defined]
+    holder.__init__ = cache_shorter
 
 
 def _read_plan() -> dict | None:
@@ -68,6 +124,9 @@ def main(argv: list[str]) -> int:
     launch = plan["argv"]
     if launch[1:3] != ["-m", module]:  # not what was prepared: run it as a cold start would
         os.execve(launch[0], launch, plan["env"])
+    poll = rendezvous_poll_seconds(launch) if module == "torch.distributed.run" else None
+    if poll is not None:
+        quicker_rendezvous(poll)
     sys.argv = [module, *launch[3:]]
     # As `python -m`: the module runs afresh as __main__ (its own imports are kept, that is the gain).
     sys.modules.pop(module, None)
