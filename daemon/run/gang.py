@@ -2,8 +2,10 @@
 which generation an attempt joins, telling the other hosts an attempt ended, and the beat that
 says this host's share runs and brings back where the others are.
 
-Each call runs as the job's owner in the shared checkpoint dir (as_user: one process, ~50 ms, so
-off the main loop, in the owner's lane: run/gang_link.py, run/attempt_prep.py). What comes back was read from files the user can
+Each call runs as the job's owner in the shared checkpoint dir, off the main loop, in the owner's
+lane (run/gang_link.py, run/attempt_prep.py), through a kept as-user session (as_user_session): the
+beat once a second, and a relaunch's join and end, which lie on the path from a failure to every
+host's next first step, without a process start (~50 ms) each. What comes back was read from files the user can
 write: every field is checked here, a delay is clamped by the caller (step: at most the job's
 backoff cap), and a doc that is not one reads as "nothing new" — a user can only disturb their own
 job with it.
@@ -28,7 +30,7 @@ from spx.daemon.userfs import as_user
 # A host's line older than this is a daemon that is gone (it rewrites it every
 # lifecycle.across_hosts.BEAT_SECONDS while its share runs): a joining host no longer waits for it.
 HOST_STALE_SECONDS = 15.0
-JOIN_POLL_SECONDS = 0.5
+JOIN_POLL_SECONDS = 0.1  # a joining host waits for the others' ends: each look is a line to the session
 CALL_TIMEOUT_SECONDS = 20.0
 _FINALS = {"failed": JobState.FAILED, "cancelled": JobState.CANCELLED}
 
@@ -74,7 +76,8 @@ def join(cfg: DaemonConfig, job: JobRow, ckpt_dir: str, last: int | None, wait_s
     waited_for = None
     while True:
         answer = as_user.run(user, "gang_join", {**mine.args(time.time()), "dir": ckpt_dir, "last": last,
-                                                 "stale_seconds": HOST_STALE_SECONDS}, CALL_TIMEOUT_SECONDS)
+                                                 "stale_seconds": HOST_STALE_SECONDS}, CALL_TIMEOUT_SECONDS,
+                             session=True)
         gen = _gen(answer.get("gen"))
         if "wait" in answer and clock() - started < wait_seconds:
             waited_for = str(answer["wait"])[:200]
@@ -82,7 +85,7 @@ def join(cfg: DaemonConfig, job: JobRow, ckpt_dir: str, last: int | None, wait_s
             continue
         if "wait" in answer:  # waited long enough: join the newest generation as it is
             answer = as_user.run(user, "gang_join", {**mine.args(time.time()), "dir": ckpt_dir, "last": last,
-                                                     "stale_seconds": 0.0}, CALL_TIMEOUT_SECONDS)
+                                                     "stale_seconds": 0.0}, CALL_TIMEOUT_SECONDS, session=True)
             gen = _gen(answer.get("gen"))
         turn = turn_of(answer.get("current"), time.time())
         if gen is None:
@@ -101,7 +104,7 @@ def advance(cfg: DaemonConfig, job: JobRow, ckpt_dir: str, generation: int, bump
         "final": bump.final.value if bump.final is not None else None}
     answer = as_user.run(as_user.owner(job.owner_uid), "gang_advance",
                          {**me(cfg).args(now), "dir": ckpt_dir, "from_gen": generation, "bump": fields, "step": step},
-                         CALL_TIMEOUT_SECONDS)
+                         CALL_TIMEOUT_SECONDS, session=True)
     return bool(answer.get("won")), turn_of(answer.get("current"), time.time())
 
 
