@@ -48,17 +48,19 @@ def cap_arenas(limit: int = ARENA_MAX) -> int | None:
 class Trim:
     """`malloc_trim(0)` every TRIM_EVERY_SECONDS (module doc); nothing off glibc."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        try:
-            self._trim: Callable[[int], int] | None = ctypes.CDLL(None).malloc_trim
-        except (OSError, AttributeError):
-            self._trim = None
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 malloc_trim: Callable[[int], int] | None = None) -> None:
+        """`malloc_trim`: glibc's unless given (None where there is no glibc)."""
+        if malloc_trim is None:
+            try:
+                malloc_trim = ctypes.CDLL(None).malloc_trim
+            except (OSError, AttributeError):
+                malloc_trim = None
+        self._trim = malloc_trim
         self._next = clock() + TRIM_EVERY_SECONDS
-        self.trims = 0
 
     def tick(self, now: float) -> None:
         if self._trim is None or now < self._next:
             return
         self._next = now + TRIM_EVERY_SECONDS
         self._trim(0)
-        self.trims += 1

@@ -11,6 +11,7 @@ when the old processes are no longer its children.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 from collections.abc import Iterable
@@ -34,7 +35,7 @@ def become_subreaper() -> bool:
         return False
 
 
-def _read_proc(path: str) -> bytes:
+def read_proc(path: str) -> bytes:
     """A /proc file's content; b"" if it cannot be read (the process is gone, or hides it). Plain
     os calls, no pathlib: the scans below read one file of every process on the host."""
     try:
@@ -53,7 +54,13 @@ def _read_proc(path: str) -> bytes:
 
 
 def _environ(pid: int) -> bytes:
-    return _read_proc(f"/proc/{pid}/environ")
+    return read_proc(f"/proc/{pid}/environ")
+
+
+def stat_fields(pid: int) -> list[bytes]:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses): [0] is
+    field 3, the state; [] for a process that is gone."""
+    return read_proc(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()
 
 
 def _is_zombie(pid: int) -> bool:
@@ -189,38 +196,46 @@ class AttemptProcesses:
         return not (self.pgid and group_alive(self.pgid))
 
 
-def reap_orphans(keep: set[int]) -> None:
+def reap_orphans(keep: set[int]) -> int:
     """Collect exit statuses of re-parented descendants (as subreaper) without touching the
-    launcher processes in `keep`, whose status the supervisor reads through Popen."""
+    launcher processes in `keep`, whose status the supervisor reads through Popen. How many it
+    collected."""
+    reaped = 0
     for pid in _children() - keep:
         try:
-            os.waitpid(pid, os.WNOHANG)
+            reaped += os.waitpid(pid, os.WNOHANG)[0] == pid
         except ChildProcessError:
             pass
+    return reaped
 
 
 def _children() -> set[int]:
-    """This process's children: each thread's `children` list (a child is its forking thread's; an
-    orphan re-parented to the subreaper, one of its threads'), a few short reads where a scan of
-    /proc reads every process of the host. Without that file (a kernel built without
-    CONFIG_PROC_CHILDREN), the scan: every process whose parent is this one."""
-    me = os.getpid()
-    found: set[int] = set()
+    return children(os.getpid())
+
+
+def children(pid: int) -> set[int]:
+    """`pid`'s children: each of its threads' `children` list (a child is its forking thread's; an
+    orphan re-parented to a subreaper, one of its threads'), a few short reads where a scan of /proc
+    reads every process of the host. Without that file (a kernel built without
+    CONFIG_PROC_CHILDREN), the scan: every process whose parent is `pid`. Empty for a pid that is gone."""
     try:
-        tids = os.listdir(f"/proc/{me}/task")
-        if not os.path.exists(f"/proc/{me}/task/{me}/children"):
-            raise FileNotFoundError
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return _children_by_scan(me)
-    for tid in tids:
-        found.update(int(p) for p in _read_proc(f"/proc/{me}/task/{tid}/children").split())
-    return found
+        return set()
+    if not _children_files():
+        return _children_by_scan(pid)
+    return {int(c) for tid in tids for c in read_proc(f"/proc/{pid}/task/{tid}/children").split()}
+
+
+@functools.cache
+def _children_files() -> bool:
+    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
 def _children_by_scan(me: int) -> set[int]:
-    return {int(e.name) for e in os.scandir(_PROC) if e.name.isdigit() and _parent(e.name) == me}
+    return {int(e.name) for e in os.scandir(_PROC) if e.name.isdigit() and _parent(int(e.name)) == me}
 
 
-def _parent(pid: str) -> int | None:
-    fields = _read_proc(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()
+def _parent(pid: int) -> int | None:
+    fields = stat_fields(pid)
     return int(fields[1]) if len(fields) > 1 else None

@@ -31,7 +31,7 @@ from spx.daemon.lifecycle.observations import (
     Observation,
 )
 from spx.daemon.lifecycle.record import Phase, TrackedJob
-from spx.daemon.run import cgroups, snapshot, tracking
+from spx.daemon.run import cgroups, proctree, snapshot, tracking
 from spx.daemon.run.device_filter import DeviceFilters
 from spx.daemon.run.executor import Executor
 from spx.daemon.run.incidents import GpuSources
@@ -78,6 +78,7 @@ class Supervisor:
                  quarantine: Callable[[int, str], None] | None = None):
         self.cfg = cfg
         self.store = store
+        self._wake = wake
         self.cgroups = cgroup_tree  # None: attempts are found by tag and process group only
         self.clock = clock
         self.wall = wall
@@ -216,6 +217,12 @@ class Supervisor:
         when their launcher was killed with them, are the daemon's (a subreaper's) to reap, and each
         one's zombie holds its process group alive until then — the loop reaps each turn meanwhile."""
         return any(s.phase is Phase.EXITED for s in self.records.values())
+
+    def reap_orphans(self) -> None:
+        """The attempts' orphaned processes collected (the daemon is their subreaper); when they were
+        an exiting attempt's last, the loop is woken, so that its end is seen at once, not a turn later."""
+        if proctree.reap_orphans(self.child_pids()) and self.exiting():
+            self._wake()
 
     def waiting(self) -> list[Waiting]:
         out = []

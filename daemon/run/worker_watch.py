@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spx.daemon.lifecycle.record import WorkerExit
+from spx.daemon.run import proctree
 from spx.daemon.run.exit_wake import ExitWatch
 
 WORKER_LAUNCHERS = ("torchrun", "deepspeed")  # their workers are their children, each with its LOCAL_RANK
@@ -38,31 +39,9 @@ SLOW_LOOK_SECONDS = 2.0
 DEPTH = 4  # monitor → exec shim/launcher → (a launcher's own helper) → workers, with a level to spare
 
 
-def _read(path: str) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        return os.read(fd, 1 << 20)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-
-
-def children(pid: int) -> list[int]:
-    """`pid`'s children, from each of its threads' `children` file."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    return sorted({int(c) for t in tids for c in _read(f"/proc/{pid}/task/{t}/children").split()})
-
-
 def worker_rank(pid: int) -> tuple[bool, int | None]:
     """(is it a worker — its environment names a LOCAL_RANK —, its RANK if readable)."""
-    env = _read(f"/proc/{pid}/environ").split(b"\0")
+    env = proctree.read_proc(f"/proc/{pid}/environ").split(b"\0")
     if not any(v.startswith(b"LOCAL_RANK=") for v in env):
         return False, None
     rank = next((v[len(b"RANK="):] for v in env if v.startswith(b"RANK=")), b"")
@@ -73,7 +52,7 @@ def find_workers(root: int, depth: int = DEPTH) -> dict[int, int | None]:
     """The workers below process `root` (pid → rank): the first processes on each branch whose
     environment has LOCAL_RANK; what a worker starts itself is not looked at."""
     found: dict[int, int | None] = {}
-    level = children(root)
+    level = sorted(proctree.children(root))
     for _ in range(depth):
         below: list[int] = []
         for pid in level:
@@ -81,24 +60,20 @@ def find_workers(root: int, depth: int = DEPTH) -> dict[int, int | None]:
             if worker:
                 found[pid] = rank
             else:
-                below.extend(children(pid))
+                below.extend(sorted(proctree.children(pid)))
         level = below
     return found
 
 
-def _stat_fields(pid: int) -> list[bytes]:
-    return _read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()  # [0] is field 3 (state)
-
-
 def start_ticks(pid: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = proctree.stat_fields(pid)
     return int(fields[19]) if len(fields) > 19 else None
 
 
 def exit_status(pid: int, ticks: int | None) -> int | None:
     """The wait status of exited process `pid` (a zombie not reaped yet, started at `ticks`), or
     None if it cannot be told: reaped already, the pid another process's now, a kernel before 3.5."""
-    fields = _stat_fields(pid)
+    fields = proctree.stat_fields(pid)
     if len(fields) < 50 or fields[0] not in (b"Z", b"X") or ticks is None or int(fields[19]) != ticks:
         return None
     return int(fields[49])  # field 52: exit_code, the status as waitpid(2) reports it
