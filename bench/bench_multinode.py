@@ -20,13 +20,23 @@ torchrun, same hosts and arguments).
 - torchrun: `python -m torch.distributed.run --nnodes=2 --max-restarts=100` in each namespace; its
   agents re-rendezvous in the same round; the trainer resumes from the shared dir by itself.
 
-Goals (issue 16): spx reaches a first step again after every kill and ends with the uninterrupted
-model; the recovery time and torchrun's figures are reported beside them.
+The same run then measures spx's one-host relaunch of the same job: its 4 ranks on host 0 alone
+(`spx-one-host-4`: the same work on the same 2 cores, which both "hosts" here share), and one host's
+share alone (`spx-one-host-2`: 2 ranks, half the CPU load), with a worker on that host killed the
+same way. Each spx row has the restart's phases (`phases_median_s`: per phase of run/timeline.py, the
+median over kills of kill → that phase on the later host), read from every host's `spx status
+--timeline`.
+
+Goals: spx reaches a first step again after every kill and ends with the uninterrupted model
+(issue 16); kill → first step on both hosts ≤ 1.5× the one-host relaunch of the same 4 ranks in the
+same run (issue 29); the recovery times and torchrun's figures are reported beside them.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
 import random
 import re
@@ -53,6 +63,8 @@ SCRIPT = EXAMPLES / "train_ddp.py"
 RDZV_PORT = 29400
 HASH = re.compile(r"final_state_sha256=([0-9a-f]{64})")
 TAG = "BENCH_MULTINODE_RUN"  # SPX_* names are the daemon's
+ONE_HOST = "spx-one-host-4"  # the same job's 4 ranks on host 0 alone: what a restart across hosts is compared with
+ONE_HOST_2 = "spx-one-host-2"  # one host's share alone (2 ranks): half the CPU load of the other two here
 
 
 def train_args(steps: int, sleep: float = 0.2) -> list[str]:
@@ -95,6 +107,8 @@ class Tally:
     recovery_s: list[float] = field(default_factory=list)
     finished: bool = False
     final_hash: str | None = None
+    killed_at: list[float] = field(default_factory=list)  # wall time of each recovered kill
+    timelines: list[list[dict]] = field(default_factory=list)  # per run, every host's `spx status --timeline` rows
 
 
 class Launch:
@@ -102,9 +116,14 @@ class Launch:
     ended (and how), `stop()` ends it and everything it started. Its processes carry TAG=run_id."""
 
     run_id = ""
+    victim_host = 1  # the namespace whose workers are killed
 
     def beats(self) -> list[Heartbeat | None]:
         raise NotImplementedError
+
+    def timelines(self) -> list[dict]:
+        """Every host's phases of every attempt (spx only), each row with its host's index."""
+        return []
 
     def done(self) -> bool | None:
         """None while it runs; True when it finished the training; False when it ended otherwise."""
@@ -156,16 +175,23 @@ class TorchrunLaunch(Launch):
 
 
 class SpxLaunch(Launch):
-    def __init__(self, hosts: Hosts, work: Path, run_id: str, steps: int, max_restarts: int) -> None:
+    """The job on both hosts, 2 ranks each; with `one_host`, all `procs` of its ranks on host 0 alone
+    (the same job without `nodes`: the one-host relaunch the same run compares with)."""
+
+    def __init__(self, hosts: Hosts, work: Path, run_id: str, steps: int, max_restarts: int,
+                 one_host: bool = False, procs: int = 2) -> None:
         self.run_id = run_id
+        spaces = hosts.namespaces[:1] if one_host else hosts.namespaces
+        self.victim_host = 0 if one_host else 1
         self.daemons = [Daemon(work / f"{run_id}-host{i}", gpu_backend="fake", prefix=["ip", "netns", "exec", ns])
-                        for i, ns in enumerate(hosts.namespaces)]
+                        for i, ns in enumerate(spaces)]
         argv = ", ".join(f'"{a}"' for a in train_args(steps))
-        text = (f"name: wide\nlauncher: torchrun\nscript: {SCRIPT}\npython: {PY}\nargs: [{argv}]\ngpus: 2\nprocs: 2\n"
+        nodes = "" if one_host else f"nodes: {{count: 2, rdzv_endpoint: '{hosts.addresses[0]}:{RDZV_PORT}'}}\n"
+        text = (f"name: wide\nlauncher: torchrun\nscript: {SCRIPT}\npython: {PY}\nargs: [{argv}]\n"
+                f"gpus: {procs}\nprocs: {procs}\n"
                 f"env: {{GLOO_SOCKET_IFNAME: {IFNAME}, OMP_NUM_THREADS: '1', {TAG}: '{run_id}'}}\n"
                 f"restart: {{max_restarts: {max_restarts}, backoff_seconds: [0, 1]}}\nstop: {{grace_seconds: 10}}\n"
-                f"checkpoints: {{dir: {work / 'ckpt'}}}\n"
-                f"nodes: {{count: 2, rdzv_endpoint: '{hosts.addresses[0]}:{RDZV_PORT}'}}\n")
+                f"checkpoints: {{dir: {work / 'ckpt'}}}\n{nodes}")
         for d in self.daemons:
             d.start()
         for d in self.daemons:
@@ -187,6 +213,13 @@ class SpxLaunch(Launch):
         if any(s in ("failed", "cancelled") for s in states):
             return False
         return None
+
+    def timelines(self) -> list[dict]:
+        rows = []
+        for i, d in enumerate(self.daemons):
+            out = d.spx("status", "wide", "--timeline", "--json", check=False)
+            rows += [{**r, "host": i} for r in (json.loads(out.stdout) if out.returncode == 0 else [])]
+        return rows
 
     def stop(self) -> None:
         for d in self.daemons:
@@ -222,6 +255,7 @@ def measure(make: type[Launch], hosts: Hosts, work: Path, a: argparse.Namespace,
                     time.sleep(0.5)
             finished = launch.done()
             hashes = HASH.findall(launch.logs())
+            tally.timelines.append(launch.timelines())
         finally:
             launch.stop()
         if finished:  # all kills done, or the training ended before the last one (fewer kills: reported)
@@ -244,7 +278,7 @@ def kill_once(launch: Launch, hosts: Hosts, work: Path, a: argparse.Namespace, r
         if all(first_step_after(b, since) for b in beats):
             base = base or [b.step for b in beats if b is not None]
             if all(b is not None and b.step >= s + past for b, s in zip(beats, base, strict=True)):
-                victims = workers(launch.run_id, hosts.namespaces[1])
+                victims = workers(launch.run_id, hosts.namespaces[launch.victim_host])
                 if victims:
                     break
         time.sleep(0.1)
@@ -256,11 +290,12 @@ def kill_once(launch: Launch, hosts: Hosts, work: Path, a: argparse.Namespace, r
             recovered = max(f for f in firsts if f is not None) - killed
             tally.recovered += 1
             tally.recovery_s.append(round(recovered, 2))
-            print(f"  {work.name} kill {tally.kills}: both hosts at a first step {recovered:.1f} s later", flush=True)
+            tally.killed_at.append(killed)
+            print(f"  {work.name} kill {tally.kills}: every host at a first step {recovered:.1f} s later", flush=True)
             return "recovered", killed
         time.sleep(0.1)
     tally.misses += 1
-    print(f"  {work.name} kill {tally.kills}: no first step on both hosts in {a.stall:.0f} s (a miss): run ended, "
+    print(f"  {work.name} kill {tally.kills}: no first step on every host in {a.stall:.0f} s (a miss): run ended, "
           "started again over the same checkpoints", flush=True)
     return "missed", killed
 
@@ -277,12 +312,39 @@ def reference_hash(hosts: Hosts, work: Path, steps: int) -> str:
         launch.stop()
 
 
-def row(launcher: str, t: Tally, reference: str) -> dict:
+MILESTONES = ("worker_exit", "launcher_exit", "group_dead", "end_recorded", "spawn", "interpreter_up",
+              "torch_imported", "rendezvous", "first_step")
+"""The phases of a restart (run/timeline.py) the breakdown reads, in order: each host's teardown
+(worker_exit … group_dead), the agreement and the end stored (end_recorded), the join and the
+checkpoint search (spawn), the agents' rendezvous and the workers' start (interpreter_up), torch's
+import, the process group of every rank (rendezvous), the resume and the first step."""
+
+
+def phases_after_kills(t: Tally) -> dict[str, float]:
+    """Per milestone, the median over kills of kill → that phase on the later host (the first time each
+    host reached it after the kill and before the next one)."""
+    rows = [r for rows in t.timelines for r in rows]
+    kills = sorted(t.killed_at)
+    at: dict[str, list[float]] = {m: [] for m in MILESTONES}
+    for i, killed in enumerate(kills):
+        until = kills[i + 1] if i + 1 < len(kills) else float("inf")
+        for m in MILESTONES:
+            per_host: dict[int, float] = {}
+            for r in rows:
+                if r["phase"] == m and killed <= r["time"] < until:
+                    per_host[r["host"]] = min(per_host.get(r["host"], r["time"]), r["time"])
+            if per_host:
+                at[m].append(max(per_host.values()) - killed)
+    return {m: round(statistics.median(v), 2) for m, v in at.items() if v}
+
+
+def row(launcher: str, t: Tally, reference: str | None) -> dict:
     rec = t.recovery_s
     return {"launcher": launcher, "kills": t.kills, "recovered": t.recovered, "misses": t.misses, "runs": t.runs,
             "recovery_median_s": round(statistics.median(rec), 2) if rec else None,
             "recovery_max_s": max(rec) if rec else None, "recovery_s": rec, "finished": t.finished,
-            "final_hash_equal": t.final_hash == reference}
+            "final_hash_equal": None if reference is None else t.final_hash == reference,
+            "phases_median_s": phases_after_kills(t)}
 
 
 def main() -> int:
@@ -301,15 +363,17 @@ def main() -> int:
             with two_hosts() as hosts:
                 reference = reference_hash(hosts, Path(tmp) / "reference", a.steps)
                 tallies = {}
-                for name, make in (("spx", SpxLaunch), ("torchrun", TorchrunLaunch)):
+                for name, make in (("spx", SpxLaunch), ("torchrun", TorchrunLaunch),
+                                   (ONE_HOST, functools.partial(SpxLaunch, one_host=True, procs=4)),
+                                   (ONE_HOST_2, functools.partial(SpxLaunch, one_host=True, procs=2))):
                     work = Path(tmp) / name
                     work.mkdir()
                     tallies[name] = measure(make, hosts, work, a, random.Random(a.seed))
         except NetnsUnavailable as e:
             print(f"bench_multinode needs network namespaces: {e}", file=sys.stderr)
             return 2
-    rows = [row(name, t, reference) for name, t in tallies.items()]
-    spx, torchrun = tallies["spx"], tallies["torchrun"]
+    rows = [row(name, t, reference if name in ("spx", "torchrun") else None) for name, t in tallies.items()]
+    spx, torchrun, one, one2 = tallies["spx"], tallies["torchrun"], tallies[ONE_HOST], tallies[ONE_HOST_2]
     goals = [
         Goal("spx kills after which both hosts reached a first step / kills", spx.recovered / max(1, spx.kills), "==", 1),
         Goal("(baseline) torchrun --max-restarts: kills recovered / kills", torchrun.recovered / max(1, torchrun.kills), "==", 1),
@@ -318,6 +382,12 @@ def main() -> int:
     if spx.recovery_s:
         goals.append(Goal("(reported) spx recovery across hosts, kill -> first step on both, median",
                           statistics.median(spx.recovery_s), "<=", 60, "s"))
+    if spx.recovery_s and one.recovery_s:
+        goals.append(Goal("spx kill -> first step on both hosts / on one host (the same 4 ranks, same run), medians",
+                          statistics.median(spx.recovery_s) / statistics.median(one.recovery_s), "<=", 1.5))
+    if spx.recovery_s and one2.recovery_s:
+        goals.append(Goal("(reported) spx across hosts / one host with one host's 2 ranks (half the CPU load here), "
+                          "medians", statistics.median(spx.recovery_s) / statistics.median(one2.recovery_s), "<=", 1.5))
     if torchrun.recovery_s:
         goals.append(Goal("(baseline) torchrun in-agent recovery across hosts, median",
                           statistics.median(torchrun.recovery_s), "<=", 60, "s"))
