@@ -312,12 +312,13 @@ def reference_hash(hosts: Hosts, work: Path, steps: int) -> str:
         launch.stop()
 
 
-MILESTONES = ("worker_exit", "launcher_exit", "group_dead", "end_recorded", "spawn", "interpreter_up",
+MILESTONES = ("worker_exit", "launcher_exit", "group_dead", "end_recorded", "joined", "spawn", "interpreter_up",
               "torch_imported", "rendezvous", "first_step")
 """The phases of a restart (run/timeline.py) the breakdown reads, in order: each host's teardown
-(worker_exit … group_dead), the agreement and the end stored (end_recorded), the join and the
-checkpoint search (spawn), the agents' rendezvous and the workers' start (interpreter_up), torch's
-import, the process group of every rank (rendezvous), the resume and the first step."""
+(worker_exit … group_dead), the agreement and the end stored (end_recorded), the join of the next
+generation (joined, across hosts only), the checkpoint search (spawn), the agents' rendezvous and
+the workers' start (interpreter_up), torch's import, the process group of every rank (rendezvous),
+the resume and the first step."""
 
 
 def phases_after_kills(t: Tally) -> dict[str, float]:

@@ -48,7 +48,7 @@ class AttemptPrep:
             self.pool.start(job, s.ledger.gpus, a.number)
         avoid = a.avoid
 
-        def find() -> tuple[attempt_files.AttemptFiles | None, CheckpointRef | None, dict, int | None,
+        def find() -> tuple[attempt_files.AttemptFiles | None, CheckpointRef | None, dict, gang.Joined | None,
                             Observation | None]:
             try:
                 files = attempt_files.prepare(cfg, job, a.number)
@@ -76,19 +76,22 @@ class AttemptPrep:
             if joined is not None:
                 found = {**found, "generation": joined.gen, "join_waited_seconds": joined.waited,
                          "join_waited_for": joined.waited_for}
-            return files, ref, found, joined.gen if joined is not None else None, None
+            return files, ref, found, joined, None
 
         def done(outcome: Outcome) -> Observation:
             if not outcome.ok:
                 return ActionFailed(a, str(outcome.error))
-            files, ref, found, generation, ended = outcome.value
+            files, ref, found, joined, ended = outcome.value
             if ended is not None or files is None:
                 return ended
+            if joined is not None:
+                self.recorder.before_spawn(job.id, "joined", joined.at)
             self.recorder.before_spawn(job.id, "checkpoint_found")
             self.runtime.prepared(job, a.number, files, found)
             checkpoint_report.say(job.name, a.number, files, ref, found)
             return CheckpointFound(str(ref.path) if ref else None, ref.step if ref else None, a.number,
-                                   generation=generation, fell_back=bool(found.get("fallback_from")))
+                                   generation=joined.gen if joined is not None else None,
+                                   fell_back=bool(found.get("fallback_from")))
 
         self.work.submit(job, "checkpoint discovery", find, _LANE_DEADLINE_SECONDS, done, action=a)
         return []

@@ -64,6 +64,7 @@ class Joined:
     final: GangTurn | None = None
     waited: float = 0.0
     waited_for: str | None = None
+    at: float | None = None  # wall time it was known (the timeline's `joined`)
 
 
 def join(cfg: DaemonConfig, job: JobRow, ckpt_dir: str, last: int | None, wait_seconds: float,
@@ -91,7 +92,7 @@ def join(cfg: DaemonConfig, job: JobRow, ckpt_dir: str, last: int | None, wait_s
         if gen is None:
             raise ValueError(f"{ckpt_dir}/.spx-gang gave no generation")
         return Joined(gen, turn if turn is not None and turn.final is not None else None, round(clock() - started, 3),
-                      waited_for)
+                      waited_for, time.time())
 
 
 def advance(cfg: DaemonConfig, job: JobRow, ckpt_dir: str, generation: int, bump: GangTurn | None,

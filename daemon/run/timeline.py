@@ -8,7 +8,9 @@ The names, in order, are `state.phases`'s. A restart runs through these phases, 
   attempt monitor's exit record: when torchrun/deepspeed ended), `failure_seen` (the daemon observed that exit), `group_dead` (none
   of the attempt's processes is left), `end_recorded` (diagnosed, the policy decided, the end stored);
 - on the next attempt (`START_PHASES`): `placed` (the scheduler placed it: its GPUs, if it has any, are free and
-  healthy), `checkpoint_found` (the resume checkpoint was chosen, as the job's owner), `spawn`;
+  healthy), `joined` (across hosts: the generation it joins is known — after waiting for any host still
+  in an older one; `join_waited_seconds` in its checkpoint report says how long), `checkpoint_found`
+  (the resume checkpoint was chosen, as the job's owner), `spawn`;
 - from the worker, through rank 0's heartbeat (`contract.worker_env.WORKER_PHASES`, written by
   `spx.trainer`): `interpreter_up`, `torch_imported`, `rendezvous`, `checkpoint_loaded`,
   `first_step`; and `first_beat`, when the first heartbeat of the attempt was written — the one
@@ -54,9 +56,10 @@ class Recorder:
         self._spawned: dict[int, tuple[int, float]] = {}  # job → (its attempt's row, spawn time)
         self._written: dict[int, set[str]] = {}           # row → phases stored
 
-    def before_spawn(self, job_id: int, phase: str) -> None:
-        """A start phase of the job's next attempt (its row does not exist yet); first one counts."""
-        self._pending.setdefault(job_id, {}).setdefault(phase, self.wall())
+    def before_spawn(self, job_id: int, phase: str, at: float | None = None) -> None:
+        """A start phase of the job's next attempt (its row does not exist yet), now or `at` (seen off
+        the loop, told here after); first one counts."""
+        self._pending.setdefault(job_id, {}).setdefault(phase, self.wall() if at is None else at)
 
     def spawned(self, job_id: int, row: int, when: float) -> None:
         """The attempt of `row` was spawned at `when`: its start phases are stored now."""

@@ -13,7 +13,7 @@ import math
 from spx.daemon.contract.worker_env import WORKER_PHASES
 
 FAILURE_PHASES = ("worker_exit", "launcher_exit", "failure_seen", "group_dead", "end_recorded")
-START_PHASES = ("placed", "checkpoint_found", "spawn")
+START_PHASES = ("placed", "joined", "checkpoint_found", "spawn")  # joined: across hosts only
 # Names a phase had before: read as the name it has now (a store written by an earlier version).
 _RENAMED = {"gpus_free": "placed"}
 ATTEMPT_PHASES = (*START_PHASES, *WORKER_PHASES, "first_beat")

@@ -131,13 +131,14 @@ def test_the_recorder_stores_start_phases_at_spawn_and_each_worker_phase_once(tm
     rec = Recorder(store, Clock())
     rec.before_spawn(job_id, "placed")           # 1001
     rec.before_spawn(job_id, "placed")           # a repeat keeps the first
+    rec.before_spawn(job_id, "joined", 1001.5)   # seen off the loop (the join, across hosts), told after
     rec.before_spawn(job_id, "checkpoint_found")    # 1002 (the clock ticked on the repeat too)
     rec.spawned(job_id, row, 1005.0)
     rec.beat(job_id, row, Heartbeat(step=9, time=1004.0, phases={"first_step": 1003.0}))  # before spawn: the old attempt's
     rec.beat(job_id, row, Heartbeat(step=1, time=1010.0, phases={"rendezvous": 1008.0, "first_step": 1009.0}))
     rec.beat(job_id, row, Heartbeat(step=2, time=1020.0, phases={"rendezvous": 1.0, "first_step": 2.0}))
     got = stored(store.attempts.for_job(job_id)[0].phases)
-    assert got == {"placed": 1001.0, "checkpoint_found": 1003.0, "spawn": 1005.0, "rendezvous": 1008.0,
+    assert got == {"placed": 1001.0, "joined": 1001.5, "checkpoint_found": 1003.0, "spawn": 1005.0, "rendezvous": 1008.0,
                    "first_step": 1009.0, "first_beat": 1010.0}
     store.close()
 
