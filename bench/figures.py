@@ -66,21 +66,24 @@ def goodput_series(row: dict[str, Any], checkpoint_every: int = CHECKPOINT_EVERY
 
 
 def goodput_figure(result: dict[str, Any]) -> str:
-    disturbed = [d for d in dict.fromkeys(r["disturbance"] for r in result["rows"]) if d != "undisturbed"]
+    # One panel per disturbance and kill schedule (the runs at the shortest T may have several seeds).
+    disturbed = [d for d in dict.fromkeys((r["disturbance"], r.get("seed")) for r in result["rows"])
+                 if d[0] != "undisturbed"]
     panel_h, top = 300.0, 40.0
     svg = Svg(880, top + panel_h * max(len(disturbed), 1) + 10,
               title="goodput: training step over wall time, spx vs bare torchrun, under kills")
     svg.text(80, 24, f"goodput bench ({result.get('when', '')}): training step over wall time, spx vs bare torchrun",
              font_size=14, font_weight="bold", class_="title")
-    for i, disturbance in enumerate(disturbed):
-        rows = [r for r in result["rows"] if r["disturbance"] == disturbance]
+    for i, (disturbance, seed) in enumerate(disturbed):
+        rows = [r for r in result["rows"] if r["disturbance"] == disturbance and r.get("seed") == seed]
         series = {r["launcher"]: goodput_series(r) for r in rows}
         x_top = nice_top(max(p[0] for pts, _ in series.values() for p in pts))
         y_top = nice_top(max(p[1] for pts, _ in series.values() for p in pts))
         plot = Plot(svg, Box(80, top + 30 + panel_h * i, 760, panel_h - 90), (0.0, x_top), (0.0, y_top))
         measured = all(m for _, m in series.values())
         note = "" if measured else "  (reconstructed from the kill log)"
-        plot.axes("seconds since the launch", "step", f"{disturbance}{note}")
+        seeded = f", kill seed {seed}" if seed is not None and len({d[1] for d in disturbed if d[0] == disturbance}) > 1 else ""
+        plot.axes("seconds since the launch", "step", f"{disturbance}{seeded}{note}")
         for r in rows:
             colour = LAUNCHER_COLOURS.get(r["launcher"], PALETTE[2])
             plot.line(series[r["launcher"]][0], f"{r['launcher']}: goodput {r['goodput']:.3f}, wall {r['wall_s']:.1f} s",
