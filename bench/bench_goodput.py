@@ -120,6 +120,13 @@ def tagged(tag: str) -> list[tuple[int, list[bytes], str]]:
     return out
 
 
+def run_tag(work: Path) -> str:
+    """NAME=VALUE in the environment of every process of the run in `work`: unique to this bench's
+    run (its temporary directory's name too), so that a run left over from another bench — killed
+    half-way, its workers still up — is never taken for this one's (its heartbeat, its ranks)."""
+    return f"GOODPUT_RUN={work.parent.name}-{work.name}"
+
+
 def worker_pids(tag: str) -> dict[int, int]:
     """{rank: pid} of the training workers (torchrun sets RANK in each worker's environment)."""
     ranks = {}
@@ -351,8 +358,8 @@ def schedule(d: Disturbance, seed: int, horizon: float) -> str:
 
 def run_torchrun(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
     ck, hb = work / "ck", work / "heartbeat.json"
-    tag = f"GOODPUT_RUN={work.name}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_HEARTBEAT_FILE: str(hb), tag.split("=")[0]: work.name}
+    tag = run_tag(work)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_HEARTBEAT_FILE: str(hb), **dict([tag.split("=", 1)])}
     watch = HeartbeatWatch(lambda: hb)
     watch.start()
     start = time.time()
@@ -400,7 +407,7 @@ def spx_job_yaml(name: str, a: argparse.Namespace, ck: Path, tag: str, jit: bool
 def run_spx(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
     """One job on a fresh daemon; a job that fails is submitted again over the same checkpoint dir
     (what its user would do), counted as an unfinished run."""
-    tag = f"GOODPUT_RUN={work.name}"
+    tag = run_tag(work)
     hb: dict[str, Any] = {"path": None, "at": 0.0}
 
     def heartbeat() -> str | None:  # the daemon's per-job heartbeat path, from a worker's environment
