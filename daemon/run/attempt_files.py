@@ -348,8 +348,7 @@ def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float,
                       before_step: int | None = None) -> tuple[CheckpointRef | None, dict[str, Any]]:
     """The latest complete checkpoint not in `exclude` (path → why) and, for a divergence rollback,
     before `before_step`, found by a process running as the job's owner (root never walks the user's
-    tree; a kept one, as_user_session: no process start per attempt), after `checkpoints.resume:
-    never` set aside what predates the job; `require` without one is an error (the job fails before an attempt).
+    tree), after `checkpoints.resume: never` set aside what predates the job; `require` without one is an error (the job fails before an attempt).
     With it, discovery's whole (capped) answer: the layout, the candidates skipped and why.
     UserPathError on timeout or failure. Slow: call it off the main loop."""
     user = as_user.owner(job.owner_uid)
@@ -361,7 +360,7 @@ def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float,
                      into=str(files.checkpoint_dir / f".before-job-{job.id}"))
     found = as_user.find_latest(user, str(files.checkpoint_dir), job.spec.checkpoints.pattern, timeout, exclude,
                                 local_dir=str(files.local_checkpoint_dir) if files.local_checkpoint_dir else None,
-                                before_step=before_step, session=True)
+                                before_step=before_step)
     path, step = found.get("path"), found.get("step")
     if path is None:
         if resume == "require":

@@ -157,13 +157,12 @@ def set_aside(user: Owner, ckpt_dir: str, before: float, into: str, timeout: flo
 
 def find_latest(user: Owner, ckpt_dir: str, pattern: str | None, timeout: float,
                 exclude: dict[str, str] | None = None, local_dir: str | None = None,
-                before_step: int | None = None, session: bool = False) -> dict[str, Any]:
+                before_step: int | None = None) -> dict[str, Any]:
     """`checkpoint_discovery.discover` run as `user`: its capped JSON answer ("path" None: nothing
     complete to resume from). `exclude` maps checkpoint paths not to choose to the reason;
-    `before_step` (a divergence rollback) passes over those at or after it; `session`: in a kept
-    child (the daemon's search before every attempt, on the path from a failure to the next step)."""
+    `before_step` (a divergence rollback) passes over those at or after it."""
     result = run(user, "find_latest", {"dir": ckpt_dir, "pattern": pattern, "exclude": exclude or {},
-                                       "local_dir": local_dir, "before_step": before_step}, timeout, session)
+                                       "local_dir": local_dir, "before_step": before_step}, timeout)
     if not isinstance(result, dict):
         raise UserPathError(errno.EIO, f"checkpoint discovery as {user.name} gave an odd answer")
     return result

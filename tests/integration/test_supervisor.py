@@ -85,7 +85,7 @@ def test_kill9_of_one_worker_takes_the_group_down_and_the_job_resumes(daemon):
     # Where the relaunch spent its time (spx status --timeline): every phase recorded, in order.
     rows = json.loads(daemon.spx("status", "kill-worker", "--timeline", "--json").stdout)
     relaunch = [r for r in rows if r["attempt"] == 2]
-    assert [r["phase"] for r in relaunch] == list(ALL_PHASES), relaunch
+    assert [r["phase"] for r in relaunch] == [p for p in ALL_PHASES if p != "joined"], relaunch  # joined: across hosts
     times = [r["time"] for r in relaunch]
     assert times == sorted(times), relaunch
 
