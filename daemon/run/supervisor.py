@@ -78,7 +78,6 @@ class Supervisor:
                  quarantine: Callable[[int, str], None] | None = None):
         self.cfg = cfg
         self.store = store
-        self._wake = wake
         self.cgroups = cgroup_tree  # None: attempts are found by tag and process group only
         self.clock = clock
         self.wall = wall
@@ -219,10 +218,8 @@ class Supervisor:
         return any(s.phase is Phase.EXITED for s in self.records.values())
 
     def reap_orphans(self) -> None:
-        """The attempts' orphaned processes collected (the daemon is their subreaper); when they were
-        an exiting attempt's last, the loop is woken, so that its end is seen at once, not a turn later."""
-        if proctree.reap_orphans(self.child_pids()) and self.exiting():
-            self._wake()
+        """The attempts' orphaned processes collected (the daemon is their subreaper)."""
+        proctree.reap_orphans(self.child_pids())
 
     def waiting(self) -> list[Waiting]:
         out = []

@@ -30,7 +30,6 @@ from spx.daemon.lifecycle.observations import (
 )
 from spx.daemon.lifecycle.record import Phase
 from spx.daemon.lifecycle.starting import CHECKPOINT_DEADLINE_SECONDS
-from spx.daemon.run import proctree
 from spx.daemon.run.scheduler import Start
 from spx.daemon.run.supervisor import Supervisor
 from spx.daemon.state.jobs_table import JobRow
@@ -289,24 +288,3 @@ def test_the_snapshot_is_published_each_turn_and_cannot_be_changed(world):
     sup.tick()
     assert sup.snapshot().job(job.id) is None and snap.job(job.id) is summary, "an old snapshot stays as it was"
 
-
-def test_reaping_an_exiting_attempts_last_orphans_wakes_the_loop_at_once(world, monkeypatch):
-    """Its end is then seen on the next turn at once, not a cadence's wait later (service/cadence.py)."""
-    sup, store, clock, executor = world
-    woken: list[int] = []
-    sup = Supervisor(sup.cfg, store, wake=lambda: woken.append(1), clock=clock, executor=executor, wall=sup.wall)
-    reaped = [1]
-    monkeypatch.setattr(proctree, "reap_orphans", lambda keep: reaped[0])
-    sup.reap_orphans()
-    assert woken == [], "no attempt is exiting: an orphan of nothing the loop waits for"
-    job = add(store, "exiting")
-    launched(sup, executor, job, clock)
-    executor.seen[job.id] = [LauncherExited(None, 9)]
-    sup.tick()
-    assert sup.records[job.id].phase is Phase.EXITED and sup.exiting()
-    reaped[0] = 0
-    sup.reap_orphans()
-    assert woken == [], "nothing collected: nothing new to see"
-    reaped[0] = 2
-    sup.reap_orphans()
-    assert woken == [1]
