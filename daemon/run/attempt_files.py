@@ -347,8 +347,9 @@ def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float,
                       exclude: dict[str, str] | None = None,
                       before_step: int | None = None) -> tuple[CheckpointRef | None, dict[str, Any]]:
     """The latest complete checkpoint not in `exclude` (path → why) and, for a divergence rollback,
-    before `before_step`, found by a process running as the job's owner (root never walks the user's
-    tree), after `checkpoints.resume: never` set aside what predates the job; `require` without one is an error (the job fails before an attempt).
+    before `before_step`, found by a process running as
+    the job's owner (root never walks the user's tree), after `checkpoints.resume: never` set aside
+    what predates the job; `require` without one is an error (the job fails before an attempt).
     With it, discovery's whole (capped) answer: the layout, the candidates skipped and why.
     UserPathError on timeout or failure. Slow: call it off the main loop."""
     user = as_user.owner(job.owner_uid)

@@ -196,17 +196,14 @@ class AttemptProcesses:
         return not (self.pgid and group_alive(self.pgid))
 
 
-def reap_orphans(keep: set[int]) -> int:
+def reap_orphans(keep: set[int]) -> None:
     """Collect exit statuses of re-parented descendants (as subreaper) without touching the
-    launcher processes in `keep`, whose status the supervisor reads through Popen. How many it
-    collected."""
-    reaped = 0
+    launcher processes in `keep`, whose status the supervisor reads through Popen."""
     for pid in _children() - keep:
         try:
-            reaped += os.waitpid(pid, os.WNOHANG)[0] == pid
+            os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
-    return reaped
 
 
 def _children() -> set[int]:

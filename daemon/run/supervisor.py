@@ -31,7 +31,7 @@ from spx.daemon.lifecycle.observations import (
     Observation,
 )
 from spx.daemon.lifecycle.record import Phase, TrackedJob
-from spx.daemon.run import cgroups, proctree, snapshot, tracking
+from spx.daemon.run import cgroups, snapshot, tracking
 from spx.daemon.run.device_filter import DeviceFilters
 from spx.daemon.run.executor import Executor
 from spx.daemon.run.incidents import GpuSources
@@ -216,10 +216,6 @@ class Supervisor:
         when their launcher was killed with them, are the daemon's (a subreaper's) to reap, and each
         one's zombie holds its process group alive until then — the loop reaps each turn meanwhile."""
         return any(s.phase is Phase.EXITED for s in self.records.values())
-
-    def reap_orphans(self) -> None:
-        """The attempts' orphaned processes collected (the daemon is their subreaper)."""
-        proctree.reap_orphans(self.child_pids())
 
     def waiting(self) -> list[Waiting]:
         out = []

@@ -228,7 +228,7 @@ class Daemon:
             self._stage("retention", self.retention.tick)
             self._stage("trim", functools.partial(trim.tick, now))
             if now >= next_reap or self.supervisor.exiting():  # an attempt's orphaned zombies hold up its end
-                self._stage("reap", self.supervisor.reap_orphans)
+                self._stage("reap", lambda: proctree.reap_orphans(self.supervisor.child_pids()))
             if now >= next_reap:
                 self._stage("sweep", self.supervisor.sweep_cgroups)
                 next_reap = now + REAP_EVERY_SECONDS
