@@ -44,6 +44,7 @@ MAX_PER_UID = 8
 REQUEST_SECONDS = 5.0  # to receive the whole request line
 REPLY_SECONDS = 5.0  # to hand the reply to a client that does not read it
 LOOP_ANSWER_SECONDS = 30.0  # for the main loop to make a change (cancel, hold, drain, …)
+SUN_PATH_BYTES = 108  # sockaddr_un's path field on Linux, its NUL included
 RUN_DIR_MODE = 0o755  # the socket and the per-job heartbeat dirs are reached through it
 
 
@@ -90,7 +91,9 @@ class ControlServer:
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path.name, dir_fd=run_fd)
-            self._sock.bind(str(path))
+            # Bound through the dir fd just opened: nothing is resolved by name again, and a run dir
+            # whose path is longer than sun_path's 108 bytes works all the same.
+            self._sock.bind(f"/proc/self/fd/{run_fd}/{path.name}")
             # Anyone may connect; what they may see and do is decided per request from SO_PEERCRED.
             fsafe.chmod_socket_at(run_fd, path.name, 0o666)
         finally:
@@ -235,6 +238,19 @@ def _encode(reply: dict) -> bytes:
     return json.dumps(reply).encode() + b"\n"
 
 
+def _connect(s: socket.socket, path: Path) -> None:
+    """Connect by name, or through a fd of the socket's dir when the name does not fit sun_path (108
+    bytes, the NUL included): a daemon under a deep --root still answers."""
+    if len(os.fsencode(str(path))) < SUN_PATH_BYTES:
+        s.connect(str(path))
+        return
+    dir_fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        s.connect(f"/proc/self/fd/{dir_fd}/{path.name}")
+    finally:
+        os.close(dir_fd)
+
+
 def request(path: Path, op: str, name: str | None = None, timeout: float = 35.0, arg: str | None = None) -> dict:
     """Client side (used by `spx`). Raises OSError if the daemon is not listening, TimeoutError (an
     OSError) if the whole reply has not come within `timeout` seconds of the start; a connection closed
@@ -242,7 +258,7 @@ def request(path: Path, op: str, name: str | None = None, timeout: float = 35.0,
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
-        s.connect(str(path))
+        _connect(s, path)
         try:
             s.settimeout(max(deadline - time.monotonic(), 0.001))
             s.sendall(json.dumps({"op": op, "name": name, **({"arg": arg} if arg is not None else {})}).encode() + b"\n")

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainer_runs import start_deepspeed
+from trainer_runs import DS_OPS_DIR, start_deepspeed
 
 from harness import EXAMPLES, Daemon, job_pids, wait_for
 from spx.daemon.contract import checkpoint_layout as layout
@@ -34,7 +34,7 @@ def test_deepspeed_zero3_job_killed_once_resumes_from_its_checkpoint_with_the_un
     try:
         d.drop("ds.yaml", f"name: ds-job\nlauncher: deepspeed\nscript: {EXAMPLES / 'train_deepspeed.py'}\n"
                           f"python: {sys.executable}\ndeepspeed_config: {EXAMPLES / 'ds_config.json'}\n"
-                          f"args: [{argv}]\ngpus: 2\nprocs: 2\n"
+                          f"args: [{argv}]\ngpus: 2\nprocs: 2\nenv: {{TORCH_EXTENSIONS_DIR: {DS_OPS_DIR}}}\n"
                           "restart: {max_restarts: 2, backoff_seconds: [1, 5], hang_timeout_seconds: 600}\n")
         ckpt = d.checkpoint_dir("ds-job")
         wait_for(lambda: layout.latest_complete(ckpt), 600, "the first DeepSpeed checkpoint", interval=0.2)

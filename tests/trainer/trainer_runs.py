@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,20 @@ from spx.daemon.run import proctree
 from spx.daemon.run.launcher import free_port
 
 PY = sys.executable
+# DeepSpeed JIT-builds its CPU ops (cpu_adam, the shm collectives) on first use, under a FileBaton: a
+# `lock` file that a build killed part way leaves behind, and every later build then waits on it for
+# ever. The suite builds them beside its own venv (a fresh clone builds afresh), and a lock older than
+# this session belongs to no build of it (this suite's one DeepSpeed test starts after collection).
+DS_OPS_DIR = Path(sys.prefix) / "torch_extensions"
+_SESSION_START = time.time()
+
+
+def deepspeed_ops_dir() -> Path:
+    """The suite's DeepSpeed op dir, with locks left by builds that died before this session removed."""
+    for lock in DS_OPS_DIR.glob("*/lock"):
+        if lock.stat().st_mtime < _SESSION_START:
+            lock.unlink(missing_ok=True)
+    return DS_OPS_DIR
 # 2 ranks × batch 8 over 256 sequences: 16 steps per epoch, so 60 steps cross 3 epoch boundaries
 # and a checkpoint every 10 steps lands mid-epoch.
 DDP_ARGS = ["--batch_size", "8", "--model-size", "tiny", "--seed", "1234", "--steps", "60",
@@ -56,7 +71,10 @@ class Run:
         return proctree.signal_attempt(self.tag, self.proc.pid, sig)
 
     def wait(self, timeout: float = 300) -> int:
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"run still going after {timeout:g} s:\n{self.output()[-3000:]}") from None
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -86,7 +104,8 @@ def start_deepspeed(work: Path, name: str, *extra: str, attempt: int = 1) -> Run
     hb = work / f"{name}-a{attempt}.heartbeat"
     log = work / f"{name}-a{attempt}.log"
     env = {**os.environ, "SPX_CHECKPOINT_DIR": str(ckpt), "SPX_HEARTBEAT_FILE": str(hb),
-           "SPX_ATTEMPT": str(attempt), "OMP_NUM_THREADS": "1", ENV_ATTEMPT_ID: (tag := uuid.uuid4().hex)}
+           "SPX_ATTEMPT": str(attempt), "OMP_NUM_THREADS": "1", ENV_ATTEMPT_ID: (tag := uuid.uuid4().hex),
+           "TORCH_EXTENSIONS_DIR": str(deepspeed_ops_dir())}
     world = base64.urlsafe_b64encode(json.dumps({"localhost": [0, 1]}).encode()).decode()
     argv = [PY, "-m", "deepspeed.launcher.launch", f"--world_info={world}", "--master_addr=127.0.0.1",
             f"--master_port={free_port()}", str(EXAMPLES / "train_deepspeed.py"), "--deepspeed",

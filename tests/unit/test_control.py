@@ -219,3 +219,19 @@ def test_a_run_dir_others_can_write_is_replaced_before_the_socket_is_bound(tmp_p
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.untrusted-")]
     finally:
         srv.stop()
+
+
+def test_a_run_dir_deeper_than_sun_path_still_serves_and_answers(tmp_path):
+    """sockaddr_un holds 108 bytes: a daemon under a deep --root (CI's pytest dirs reach it) binds and
+    is reached through a fd of its run dir, not refused with 'AF_UNIX path too long'."""
+    run = tmp_path.joinpath(*["a-fairly-long-directory-name"] * 5) / "run"
+    path = run / "spx.sock"
+    assert len(str(path)) >= control.SUN_PATH_BYTES
+    run.parent.mkdir(parents=True)
+    srv = ControlServer(path, lambda *a: {"ok": True, "result": [{"deep": True}]}, queue.SimpleQueue(), queue.SimpleQueue())
+    srv.start()
+    try:
+        assert path.is_socket()
+        assert request(path, "ls", timeout=10)["result"] == [{"deep": True}]
+    finally:
+        srv.stop()
