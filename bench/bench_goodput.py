@@ -4,6 +4,8 @@ seconds, and once reclaimed like a spot host (SIGTERM), under spx-trainer and un
 
     .venv/bin/python bench/bench_goodput.py [--quick] [--steps N] [--intervals 60 20] [--seed 1 | --seeds 1 2 3]
     .venv/bin/python bench/bench_goodput.py --ledger-check [--steps 800]   # the goodput ledger's checks
+    .venv/bin/python bench/bench_goodput.py --launchers spx spx-standby-workers torchrun …   # the opt-in
+                      restart.standby_workers as a launcher of its own (daemon/run/standby_worker.py)
 
 The work: examples/train_ddp.py, 2 ranks, gloo on CPU, tiny model, `--sleep-per-step 0.1`, a
 checkpoint every 100 steps (what a user sets: a few seconds of work per checkpoint, not every step),
@@ -396,17 +398,21 @@ def run_torchrun(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
     return Outcome(wall, finished, dist.kills, restarts, dist.misses(steps), launches - 1, steps, start)
 
 
-def spx_job_yaml(name: str, a: argparse.Namespace, ck: Path, tag: str, jit: bool = True) -> str:
+def spx_job_yaml(name: str, a: argparse.Namespace, ck: Path, tag: str, jit: bool = True,
+                 standby_workers: bool = False) -> str:
     argv = ", ".join(f'"{x}"' for x in train_args(a.steps, jit))
     key, value = tag.split("=", 1)
+    workers = ", standby_workers: true" if standby_workers else ""
     return (f"name: {name}\nlauncher: torchrun\nscript: {SCRIPT}\npython: {PY}\nargs: [{argv}]\nprocs: {PROCS}\n"
             f"env: {{OMP_NUM_THREADS: '1', {key}: '{value}'}}\ncheckpoints: {{dir: {ck}}}\n"
-            f"restart: {{max_restarts: {a.max_restarts}, backoff_seconds: [0, 1]}}\nstop: {{grace_seconds: 60}}\n")
+            f"restart: {{max_restarts: {a.max_restarts}, backoff_seconds: [0, 1]{workers}}}\n"
+            "stop: {grace_seconds: 60}\n")
 
 
-def run_spx(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
+def run_spx(d: Disturbance, a: argparse.Namespace, work: Path, standby_workers: bool = False) -> Outcome:
     """One job on a fresh daemon; a job that fails is submitted again over the same checkpoint dir
-    (what its user would do), counted as an unfinished run."""
+    (what its user would do), counted as an unfinished run. `standby_workers`: the job asks for its
+    next attempt's workers started ahead (`restart.standby_workers`)."""
     tag = run_tag(work)
     hb: dict[str, Any] = {"path": None, "at": 0.0}
 
@@ -432,7 +438,7 @@ def run_spx(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
         state = None
         while state not in ("succeeded", "gave up") and len(histories) <= a.max_restarts:
             name = f"goodput-{work.name}-{len(histories) + 1}"
-            daemon.drop(f"{name}.yaml", spx_job_yaml(name, a, work / "ck", tag, d.jit))
+            daemon.drop(f"{name}.yaml", spx_job_yaml(name, a, work / "ck", tag, d.jit, standby_workers))
             checked = 0.0
             while True:
                 if time.monotonic() - checked > 1:
@@ -463,7 +469,9 @@ def run_spx(d: Disturbance, a: argparse.Namespace, work: Path) -> Outcome:
                    start, histories)
 
 
-RUNNERS = {"spx": run_spx, "torchrun": run_torchrun}
+RUNNERS = {"spx": run_spx, "torchrun": run_torchrun,
+           "spx-standby-workers": lambda d, a, work: run_spx(d, a, work, standby_workers=True)}
+DEFAULT_LAUNCHERS = ["spx", "torchrun"]  # spx-standby-workers: opt-in, as for a job
 
 
 # -- report -----------------------------------------------------------------------------------------
@@ -540,6 +548,8 @@ def goodput_goals(rows: list[dict[str, Any]]) -> list[Goal]:
         case = disturbance.split(" at ")[0]  # "SIGTERM (spot reclaim)", without its time
         if launcher == "spx":
             tag = "" if disturbance == "kill -9 every 60 s" else "(reported) "
+        elif launcher.startswith("spx"):
+            tag = "(reported) "
         else:
             tag = "(baseline) "
         values = sorted(r["goodput"] for r in runs)
@@ -575,7 +585,7 @@ def main() -> int:
     ap.add_argument("--stall-timeout", type=float, default=120.0)
     ap.add_argument("--give-up", type=float, default=4.0,
                     help="a disturbed run unfinished after this many times its undisturbed wall time is unfinished")
-    ap.add_argument("--launchers", nargs="+", default=list(RUNNERS), choices=list(RUNNERS))
+    ap.add_argument("--launchers", nargs="+", default=DEFAULT_LAUNCHERS, choices=list(RUNNERS))
     ap.add_argument("--ledger-check", action="store_true",
                     help="only spx's kill -9 every 20 s (or --intervals), with and without JIT checkpoints: the "
                          "goodput ledger against the bench's measure (bench/results/goodput_ledger.json)")

@@ -17,6 +17,9 @@ instant, read the same way:
   ahead with torch imported (daemon/run/standby.py);
 - the same relaunch by a daemon with `launch_standby: false` (every launcher starts cold), for
   what the standby saves;
+- the same relaunch of a job with `restart.standby_workers: true` (its next attempt's workers started
+  ahead too, daemon/run/standby_worker.py), each kill once they have their imports done, and the
+  standby's memory then (`spx status`'s figure: the launcher and the workers, summed Pss);
 - a plain script (`--plain`, on by default; bench/plain_ddp.py: a DDP loop on torch alone, no
   spx.trainer, no heartbeat — what most people bring), whose "first step" is the time its rank 0
   appends to a file after its first optimizer step: bare torchrun's cold start, and spx's relaunch
@@ -26,7 +29,7 @@ instant, read the same way:
   counts as progress once it lived that long; by default three kills within 600 s are a crash loop).
 
 Goals (ratios of this run): spx cold start ≤ 1.05× bare torchrun's; kill → first step ≤ 1.05× the spx
-cold start; for the plain script, spx's kill → first step ≤ 1.0× bare torchrun's cold start. Writes bench/results/recovery.json (bench/benchlib.py).
+cold start; with standby workers, kill → first step ≤ 0.7× bare torchrun's cold start; for the plain script, spx's kill → first step ≤ 1.0× bare torchrun's cold start. Writes bench/results/recovery.json (bench/benchlib.py).
 """
 
 from __future__ import annotations
@@ -149,10 +152,24 @@ def bare_restart(base: Path, i: int) -> float | None:
 # --- spx ---------------------------------------------------------------------------------------------------------
 
 
-def job_yaml(name: str, steps: int) -> str:
+def job_yaml(name: str, steps: int, standby_workers: bool = False) -> str:
     argv = ", ".join(f'"{a}"' for a in [*SCRIPT_ARGS, "--steps", str(steps)])
+    workers = ", standby_workers: true" if standby_workers else ""
     return (f"name: {name}\nlauncher: torchrun\nscript: {EXAMPLES / 'train_ddp.py'}\npython: {PY}\n"
-            f"args: [{argv}]\nprocs: 2\nrestart: {{backoff_seconds: [0, 1], max_restarts: 100}}\n")
+            f"args: [{argv}]\nprocs: 2\nrestart: {{backoff_seconds: [0, 1], max_restarts: 100{workers}}}\n")
+
+
+def standby_workers_waiting(name: str) -> list[int]:
+    """The job's standby workers that have their imports done (blocked reading their command)."""
+    found = []
+    for pid, env in live_environments():
+        try:
+            if (f"SPX_JOB={name}".encode() in env and b"standby_worker.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                    and Path(f"/proc/{pid}/syscall").read_text().startswith("0 0x0 ")):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 def timeline(d: Daemon, name: str) -> list[dict]:
@@ -180,13 +197,20 @@ def spx_cold(d: Daemon, i: int) -> tuple[float, dict[str, float]]:
     return phases["first_step"], phases
 
 
-def spx_relaunch(d: Daemon, kills: int, name: str = "relaunch") -> tuple[list[float], dict[str, list[float]]]:
-    """kill → first step per kill, and per phase its deltas from the kills."""
-    d.drop(f"{name}.yaml", job_yaml(name, 100_000))
+def spx_relaunch(d: Daemon, kills: int, name: str = "relaunch", standby_workers: bool = False,
+                 held: list[float] | None = None) -> tuple[list[float], dict[str, list[float]]]:
+    """kill → first step per kill, and per phase its deltas from the kills. With `standby_workers`,
+    each kill waits for the next attempt's 2 workers to be ready, and `held` gets the standby's
+    memory (MiB) then."""
+    d.drop(f"{name}.yaml", job_yaml(name, 100_000, standby_workers))
     hb = wait_for(lambda: next(iter((d.root / "run" / "jobs").glob(f"*-{name}/heartbeat.json")), None), 120, "heartbeat")
     since, kill_times = 0.0, []
     for _ in range(kills):
         wait_step(hb, since, KILL_AFTER_STEPS)
+        if standby_workers:
+            wait_for(lambda: len(standby_workers_waiting(name)) == 2, 120, "2 standby workers ready", interval=0.2)
+            if held is not None:
+                held.append((d.status(name).get("standby_memory_bytes") or 0) / 2**20)
         pid = rank_pid(f"SPX_JOB={name}", 1)
         assert pid is not None, "rank 1 not found"
         since = time.time()
@@ -300,6 +324,13 @@ def main() -> int:
             relaunch, phases = spx_relaunch(d, kills)
         finally:
             d.stop()
+        held: list[float] = []
+        d = Daemon(base / "spx-standby-workers")
+        d.start()
+        try:
+            relaunch_workers, phases_workers = spx_relaunch(d, kills, "relaunch-workers", True, held)
+        finally:
+            d.stop()
         d = Daemon(base / "spx-no-standby", config={"launch_standby": False})
         d.start()
         try:
@@ -323,6 +354,12 @@ def main() -> int:
         *({"case": f"  spx relaunch phase {p} (from the kill)", "median_s": med(v)} for p, v in phases.items()),
         {"case": "spx relaunch without a standby (launch_standby: false)", "median_s": med(relaunch_cold),
          "reached": f"{len(relaunch_cold)} of {kills}"},
+        {"case": "spx relaunch with standby workers (restart.standby_workers)", "median_s": med(relaunch_workers),
+         "reached": f"{len(relaunch_workers)} of {kills}", "runs_s": [round(x, 2) for x in relaunch_workers]},
+        *({"case": f"  standby workers relaunch phase {p} (from the kill)", "median_s": med(v)}
+          for p, v in phases_workers.items()),
+        {"case": "  standby with 2 workers ready: memory (MiB, summed Pss, at each kill)", "median_s": None,
+         "median_mib": round(statistics.median(held)) if held else None, "runs_mib": [round(x) for x in held]},
     ]
     if a.plain:
         rows += [
@@ -335,12 +372,15 @@ def main() -> int:
         ]
     goals = [Goal("spx cold start / bare torchrun cold start", round((cold_m or 0) / (bare_m or 1), 3), "<=", 1.05),
              Goal("spx kill → first step / spx cold start", round((relaunch_m or 0) / (cold_m or 1), 3), "<=", 1.05)]
+    goals.append(Goal("spx kill → first step with standby workers / bare torchrun cold start",
+                      round((med(relaunch_workers) or 0) / (bare_m or 1), 3), "<=", 0.7))
     if a.plain:
         goals.append(Goal("plain script: spx kill → first step / bare torchrun cold start",
                           round((med(plain) or 0) / (med(plain_bare) or 1), 3), "<=", 1.0))
     path = write_result("recovery", rows, goals)
     for r in rows:
-        extra = r.get("reached") or (f"n={r['n']}" if "n" in r else "")
+        extra = r.get("reached") or (f"n={r['n']}" if "n" in r else "") or (
+            f"{r['median_mib']} MiB {r['runs_mib']}" if "median_mib" in r else "")
         print(f"{r['case']:<66} {r['median_s'] if r['median_s'] is not None else '-':>7} s  {extra}")
     for g in goals:
         print(f"goal {g.name}: {g.value} {g.op} {g.target}: {'met' if g.met else 'NOT met'}")

@@ -24,6 +24,15 @@ def mark(name: str, when: float | None = None) -> None:
     _marked.setdefault(name, time.time() if when is None else when)
 
 
+def taken_now(when: float | None = None) -> None:
+    """This process became an attempt's worker now, its interpreter and imports done before (a
+    standby worker handed its rank: daemon/run/standby_worker.py). For this attempt they were ready
+    at that moment, so both phases are that moment; what was marked before is forgotten."""
+    at = time.time() if when is None else when
+    _marked.clear()
+    _marked.update(interpreter_up=at, torch_imported=at)
+
+
 def recorded() -> dict[str, float]:
     """Every phase marked so far, with `interpreter_up` where /proc tells it (read once)."""
     if "interpreter_up" not in _marked:

@@ -68,7 +68,10 @@ def print_status(doc: dict, paint: Paint = PLAIN) -> None:
     if doc.get("staging"):
         print(f"  staging: {doc['staging']}")
     if doc.get("standby_memory_bytes") is not None:  # what keeping it costs (state/standby_memory.py)
-        print(f"  standby: next attempt's launcher ready, {doc['standby_memory_bytes'] / 2**20:.0f} MiB (launch_standby)")
+        workers = doc.get("standby_workers") or 0
+        what = f"launcher and {workers} workers" if workers else "launcher"
+        knobs = "launch_standby, restart.standby_workers" if workers else "launch_standby"
+        print(f"  standby: next attempt's {what} ready, {doc['standby_memory_bytes'] / 2**20:.0f} MiB ({knobs})")
     history = doc.get("history", [])
     failed = [a for a in history if a.get("reason_class") and a["reason_class"] not in NOT_FAILURES]
     if failed:

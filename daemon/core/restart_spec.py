@@ -91,6 +91,12 @@ class Restart(_Strict):
         "counted against max_restarts), `never` (the job fails), `counted` (restarted while max_restarts allows) or "
         "{max: N, within_first_seconds: S}; merged over the defaults.",
     )
+    standby_workers: bool = Field(
+        False, description="torchrun only: the next attempt's workers are started ahead too, each with torch and "
+        "spx.trainer imported, and a relaunch hands them their ranks (docs/recovery.md). Costs a worker's "
+        "imports in host RAM per local rank for the whole run; only for scripts whose imports read no "
+        "environment and do no work.",
+    )
 
     @field_validator("on_failure", mode="before")
     @classmethod

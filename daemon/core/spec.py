@@ -189,6 +189,8 @@ class JobSpec(_Strict):
             raise ValueError("launcher: deepspeed runs one worker per GPU; drop `procs` or make it equal to gpus")
         if self.launcher == "deepspeed" and self.module:
             raise ValueError("launcher: deepspeed runs a `script`, not a `module`")
+        if self.restart.standby_workers and self.launcher != "torchrun":
+            raise ValueError("restart.standby_workers: only torchrun's workers can be started ahead")
         if self.launcher == "python" and self.worker_count > 1:
             raise ValueError("launcher: python runs one process; use torchrun for procs > 1")
         if self.replay is not None and (self.checkpoints.dir is None or self.checkpoints.resume == "never"):

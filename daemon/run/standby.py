@@ -61,6 +61,7 @@ class Standby:
     started: float                  # monotonic
     monitor: launcher.Started
     devices: device_filter.Pending | None = None  # its cgroup's filter, no GPU until `go` (the executor's)
+    workers: int = 0                # standby workers it started, each in a session of its own
 
     @property
     def pid(self) -> int:
@@ -106,6 +107,9 @@ class Standby:
         started.status_r = started.plan_w = started.go_r = -1
         if started.proc.poll() is not None and not proctree.group_alive(started.proc.pid):
             return  # ended and reaped (a failed go), nothing of its group left: the number may be another's now
+        if self.workers:  # theirs are sessions of their own: found by the attempt's tag
+            proctree.signal_attempt(self.attempt_id, started.proc.pid, signal.SIGKILL)
+            return
         try:
             os.killpg(started.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -113,16 +117,24 @@ class Standby:
 
 
 def start(number: int, attempt_id: str, plan: launcher.LaunchPlan, uid: int, log_dir_fd: int, log_name: str,
-          cgroup: Path | None, max_log_bytes: int, readers: LogAccess | None = None) -> Standby | None:
+          cgroup: Path | None, max_log_bytes: int, readers: LogAccess | None = None, workers: int = 0) -> Standby | None:
     """A standby for attempt `number` from a provisional `plan` (its GPUs, port and checkpoint may
     still change: only the interpreter, working directory, module and user count), or None where
     the plan's launcher gets none. It sees no GPU until its plan (standby_agent.py). Does not wait
-    for the agent's start: its errors come at `go`. Its log is the attempt's, for `readers`."""
+    for the agent's start: its errors come at `go`. Its log is the attempt's, for `readers`.
+    `workers`: standby workers for that many local ranks (torchrun only; 0: none), each with its
+    LOCAL_RANK (and, on one host, its RANK) in its environment from the start: the daemon's worker
+    watch and operators' tools find a worker by them in /proc."""
     module = module_of(plan)
     if module is None:
         return None
     env = {k: v for k, v in plan.env.items() if k != "CUDA_DEVICE_ORDER"} | {"CUDA_VISIBLE_DEVICES": ""}
-    agent = launcher.LaunchPlan(argv=[plan.argv[0], str(AGENT), PREIMPORTS[module], module], env=env, cwd=plan.cwd)
+    ranks = [str(workers)] if workers > 0 and module == "torch.distributed.run" else []
+    if ranks and "--nnodes=1" in plan.argv:
+        ranks.append("0")  # one host: the global ranks are the local ones, known ahead
+    agent = launcher.LaunchPlan(argv=[plan.argv[0], str(AGENT), PREIMPORTS[module], module, *ranks], env=env,
+                                cwd=plan.cwd)
     started = launcher.start_monitor(agent, uid, log_dir_fd, log_name, cgroup, max_log_bytes, standby=True,
                                      readers=readers)
-    return Standby(number, attempt_id, cgroup, plan.argv[0], plan.cwd, module, time.monotonic(), started)
+    return Standby(number, attempt_id, cgroup, plan.argv[0], plan.cwd, module, time.monotonic(), started,
+                   workers=int(ranks[0]) if ranks else 0)

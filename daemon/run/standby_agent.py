@@ -1,8 +1,10 @@
 """The standby: an attempt's launcher started before its plan, its modules already imported.
 
-    PYTHON .../spx/daemon/run/standby_agent.py PREIMPORT MODULE
+    PYTHON .../spx/daemon/run/standby_agent.py PREIMPORT MODULE [WORKERS [FIRST_RANK]]
                            (the attempt monitor starts it, through the exec shim, as the job's user with
-                            the job's python; standby.py says which PREIMPORT each launcher MODULE gets)
+                            the job's python; standby.py says which PREIMPORT each launcher MODULE gets,
+                            and WORKERS, the local ranks, for a job with `restart.standby_workers`,
+                            FIRST_RANK where the global ranks are known ahead: one host)
 
 Why: half of a relaunch is the launcher's own start — an interpreter, `import torch`, torchrun's
 modules — before a single worker exists. The daemon starts this for the next attempt while the
@@ -13,6 +15,10 @@ agent reads it whole, closes its stdin (which tells its monitor it took the plan
 environment as its own and runs MODULE as `python -m` would, in this process. A torchrun across
 hosts gets one change: its rendezvous looks for the other agents every 0.1 s, not every second
 (quicker_rendezvous).
+With WORKERS, it also starts that many standby workers (standby_worker.py: torch imported, waiting
+for their command) and, once the plan runs torchrun, torchrun's worker start hands each local rank's
+command to its standby worker instead of a new interpreter (StandbyWorkers); a rank with none, or a
+start torchrun makes differently, is started as torchrun would.
 Until then it sees no GPU (`CUDA_VISIBLE_DEVICES` is empty): nothing imported ahead can create a
 CUDA context, or settle on a device, before the plan says which; each worker still starts fresh
 with its devices, as torchrun starts it.
@@ -30,9 +36,14 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import subprocess
 import sys
+from pathlib import Path
 
 RENDEZVOUS_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+HANDLER_MODULE = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
+CONTEXT_MODULE = "torch.distributed.elastic.multiprocessing.api"
+WORKER = Path(__file__).with_name("standby_worker.py")
 POLL_SECONDS_PER_HOST = 1 / 80  # each look reads the whole rendezvous state, which grows with the hosts
 MIN_POLL_SECONDS = 0.1
 
@@ -87,6 +98,80 @@ def quicker_rendezvous(poll: float) -> None:
     holder.__init__ = cache_shorter
 
 
+class StandbyWorkers:
+    """One standby worker per local rank, the agent's children, until torchrun takes or leaves them."""
+
+    def __init__(self, count: int, first_rank: int | None):
+        self.ready: dict[int, subprocess.Popen] = {}
+        for rank in range(count):
+            # Its ranks from the start (a process's /proc environ is the one it started with): whoever
+            # watches the attempt's workers finds them, and tells which rank died, by them.
+            ranks = {"LOCAL_RANK": str(rank), **({"RANK": str(first_rank + rank)} if first_rank is not None else {})}
+            try:
+                self.ready[rank] = subprocess.Popen(
+                    [sys.executable, "-u", str(WORKER)], stdin=subprocess.PIPE, start_new_session=True,
+                    env={**os.environ, **ranks})
+            except OSError:  # that rank starts cold
+                pass
+
+    def hand(self, rank: int, argv: tuple, env: dict[str, str], stdout: str | None,
+             stderr: str | None) -> subprocess.Popen | None:
+        """Local rank `rank`'s standby worker, given the command torchrun would run for it; None: none
+        ready (never started, or gone), torchrun starts that rank itself."""
+        proc = self.ready.pop(rank, None)
+        if proc is None or proc.stdin is None:
+            return None
+        command = {"argv": [str(a) for a in argv], "env": env, "cwd": os.getcwd(), "stdout": stdout, "stderr": stderr}
+        try:
+            if proc.poll() is not None:
+                return None
+            proc.stdin.write(json.dumps(command).encode() + b"\n")
+            proc.stdin.close()
+        except OSError:  # it died under us: it ends, the rank starts cold
+            proc.kill()
+            return None
+        return proc
+
+    def release(self) -> None:
+        """The ones torchrun did not take: EOF ends each (exit 0)."""
+        for proc in self.ready.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+        self.ready.clear()
+
+
+def hand_workers_to(workers: StandbyWorkers) -> None:
+    """torchrun's worker start (`SubprocessHandler._popen`) takes a local rank's standby worker where
+    one is ready, and each round of starts (`SubprocessContext._start`) lets the rest go. A torch
+    without these names starts every worker itself, the standby workers released at once."""
+    try:
+        handlers = __import__(HANDLER_MODULE, fromlist=["SubprocessHandler"])
+        contexts = __import__(CONTEXT_MODULE, fromlist=["SubprocessContext"])
+    except BaseException:  # noqa: BLE001 — not this torch's layout
+        workers.release()
+        return
+    handler, context = getattr(handlers, "SubprocessHandler", None), getattr(contexts, "SubprocessContext", None)
+    popen, start = getattr(handler, "_popen", None), getattr(context, "_start", None)
+    if not callable(popen) or not callable(start):
+        workers.release()
+        return
+
+    def popen_prepared(self: object, args: tuple, env: dict[str, str]) -> subprocess.Popen:
+        files = [getattr(getattr(self, name, None), "name", None) for name in ("_stdout", "_stderr")]
+        rank = getattr(self, "local_rank_id", None)
+        taken = workers.hand(rank, args, env, *files) if isinstance(rank, int) else None
+        return taken if taken is not None else popen(self, args, env)
+
+    def start_then_release(self: object) -> None:
+        try:
+            start(self)
+        finally:
+            workers.release()
+
+    handler._popen = popen_prepared  # type: ignore[union-attr]
+    context._start = start_then_release  # type: ignore[union-attr]
+
+
 def _read_plan() -> dict | None:
     """The plan's line (None: EOF before a whole one — the standby was discarded)."""
     data = b""
@@ -109,6 +194,7 @@ def _module_search_path() -> None:
 def main(argv: list[str]) -> int:
     preimport, module = argv[1], argv[2]
     _module_search_path()
+    workers = StandbyWorkers(int(argv[3]), int(argv[4]) if len(argv) > 4 else None) if len(argv) > 3 else None
     try:
         __import__(preimport)
     except BaseException:  # noqa: BLE001 — the launch, not the standby, reports a broken install
@@ -127,6 +213,8 @@ def main(argv: list[str]) -> int:
     poll = rendezvous_poll_seconds(launch) if module == "torch.distributed.run" else None
     if poll is not None:
         quicker_rendezvous(poll)
+    if workers is not None:
+        hand_workers_to(workers)
     sys.argv = [module, *launch[3:]]
     # As `python -m`: the module runs afresh as __main__ (its own imports are kept, that is the gain).
     sys.modules.pop(module, None)

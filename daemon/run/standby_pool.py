@@ -63,7 +63,8 @@ class StandbyPool:
             fd = attempt_files.job_log_dir_fd(self.cfg, job)
             try:
                 made = standby.start(number, attempt_id, plan, job.owner_uid, fd, files.log_name, cgroup,
-                                     self.cfg.log_max_bytes, readers=files.readers)
+                                     self.cfg.log_max_bytes, readers=files.readers,
+                                     workers=job.spec.worker_count if job.spec.restart.standby_workers else 0)
             finally:
                 os.close(fd)
         except (OSError, KeyError) as e:

@@ -69,6 +69,8 @@ class JobView:
     # What its standby (the next attempt's launcher, started ahead: config `launch_standby`) holds in
     # memory now, its processes' summed Pss in bytes (state/standby_memory.py); None without one.
     standby_memory_bytes: int | None = None
+    # Of it, workers started ahead (`restart.standby_workers`: one per local rank); 0 without.
+    standby_workers: int = 0
     staging: str | None = None
     history: list[AttemptView] = field(default_factory=list)
     # The store's id: tells apart the jobs of a reused name (`spx ls --all`, `spx logs --job-id`).

@@ -80,6 +80,9 @@ def test_cross_field_messages_say_the_fix():
     assert "exactly one of `script` or `module`" in errors("name: x\n")
     assert "use torchrun" in errors("name: x\nlauncher: python\nscript: a.py\nprocs: 2\n")
     assert "0 <= first <= cap" in errors(OK + "restart: {backoff_seconds: [5, 1]}\n")
+    assert "only torchrun's workers" in errors("name: x\nlauncher: python\nscript: a.py\n"
+                                               "restart: {standby_workers: true}\n")
+    assert parse_spec(OK + "restart: {standby_workers: true}\n").restart.standby_workers
 
 
 # --- every input is a JobSpec or a SpecError (issue 12): the escapes found by a hostile user ------

@@ -58,6 +58,8 @@ ALLOWED: dict[str, str] = {
                               "by dir fd); stdlib-only under -I -S, so it cannot import userfs",
     "run/launcher.py": "reads the monitor's exit record in root-owned log/NAME: O_NOFOLLOW|O_NONBLOCK, 4 KiB cap",
     "run/standby_agent.py": "opens /dev/null only, and runs as the job's user (never root): the job's own launcher",
+    "run/standby_worker.py": "runs as the job's user (never root), a worker of the job: opens /dev/null, its own "
+                             "/proc/self/maps and the rank's log files torchrun named, as the cold worker would",
     "run/attempt_runtime.py": "mkdir of the attempt's cgroup in the daemon's own cgroupfs subtree",
     "run/enter_attempt.py": "the exec shim: cgroup.procs in the daemon's cgroupfs, as root, before the uid switch",
     "run/cgroups.py": "cgroupfs: the daemon's own delegated subtree",
