@@ -10,7 +10,8 @@ into bench/results/*.svg, so they can be redrawn without rerunning anything:
   for a kill -9, the kill's own step after a SIGTERM's checkpoint), the end at the wall time — and
   the panel says so.
 - recovery.svg: where a (re)start's time goes, as stacked bars of its phases (`spx status
-  --timeline`'s names), for bare torchrun's and spx's cold start and spx's relaunch after a kill.
+  --timeline`'s names), for bare torchrun's and spx's cold start and spx's relaunch after a kill,
+  with a standby launcher and with standby workers too.
 - checkpoint_stall.svg: the training loop's stall in a synchronous torch.save against spx's
   asynchronous save, and the background write's length.
 - scale.svg: the daemon's latencies (loop turn p99, spx ls / status over the socket and /metrics,
@@ -46,7 +47,8 @@ LAUNCHER_COLOURS = {"spx": PALETTE[0], "torchrun": PALETTE[1]}
 PHASE_ROW = re.compile(r"^\s+(?P<group>.+?) phase (?P<phase>\S+) \(from (?P<origin>.+)\)$")
 # The recovery bench's groups of phase rows, and the bar each becomes.
 RECOVERY_GROUPS = {"bare torchrun cold": "torchrun cold start", "spx cold": "spx cold start",
-                   "spx relaunch": "spx relaunch after a kill"}
+                   "spx relaunch": "spx relaunch after a kill",
+                   "standby workers relaunch": "spx relaunch, standby workers"}
 RENAMED_PHASES = {"gpus_free": "placed"}
 
 

@@ -44,6 +44,7 @@ RENDEZVOUS_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 HANDLER_MODULE = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
 CONTEXT_MODULE = "torch.distributed.elastic.multiprocessing.api"
 WORKER = Path(__file__).with_name("standby_worker.py")
+TITLE_ROOM = 1024  # blanks on a standby worker's command line: room for the command it is handed
 POLL_SECONDS_PER_HOST = 1 / 80  # each look reads the whole rendezvous state, which grows with the hosts
 MIN_POLL_SECONDS = 0.1
 
@@ -109,7 +110,7 @@ class StandbyWorkers:
             ranks = {"LOCAL_RANK": str(rank), **({"RANK": str(first_rank + rank)} if first_rank is not None else {})}
             try:
                 self.ready[rank] = subprocess.Popen(
-                    [sys.executable, "-u", str(WORKER)], stdin=subprocess.PIPE, start_new_session=True,
+                    [sys.executable, "-u", str(WORKER), " " * TITLE_ROOM], stdin=subprocess.PIPE, start_new_session=True,
                     env={**os.environ, **ranks})
             except OSError:  # that rank starts cold
                 pass

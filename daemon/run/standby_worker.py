@@ -1,9 +1,10 @@
 """A standby worker: one of the next attempt's torchrun workers, started before its plan with torch
 imported.
 
-    PYTHON -u .../spx/daemon/run/standby_worker.py
+    PYTHON -u .../spx/daemon/run/standby_worker.py ROOM
                       (the standby agent starts one per local rank for a job with
-                       `restart.standby_workers: true`, beside itself: standby_agent.py)
+                       `restart.standby_workers: true`, beside itself: standby_agent.py;
+                       ROOM, blanks, is where its command line is written at the hand-over)
 
 Why: after the launcher's own start (the standby agent's job), the rest of a cold start is each
 worker's: an interpreter, `import torch`, and `torch._dynamo` with TorchInductor, which the first
@@ -13,6 +14,10 @@ this one the command torchrun would have run for its local rank — one JSON lin
 working directory and the per-rank log files — and torchrun watches this process as that worker:
 it is the agent's child, in a session of its own, as torchrun starts one.
 
+What it runs is what the cold worker would, and it looks so: its command line (/proc/PID/cmdline,
+what `ps`, `pgrep -f` and py-spy read) is rewritten in place to the command torchrun would have run,
+cut to the room its own arguments held (setproctitle's way, within argv's own bytes only). Its
+/proc environ stays the one it started with: the job's and attempt's tags and its ranks.
 What it runs is what the cold worker would: the environment becomes the plan's (the GPUs, ranks,
 rendezvous, resume checkpoint; `putenv` too, so CUDA and NCCL read them when they start, after the
 go), stdin /dev/null, stdout and stderr the rank's files, `sys.argv` and `sys.path[0]` as `python -u
@@ -31,6 +36,7 @@ worker's nonzero end would read as a death to whoever watches the attempt's work
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import runpy
@@ -40,15 +46,11 @@ PREIMPORTS = ("torch", "torch._dynamo", "spx.trainer")
 CUDA_DRIVER = b"libcuda.so"
 
 
-def _read_plan() -> dict | None:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(0, 65536)
-        if not chunk:
-            return None
-        data += chunk
-    plan = json.loads(data)
-    return plan if isinstance(plan, dict) else None
+def _read_command() -> dict | None:
+    """The command's line (None: EOF before a whole one). The agent writes one line and closes."""
+    line = sys.stdin.buffer.readline()
+    command = json.loads(line) if line.endswith(b"\n") else None
+    return command if isinstance(command, dict) else None
 
 
 def _cuda_touched() -> bool:
@@ -61,6 +63,22 @@ def _runnable(argv: list[str]) -> bool:
     if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-u":
         return False
     return len(argv) > 3 if argv[2] == "-m" else not argv[2].startswith("-")
+
+
+def _retitle(argv: list[str]) -> None:
+    """/proc/self/cmdline as the cold worker's: `argv`, NUL-separated, written over this process's
+    own argument bytes (arg_start..arg_end in /proc/self/stat: on the stack, copied by the
+    interpreter at its start and never read again), cut to fit, the rest NULs. Nothing where /proc
+    does not say where they are."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48, 49: arg_start, arg_end
+    except (OSError, ValueError, IndexError):
+        return
+    room = end - start
+    title = b"\0".join(a.encode(errors="replace") for a in argv)[:room - 1]
+    ctypes.memmove(start, title.ljust(room, b"\0"), room)
 
 
 def _redirect(fd: int, path: str | None) -> None:
@@ -91,18 +109,19 @@ def main() -> int:
             __import__(name)
         except BaseException:  # noqa: BLE001 — not this job's environment: the run itself reports it
             pass
-    plan = _read_plan()
-    if plan is None:
+    command = _read_command()
+    if command is None:
         return 0
-    argv, env = [str(a) for a in plan["argv"]], {str(k): str(v) for k, v in plan["env"].items()}
+    argv, env = [str(a) for a in command["argv"]], {str(k): str(v) for k, v in command["env"].items()}
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    _redirect(1, plan.get("stdout"))
-    _redirect(2, plan.get("stderr"))
-    os.chdir(plan["cwd"])
+    _redirect(1, command.get("stdout"))
+    _redirect(2, command.get("stderr"))
+    os.chdir(command["cwd"])
     if not _runnable(argv) or _cuda_touched():
         os.execve(argv[0], argv, env)
+    _retitle(argv)
     os.environ.clear()
     os.environ.update(env)
     phases = sys.modules.get("spx.trainer.phases")

@@ -1,7 +1,7 @@
 """Standby workers with a real torchrun (gloo, 2 ranks): the agent's standby workers, started before
 the plan, become the attempt's workers — the same pids torchrun then watches — and run the script
 as the cold worker would (argv, sys.path, __main__, the plan's environment, stdin, the rank's log
-files); a rank without one starts cold, and a standby worker left over ends quietly (exit 0)."""
+files) and shows the cold worker's command line; a rank without one starts cold, and a standby worker left over ends quietly (exit 0)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ rank = os.environ["RANK"]
 print(f"rank {rank} says hello", flush=True)
 json.dump({"preimported": preimported, "pid": os.getpid(), "argv": sys.argv, "path0": sys.path[0],
            "name": __name__, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "stage": os.environ.get("STAGE"),
-           "stdin": sys.stdin.read(), "total": total.item(), "cwd": os.getcwd()},
+           "stdin": sys.stdin.read(), "total": total.item(), "cwd": os.getcwd(),
+           "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(bytes(1)).decode().split(chr(0))},
           open(os.path.join(os.environ["OUT"], f"rank{rank}.json"), "w"))
 dist.destroy_process_group()
 """
@@ -88,6 +89,7 @@ def test_standby_workers_become_torchruns_workers_and_run_the_script_as_a_cold_w
         assert s["preimported"] and s["name"] == "__main__" and s["total"] == 3.0
         assert s["argv"] == [str(tmp_path / "train.py"), "x", "--y"] and s["path0"] == str(tmp_path)
         assert s["stage"] == "final" and s["stdin"] == "" and s["cwd"] == str(tmp_path)
+        assert s["cmdline"] == [sys.executable, "-u", str(tmp_path / "train.py"), "x", "--y"], "ps shows the cold command"
     log = (tmp_path / "attempt-2.log").read_text()
     assert "rank 0 says hello" in log and "rank 1 says hello" in log, "the rank's output reaches torchrun's tee"
     assert any("rank 1 says hello" in p.read_text() for p in (tmp_path / "ranks").rglob("stdout.log"))

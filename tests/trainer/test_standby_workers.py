@@ -1,7 +1,7 @@
 """`restart.standby_workers` under the daemon: a spx.trainer DDP job (2 gloo ranks) has a worker
 `kill -9`'d once the next attempt's workers are started ahead; the relaunch runs on those very
 processes (their pids, started before the kill) and the job ends bitwise in the state of the same
-script run uninterrupted, without the daemon."""
+script run uninterrupted, without the daemon; the next standby's workers go with the job's end."""
 
 from __future__ import annotations
 
@@ -83,6 +83,8 @@ def test_a_relaunch_on_standby_workers_ends_bitwise_as_the_uninterrupted_run(tmp
         st = d.status("sw")
         assert st["state"] == "succeeded", st
         assert len(st["history"]) == 2 and st["history"][1]["resumed_from_step"] is not None, st["history"]
+        # The standby started for attempt 3 went with the job's end, its workers (sessions of their own) too.
+        wait_for(lambda: job_pids("sw") == [], 30, "no process of the job left")
         log = (d.root / "log" / "sw" / "attempt-2.log").read_text()
         found = set(re.findall(r"final_state_sha256=([0-9a-f]{64})$", log, re.M))
         assert found == {reference.final_hash()}, "the relaunch ends in the uninterrupted run's state"
