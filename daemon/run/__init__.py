@@ -8,8 +8,8 @@
     → executor (the dispatcher of the machine's actions over its effects): attempt_runtime (an
     attempt's handles, what is seen of it each turn), launching (the row, then the launch through a
     standby or cold), standby_pool (launchers started ahead) ← standby (one of them; standby_agent
-    waits for its plan, and starts standby_worker, the workers ahead, where a job asks), attempt_prep (files and checkpoint as the user), postmortem (stack dumps,
-    root cause), gang_link (across hosts: beats and agreement) ← gang (the generation every host's
+    waits for its plan, and starts standby_worker, the workers ahead, where a job asks), attempt_prep
+    (files and checkpoint as the user), postmortem (stack dumps, root cause), gang_link (across hosts: beats and agreement) ← gang (the generation every host's
     share runs in), store_writes, staging_runs (the copier), adoption (attempts a previous daemon
     left), incidents (an incident per failed attempt) ← incident (its document, assembled),
     verification (a replay job's verdict, stored on the job it verified, which is rolled back),

@@ -129,12 +129,12 @@ def start(number: int, attempt_id: str, plan: launcher.LaunchPlan, uid: int, log
     if module is None:
         return None
     env = {k: v for k, v in plan.env.items() if k != "CUDA_DEVICE_ORDER"} | {"CUDA_VISIBLE_DEVICES": ""}
-    ranks = [str(workers)] if workers > 0 and module == "torch.distributed.run" else []
-    if ranks and "--nnodes=1" in plan.argv:
-        ranks.append("0")  # one host: the global ranks are the local ones, known ahead
+    workers = workers if module == "torch.distributed.run" else 0
+    # One host: the global ranks are the local ones, known ahead (FIRST_RANK 0).
+    ranks = [str(workers), *(["0"] if "--nnodes=1" in plan.argv else [])] if workers > 0 else []
     agent = launcher.LaunchPlan(argv=[plan.argv[0], str(AGENT), PREIMPORTS[module], module, *ranks], env=env,
                                 cwd=plan.cwd)
     started = launcher.start_monitor(agent, uid, log_dir_fd, log_name, cgroup, max_log_bytes, standby=True,
                                      readers=readers)
     return Standby(number, attempt_id, cgroup, plan.argv[0], plan.cwd, module, time.monotonic(), started,
-                   workers=int(ranks[0]) if ranks else 0)
+                   workers=max(workers, 0))

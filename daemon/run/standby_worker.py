@@ -14,16 +14,16 @@ this one the command torchrun would have run for its local rank — one JSON lin
 working directory and the per-rank log files — and torchrun watches this process as that worker:
 it is the agent's child, in a session of its own, as torchrun starts one.
 
-What it runs is what the cold worker would, and it looks so: its command line (/proc/PID/cmdline,
-what `ps`, `pgrep -f` and py-spy read) is rewritten in place to the command torchrun would have run,
-cut to the room its own arguments held (setproctitle's way, within argv's own bytes only). Its
-/proc environ stays the one it started with: the job's and attempt's tags and its ranks.
 What it runs is what the cold worker would: the environment becomes the plan's (the GPUs, ranks,
 rendezvous, resume checkpoint; `putenv` too, so CUDA and NCCL read them when they start, after the
 go), stdin /dev/null, stdout and stderr the rank's files, `sys.argv` and `sys.path[0]` as `python -u
 SCRIPT` sets them, and the script runs afresh as `__main__`. Only the modules imported ahead are
 kept, which is why it is opt-in: a job whose imports read the environment (other than the variables
 the plan changes) or do work must not ask for it.
+And it looks so: its command line (/proc/PID/cmdline, what `ps`, `pgrep -f` and py-spy read) is
+rewritten in place to the command torchrun would have run, cut to the room its own arguments held
+(setproctitle's way, within argv's own bytes only). Its /proc environ stays the one it started with:
+the job's and attempt's tags and its ranks.
 
 Where running in place could differ from a cold start, it execs the command instead: a cold start in
 the same pid, which torchrun already watches. That is when the command is not `PYTHON -u SCRIPT …`
