@@ -6,7 +6,7 @@ Why a shim: the launcher must be in its attempt's cgroup before it can fork a si
 fast child could be born outside it. subprocess has no cgroup argument, and its `preexec_fn` runs
 after the uid switch (a job user cannot write `cgroup.procs`) and is unsafe in the threaded daemon.
 So this runs as root in the new session subprocess made, does the steps in order — cgroup, umask,
-groups, gid, uid, working directory, signal dispositions — and execs the attempt's argv (no shell).
+nice, groups, gid, uid, working directory, signal dispositions — and execs the attempt's argv (no shell).
 The working directory is entered only *after* the switch to the job's user (not as root, as
 subprocess's `cwd=` would): a workdir in another user's private tree fails the launch ("workdir:
 Permission denied") instead of being entered with root's rights and read from there. Every attempt takes this path, cgroup or not, so there is one
@@ -62,6 +62,8 @@ def main(argv: list[str]) -> int:
             with open(os.path.join(req["cgroup"], "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
         os.umask(req["umask"])
+        if req["nice"] is not None:  # a standby's: it takes only the CPU that nothing else wants until its plan
+            os.setpriority(os.PRIO_PROCESS, 0, req["nice"])
         step = "user"
         if req["uid"] is not None:
             os.setgroups(req["groups"])

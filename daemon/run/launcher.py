@@ -270,17 +270,19 @@ class Started:
 
 
 def start_monitor(plan: LaunchPlan, uid: int, log_dir_fd: int, log_name: str, cgroup: Path | None,
-                  max_log_bytes: int, standby: bool = False, readers: LogAccess | None = None) -> Started:
+                  max_log_bytes: int, standby: bool = False, readers: LogAccess | None = None,
+                  nice: int | None = None) -> Started:
     """The attempt monitor and its log relay, started; the shim's status is the caller's to read
     (`raise_launch_failure`). With `standby`, the monitor keeps the attempt's stdin pipe and waits
     for a plan (attempt_monitor.py's doc; standby.py). The log is for `readers` (core.users.log_access;
-    default: the owner alone)."""
+    default: the owner alone). `nice`: the attempt's processes start at that nice value (None: the
+    daemon's)."""
     attempt_id = plan.env.get(worker_env.ENV_ATTEMPT_ID, "")
     user = pwd.getpwuid(uid)
     as_other = uid != os.getuid()
     request = {
         "argv": plan.argv, "env": plan.env, "cwd": plan.cwd, "umask": 0o022,
-        "cgroup": str(cgroup) if cgroup is not None else None,
+        "cgroup": str(cgroup) if cgroup is not None else None, "nice": nice,
         "uid": uid if as_other else None,
         "gid": user.pw_gid,
         "groups": os.getgrouplist(user.pw_name, user.pw_gid),

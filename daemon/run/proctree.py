@@ -186,6 +186,28 @@ class AttemptProcesses:
                 in_cgroup = cgroups.procs(self.cgroup)
         signal_attempt(self.attempt_id, self.pgid, sig, also=in_cgroup)
 
+    def renice(self, nice: int, passes: int = 4) -> None:
+        """Every thread of the attempt to `nice` (a thread's nice is its own in Linux, and a new one
+        takes its creator's). A pass reads the attempt's pids and each one's threads afresh: a thread
+        or process made by one not yet reniced is caught by the next; passes end when one changed
+        nothing. Root may lower a nice value; nothing of the job's can."""
+        for _ in range(passes):
+            changed = False
+            for pid in self.pids():
+                try:
+                    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+                for tid in tids:
+                    try:
+                        if os.getpriority(os.PRIO_PROCESS, tid) != nice:
+                            os.setpriority(os.PRIO_PROCESS, tid, nice)
+                            changed = True
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            if not changed:
+                return
+
     def gone(self, pids: list[int] | None = None) -> bool:
         """No process left: no pid tagged or in the cgroup, the cgroup not populated, the group
         empty. `pids`: what `pids()` has just returned, to spare a second scan of /proc."""

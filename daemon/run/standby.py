@@ -10,7 +10,8 @@ plan. `go(plan)` hands it the attempt's final argv and environment (its GPUs, po
 checkpoint) and returns once the agent has *taken* it (read it whole and closed its stdin: its
 imports are done); from then on it *is* the attempt's launcher: the same monitor, pids, log and exit
 record as a cold launch. For a first attempt it is started as the checkpoint search begins, so the
-import overlaps that search.
+import overlaps that search. Until `go` it runs at nice NICE, so its imports take the CPU the running
+attempt leaves idle rather than slowing its steps; `go` brings every thread of it back first.
 
 The agent is the job's user's process running the user's interpreter and modules, so `go` may wait
 on the user (an import that never returns, a working directory on a hung mount): the daemon calls it
@@ -40,6 +41,10 @@ AGENT = Path(__file__).with_name("standby_agent.py")
 # Each launcher module, and what its standby imports ahead. DeepSpeed's launcher gets torch only:
 # importing deepspeed settles its accelerator (CUDA or CPU) for good, which must wait for the GPUs.
 PREIMPORTS = {"torch.distributed.run": "torch.distributed.run", "deepspeed.launcher.launch": "torch"}
+# A standby imports at the lowest priority: its interpreters' seconds of CPU (torch, and torch again in
+# each standby worker) come out of the time the running attempt leaves idle, not out of its steps.
+# Its plan brings every thread of it back to the daemon's own nice, the one a cold launch inherits.
+NICE = 19
 
 
 def module_of(plan: launcher.LaunchPlan) -> str | None:
@@ -84,6 +89,7 @@ class Standby:
             os.close(plan_w)
             os.close(go_r)
             raise
+        proctree.AttemptProcesses(self.attempt_id, self.pid, self.cgroup).renice(os.getpriority(os.PRIO_PROCESS, 0))
         try:
             launcher.write_all(plan_w, launcher.plan_json(plan), deadline)
         except BrokenPipeError:  # the monitor is gone: the go status says nothing, its exit does
@@ -120,7 +126,8 @@ def start(number: int, attempt_id: str, plan: launcher.LaunchPlan, uid: int, log
           cgroup: Path | None, max_log_bytes: int, readers: LogAccess | None = None, workers: int = 0) -> Standby | None:
     """A standby for attempt `number` from a provisional `plan` (its GPUs, port and checkpoint may
     still change: only the interpreter, working directory, module and user count), or None where
-    the plan's launcher gets none. It sees no GPU until its plan (standby_agent.py). Does not wait
+    the plan's launcher gets none. It sees no GPU until its plan (standby_agent.py), and runs at
+    nice NICE until then. Does not wait
     for the agent's start: its errors come at `go`. Its log is the attempt's, for `readers`.
     `workers`: standby workers for that many local ranks (torchrun only; 0: none), each with its
     LOCAL_RANK (and, on one host, its RANK) in its environment from the start: the daemon's worker
@@ -135,6 +142,6 @@ def start(number: int, attempt_id: str, plan: launcher.LaunchPlan, uid: int, log
     agent = launcher.LaunchPlan(argv=[plan.argv[0], str(AGENT), PREIMPORTS[module], module, *ranks], env=env,
                                 cwd=plan.cwd)
     started = launcher.start_monitor(agent, uid, log_dir_fd, log_name, cgroup, max_log_bytes, standby=True,
-                                     readers=readers)
+                                     readers=readers, nice=NICE)
     return Standby(number, attempt_id, cgroup, plan.argv[0], plan.cwd, module, time.monotonic(), started,
                    workers=max(workers, 0))

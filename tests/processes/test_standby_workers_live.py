@@ -1,7 +1,7 @@
 """Standby workers with a real torchrun (gloo, 2 ranks): the agent's standby workers, started before
 the plan, become the attempt's workers — the same pids torchrun then watches — and run the script
 as the cold worker would (argv, sys.path, __main__, the plan's environment, stdin, the rank's log
-files) and shows the cold worker's command line; a rank without one starts cold, and a standby worker left over ends quietly (exit 0)."""
+files, the daemon's nice where the standby waited at nice 19) and shows the cold worker's command line; a rank without one starts cold, and a standby worker left over ends quietly (exit 0)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,10 @@ total = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(total)
 rank = os.environ["RANK"]
 print(f"rank {rank} says hello", flush=True)
-json.dump({"preimported": preimported, "pid": os.getpid(), "argv": sys.argv, "path0": sys.path[0],
+def nices(pid):  # each thread's nice value (stat's 19th field)
+    return sorted({int(open(f"/proc/{pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[16])
+                   for t in os.listdir(f"/proc/{pid}/task")})
+json.dump({"nices": nices(os.getpid()), "launcher_nices": nices(os.getppid()), "preimported": preimported, "pid": os.getpid(), "argv": sys.argv, "path0": sys.path[0],
            "name": __name__, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "stage": os.environ.get("STAGE"),
            "stdin": sys.stdin.read(), "total": total.item(), "cwd": os.getcwd(),
            "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(bytes(1)).decode().split(chr(0))},
@@ -58,6 +61,10 @@ def start(p: LaunchPlan, work: Path, workers: int) -> standby.Standby:
     return ready
 
 
+def thread_nices(pid: int) -> set[int]:
+    return {int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]) for task in Path(f"/proc/{pid}/task").iterdir()}
+
+
 def standby_workers(ready: standby.Standby, count: int) -> list[int]:
     """The agent's children that are standby workers, once `count` of them have their imports done
     (each then waits on its stdin, a pipe)."""
@@ -76,6 +83,8 @@ def test_standby_workers_become_torchruns_workers_and_run_the_script_as_a_cold_w
         before = standby_workers(ready, 2)
         for pid in before:
             assert b"CUDA_VISIBLE_DEVICES=\0" in Path(f"/proc/{pid}/environ").read_bytes(), "no GPU before the plan"
+        for pid in [*before, *proctree.children(ready.pid)]:
+            assert thread_nices(pid) == {standby.NICE}, "every thread of the standby waits at the lowest priority"
         final = torchrun_plan(tmp_path, "w1", 2, STAGE="final", CUDA_VISIBLE_DEVICES="")
         assert ready.fits(final)
         spawned = ready.go(final)
@@ -87,6 +96,7 @@ def test_standby_workers_become_torchruns_workers_and_run_the_script_as_a_cold_w
     assert sorted(s["pid"] for s in seen) == before, "torchrun's workers are the standby workers started ahead"
     for s in seen:
         assert s["preimported"] and s["name"] == "__main__" and s["total"] == 3.0
+        assert s["nices"] == s["launcher_nices"] == [os.getpriority(os.PRIO_PROCESS, 0)], "the plan brought them back"
         assert s["argv"] == [str(tmp_path / "train.py"), "x", "--y"] and s["path0"] == str(tmp_path)
         assert s["stage"] == "final" and s["stdin"] == "" and s["cwd"] == str(tmp_path)
         assert s["cmdline"] == [sys.executable, "-u", str(tmp_path / "train.py"), "x", "--y"], "ps shows the cold command"
