@@ -348,8 +348,8 @@ class Soak:
                     next_sample += self.sample_seconds
                 time.sleep(0.5)
             wait_for(lambda: self.poll() or not self.in_flight, 300, "every job to end")
-            self.take_sample()
             self.leftover = self.wait_empty()
+            self.take_sample()  # the end, settled: an exit the daemon has yet to reap is no zombie left
         finally:
             self.d.stop()
 

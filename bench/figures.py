@@ -43,7 +43,7 @@ from spx.daemon.cli.plot import PALETTE, Box, Plot, bars, nice_top  # noqa: E402
 from spx.daemon.cli.svg import Svg  # noqa: E402
 from spx.daemon.state.phases import ALL_PHASES  # noqa: E402
 
-LAUNCHER_COLOURS = {"spx": PALETTE[0], "torchrun": PALETTE[1]}
+LAUNCHER_COLOURS = {"spx": PALETTE[0], "torchrun": PALETTE[1], "spx-standby-workers": PALETTE[2]}
 PHASE_ROW = re.compile(r"^\s+(?P<group>.+?) phase (?P<phase>\S+) \(from (?P<origin>.+)\)$")
 # The recovery bench's groups of phase rows, and the bar each becomes.
 RECOVERY_GROUPS = {"bare torchrun cold": "torchrun cold start", "spx cold": "spx cold start",
