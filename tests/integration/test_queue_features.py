@@ -203,7 +203,7 @@ def test_per_user_gpu_limit_makes_a_users_second_job_wait_while_another_user_sta
             os.rename(tmp, d.spool / name)
             wait_for(lambda: d.job(name), 30, f"{name} accepted")
 
-        drop_as(alice, "a-first", 20, 4)  # outlives the three drops and b-first even on a loaded host
+        drop_as(alice, "a-first", 600, 4)  # holds alice's 4 GPUs until it is cancelled below
         d.wait_state("a-first", "running", 30)
         drop_as(alice, "a-second", 0.1, 2)
         drop_as(alice, "a-huge", 0.1, 6)
@@ -220,6 +220,7 @@ def test_per_user_gpu_limit_makes_a_users_second_job_wait_while_another_user_sta
         refused = as_user(alice, lambda: control.request(sock, "priority", "a-second", arg="5"))
         assert refused["ok"] is False and "needs root or the admin group" in refused["error"]
         assert as_user(alice, lambda: control.request(sock, "drain"))["error"] == "drain needs root or the admin group"
+        d.spx("cancel", "a-first")
         d.wait_state("a-second", "succeeded", 60)  # once a-first ended and freed alice's 4 GPUs
         assert d.job("a-huge")["state"] == "queued", "over its limit alone: it waits, never fails"
         d.spx("cancel", "a-huge")
