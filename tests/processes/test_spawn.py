@@ -182,8 +182,11 @@ def test_a_stop_of_the_group_reaches_the_job_and_the_monitor_records_it(tmp_path
     spawned = spawn(script_plan(script, "a2"), os.getuid(), tmp_path / "attempt-2.log")
     wait_for(lambda: (tmp_path / "attempt-2.log").exists() and (tmp_path / "attempt-2.log").read_text() == "up\n",
              10, "the job")
-    os.kill(attempt_pid(spawned), signal.SIGTERM)  # a stop that finds the attempt by its tag, not its group
+    # A stop that finds the attempt by its tag, not its group: each tagged pid in turn, in pid order
+    # (proctree.signal_attempt), so the monitor, the older process, first. The other order raced: the
+    # job could end and its monitor record that before the monitor's own signal came.
     os.kill(spawned.proc.pid, signal.SIGTERM)
+    os.kill(attempt_pid(spawned), signal.SIGTERM)
     assert spawned.proc.wait(timeout=30) == -signal.SIGTERM, "the monitor ends by the job's signal"
     spawned.relay.wait(timeout=30)
     record = launcher.recorded_exit(tmp_path, "attempt-2.log", "a2")
