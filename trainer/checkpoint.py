@@ -148,6 +148,14 @@ class Checkpointer:
             else:
                 self._replicator.submit(final)
 
+    def replicate_resumed(self, chosen: Path) -> None:
+        """The attempt resumes from `chosen`; if that is a local-tier checkpoint, queue its replica
+        (a no-op when the persistent dir has it). The attempt that wrote it can have been killed
+        while copying it (torchrun stops the other ranks when one fails): without this, the
+        persistent dir would lack it until the next checkpoint's replica."""
+        if self._replicator is not None and chosen.parent == self.dir:
+            self._replicator.submit(chosen)
+
     def wait_replicas(self) -> BaseException | None:
         """Block until the persistent dir holds every published checkpoint (no replica in flight)."""
         return self._replicator.wait() if self._replicator is not None else None

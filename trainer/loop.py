@@ -343,6 +343,8 @@ class TrainingLoop:
             self.jit.on_published = lambda final: self.checkpointer.adopt(final, replicate_now=True)
         if self.is_main:
             self.checkpointer.sweep_stale()
+            if chosen is not None:
+                self.checkpointer.replicate_resumed(Path(chosen))
         if chosen is None:
             log.info("no checkpoint to resume from in %s: starting at step 0", self.checkpointer.dir)
             return None

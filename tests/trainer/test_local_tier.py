@@ -1,7 +1,8 @@
 """The local checkpoint tier in one process (world of one): every checkpoint is written to the
 host-local dir first and replicated to the persistent dir (both complete by the same rule, both
-pruned by `keep`); a resume on the same host loads the local copy, and the persistent copy when the
-local dir is gone (host loss) or torn — each ending bitwise where an uninterrupted run ends."""
+pruned by `keep`); a resume on the same host loads the local copy (and replicates it if the attempt
+that wrote it did not), and the persistent copy when the local dir is gone (host loss) or torn —
+each ending bitwise where an uninterrupted run ends."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from spx.trainer import Preempted, Trainer, TrainerConfig
 sys.path.insert(0, str(EXAMPLES))
 from tinylm import SIZES, MarkovCorpus, TinyLM  # noqa: E402
 
-pytestmark = pytest.mark.slow  # five in-process training runs, ~40 s on 2 cores
+pytestmark = pytest.mark.slow  # six in-process training runs, ~45 s on 2 cores
 
 STEPS = 17
 
@@ -79,6 +80,18 @@ def test_checkpoints_land_in_both_tiers_and_resume_prefers_the_local_copy_then_t
     caplog.clear()
     assert _fit(persistent) == reference
     assert f"latest complete checkpoint: {local / 'step-000000010'} (local tier)" in caplog.text
+
+    # The attempt that wrote the local copy was killed before its replica was made (torchrun stops
+    # the other ranks when one fails): the resume from the local copy makes it.
+    shutil.rmtree(persistent)
+    shutil.rmtree(local)
+    shutil.copytree(tmp_path / "persistent-at-10", persistent)
+    shutil.rmtree(persistent / "step-000000010")
+    shutil.copytree(tmp_path / "local-at-10", local)
+    caplog.clear()
+    assert _fit(persistent) == reference
+    assert f"latest complete checkpoint: {local / 'step-000000010'} (local tier)" in caplog.text
+    assert f"checkpoint step-000000010 replicated to {persistent} in" in caplog.text
 
     # Host loss: no local dir; the persistent copy is loaded (and the local tier starts afresh).
     shutil.rmtree(persistent)
