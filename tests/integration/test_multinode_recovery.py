@@ -146,7 +146,10 @@ def test_a_worker_killed_on_one_host_restarts_every_host_into_a_new_generation(t
                 out = daemons[0].spx("status", "wide").stdout
                 assert f"generation {n - 1} (rendezvous round wide-g{n - 1})" in out, out
                 assert len(re.findall(rf"host \S+: running in generation {n - 1}, step \d+", out)) == 2, out
-                victim = rng.choice(workers(hosts.namespaces[1]))
+                # A loaded CI run once read no worker here just after `trained` had seen two: the
+                # kill waits for them (and says so) rather than failing on an empty list.
+                live = wait_for(lambda: workers(hosts.namespaces[1]) or None, 30, "host 1's workers to kill")
+                victim = rng.choice(live)
                 print(f"kill {n}: worker {victim} on host 1 at step {step_of(daemons[1])}")
                 os.kill(victim, signal.SIGKILL)
                 wait_for(lambda n=n: all(d.status("wide").get("attempts", 0) > n for d in daemons), 120,

@@ -152,19 +152,22 @@ def test_always_crashing_job_fails_as_crash_loop_with_backoff_while_others_run(d
     assert daemon.alive()
 
 
-def test_two_2gpu_jobs_share_the_host_and_an_8gpu_job_waits(daemon):
-    def job(name, gpus, secs):
-        return (f"name: {name}\nlauncher: python\nscript: {SCRIPTS / 'sleep_for.py'}\npython: {PY}\n"
-                f"args: ['{secs}']\ngpus: {gpus}\n")
+def test_two_2gpu_jobs_share_the_host_and_an_8gpu_job_waits(daemon, tmp_path):
+    gate = tmp_path / "release"  # the two small jobs hold their GPUs until the checks are done
 
-    daemon.drop("a.yaml", job("small-a", 2, 6))
-    daemon.drop("b.yaml", job("small-b", 2, 6))
+    def job(name, gpus, script, args):
+        return (f"name: {name}\nlauncher: python\nscript: {SCRIPTS / script}\npython: {PY}\n"
+                f"args: {args}\ngpus: {gpus}\n")
+
+    daemon.drop("a.yaml", job("small-a", 2, "wait_for_file.py", [str(gate)]))
+    daemon.drop("b.yaml", job("small-b", 2, "wait_for_file.py", [str(gate)]))
     a = daemon.wait_state("small-a", "running", 20)
     b = daemon.wait_state("small-b", "running", 20)
-    daemon.drop("c.yaml", job("big-c", 8, 1))
+    daemon.drop("c.yaml", job("big-c", 8, "sleep_for.py", ["1"]))
     c = daemon.wait_state("big-c", "queued", 20)
     assert not set(a["gpus"]) & set(b["gpus"]) and len(a["gpus"]) == len(b["gpus"]) == 2
     assert daemon.job("small-a")["state"] == "running" and c["gpus"] == []
+    gate.touch()
     daemon.wait_state("big-c", {"running", "succeeded"}, 60)
     assert {daemon.job("small-a")["state"], daemon.job("small-b")["state"]} == {"succeeded"}
     done = daemon.wait_state("big-c", "succeeded", 60)
