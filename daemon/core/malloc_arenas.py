@@ -1,5 +1,5 @@
-"""Caps glibc's malloc arenas before the daemon's threads start, and gives back what they keep
-free, so the daemon's memory stays flat.
+"""Caps glibc's malloc arenas before the daemon's threads start, maps large blocks on their own, and
+gives back what the arenas keep free, so the daemon's memory stays flat.
 
 glibc gives each thread that allocates while another holds an arena an arena of its own, up to 8 per
 core, and keeps what was freed in an arena for that arena's later use (it gives back only whole free
@@ -11,6 +11,13 @@ daemon's threads mostly run one at a time under Python's GIL, so two arenas cost
 
 `MALLOC_ARENA_MAX` in the environment (the systemd unit sets it) is glibc's own knob, read at
 start-up: when it is set, it wins and nothing is done here. Off glibc (no `mallopt`), nothing is done.
+
+glibc also serves a large block (a scrape's text, a long `spx ls` reply) from the heap rather
+than from a mapping of its own once a block that large was freed (its mmap threshold follows the
+largest block freed, up to 32 MiB): each such block then lands wherever the heap has room and leaves
+a hole when freed. `fix_mmap_threshold` pins the threshold at MMAP_THRESHOLD (glibc's starting value),
+so every block from 128 KiB up is mapped and unmapped on its own, whatever was freed before.
+`MALLOC_MMAP_THRESHOLD_` in the environment is glibc's knob for it and wins as well.
 
 What is freed inside an arena or the main heap below its top stays the process's: glibc hands
 back only whole free pages at a heap's top, so a heap fragmented by a day of short-lived requests
@@ -26,7 +33,9 @@ import time
 from collections.abc import Callable
 
 M_ARENA_MAX = -8  # glibc's <malloc.h>
+M_MMAP_THRESHOLD = -3
 ARENA_MAX = 2
+MMAP_THRESHOLD = 128 * 1024
 TRIM_EVERY_SECONDS = 300.0
 
 
@@ -34,15 +43,26 @@ def cap_arenas(limit: int = ARENA_MAX) -> int | None:
     """Bound the arenas threads started from now on may create; the cap in force, or None when
     this libc cannot be told (not glibc). Call it first thing, before any thread starts: arenas made
     before it stay."""
-    if os.environ.get("MALLOC_ARENA_MAX"):
-        return int(os.environ["MALLOC_ARENA_MAX"]) if os.environ["MALLOC_ARENA_MAX"].isdigit() else None
+    return _set("MALLOC_ARENA_MAX", M_ARENA_MAX, limit)
+
+
+def fix_mmap_threshold(size: int = MMAP_THRESHOLD) -> int | None:
+    """Pin the size from which a block gets a mapping of its own (module doc); the threshold in
+    force, or None when this libc cannot be told."""
+    return _set("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, size)
+
+
+def _set(env: str, option: int, value: int) -> int | None:
+    """`mallopt(option, value)` unless glibc's own environment variable `env` already set it."""
+    if os.environ.get(env):
+        return int(os.environ[env]) if os.environ[env].isdigit() else None
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return None
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    return limit if mallopt(M_ARENA_MAX, limit) == 1 else None
+    return value if mallopt(option, value) == 1 else None
 
 
 class Trim:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from spx.daemon.core.config import ConfigError, load_config
 from spx.daemon.core.log import configure, get_logger
-from spx.daemon.core.malloc_arenas import cap_arenas
+from spx.daemon.core.malloc_arenas import cap_arenas, fix_mmap_threshold
 from spx.daemon.core.users import log_access
 from spx.daemon.core.version import daemon_version
 from spx.daemon.gpu.backend import open_backend
@@ -69,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     arena_cap = cap_arenas()  # before any thread starts (core/malloc_arenas.py)
+    mmap_threshold = fix_mmap_threshold()
     args = parse_args(argv)
     configure(args.log_level)
     if args.stop_post or args.reload is not None or args.check:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     except integrity.StoreRefused as e:
         log.error("state_store_refused", error=str(e))
         return e.exit_code
-    log.info("malloc_arenas", cap=arena_cap)
+    log.info("malloc_arenas", cap=arena_cap, mmap_threshold=mmap_threshold)
     log.info("cgroups", managed=cgroup_tree is not None, cgroup=str(cgroup_tree.root) if cgroup_tree else None,
              reason=why)
     if backend.kind == "none":

@@ -34,10 +34,12 @@ def facts(store: Store, job: JobRow, attempts: list[AttemptRow]) -> goodput.JobF
 # An ended job's ledger, once accounted, per store: it no longer changes (its rows are final; the
 # ledger stops at its end), and every `spx ls`, `spx status` and scrape shows the jobs that ended in
 # the last day — hundreds of ledgers recomputed per read on a busy host (bench/bench_scale.py). Job
-# ids are never reused in a store. Bounded: a reader of the whole history (`spx ls --all`) keeps
-# only the newest ENDED_KEPT — the scrape's ended jobs (metrics_ended_jobs, 256 by default, their
-# views kept anyway) and a busy day's `spx ls`; each is ~1.3 KiB, held for the daemon's life.
-ENDED_KEPT = 1024
+# ids are never reused in a store. Bounded to the newest ENDED_KEPT, the scrape's ended jobs
+# (metrics_ended_jobs, 256 by default): each is ~1.8 KiB (measured with tracemalloc over 1,024)
+# held for the daemon's life, and at 1,024 the soak (bench/bench_soak.py) was still filling the cache
+# half an hour into a life, read as growth; a day of more jobs than this in `spx ls` accounts the
+# older ones again on each call.
+ENDED_KEPT = 256
 _ended: weakref.WeakKeyDictionary[Store, dict[int, goodput.Ledger]] = weakref.WeakKeyDictionary()
 _ended_lock = threading.Lock()
 
