@@ -24,6 +24,8 @@ USER_DB_TESTS = (
     "tests/integration/test_queue_features.py::test_per_user",
 )
 
+SLOW_SECONDS = 30.0  # a slow test's expected time when its marker does not say (`slow(seconds=N)`)
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
@@ -36,6 +38,21 @@ def pytest_xdist_make_scheduler(config, log):
             return "users" if nodeid.startswith(USER_DB_TESTS) else nodeid
 
     return UsersTogether(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first: the suite's wall time on two workers is set by the test that starts last, so
+    the slow tests go out first (those with `slow(seconds=N)` by N; 300 s of DeepSpeed started
+    after the unit tests left one worker idle for five minutes) and the quick ones fill in behind.
+    The USER_DB_TESTS keep their order: they run as one unit on one worker whatever their place."""
+    items.sort(key=_expected_seconds, reverse=True)  # stable: equal keys keep the collection's order
+
+
+def _expected_seconds(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("slow")
+    if mark is None or item.nodeid.startswith(USER_DB_TESTS):
+        return 0.0
+    return float(mark.kwargs.get("seconds", SLOW_SECONDS))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -41,7 +41,7 @@ def traced_writes(tmp_path: Path, daemons: list[Daemon]) -> list[dict]:
     return writes
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=105)
 def test_a_kill_between_any_two_writes_of_a_job_life_runs_it_exactly_once_to_its_end(tmp_path, daemons, scenario):
     writes = traced_writes(tmp_path, daemons)
     ops = [w["op"] for w in writes]

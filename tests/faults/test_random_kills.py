@@ -23,7 +23,7 @@ def states_of(root: Path, names: list[str]) -> dict[str, str | None]:
     return {n: state_of(root, n) for n in names}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=85)
 def test_sigkill_at_random_moments_loses_nothing_and_runs_nothing_twice(root, tmp_path, daemons, scenario):
     print(f"random seed {SEED} (replay with SPX_FAULT_SEED={SEED})")
     rng = random.Random(SEED)

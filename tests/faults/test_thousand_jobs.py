@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from ledger import CountedJob, audit
 
 from harness import Daemon, wait_for
@@ -13,6 +14,7 @@ from spx.daemon.service import control
 N = 1000
 
 
+@pytest.mark.slow(seconds=175)
 def test_a_thousand_jobs_at_once_are_all_recorded_and_the_daemon_keeps_answering(tmp_path, daemons, scenario):
     d = Daemon(tmp_path / "root", gpu_backend="fake")
     daemons.append(d)

@@ -52,7 +52,7 @@ def daemon(tmp_path):
     d.stop()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=145)
 def test_each_layout_resumes_from_its_latest_complete_checkpoint_and_a_crash_loop_falls_back_once(daemon, tmp_path):
     for name, (layout, extra, *_rest) in CASES.items():
         daemon.drop(f"{name}.yaml", job(f"byo-{name}", layout, extra, tmp_path / f"{name}.jsonl"))

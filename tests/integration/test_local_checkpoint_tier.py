@@ -60,14 +60,15 @@ def test_checkpoints_in_both_tiers_resume_local_then_persistent_and_the_local_di
             return max(steps, default=0) if max(steps, default=0) > 21 and d.job("tier")["attempts"] >= 2 else 0
 
         wait_for(lambda: attempt2_step() > 21, 240, "attempt 2 training", interval=0.02)
+        # Killed first, the checks after: on a loaded host they take seconds, and a kill that lands on
+        # step 30 finds its JIT checkpoint already written as the periodic one.
+        victim = wait_for(lambda: rank1_pid("tier"), 30, "rank 1 of attempt 2", interval=0.02)
+        os.kill(victim, signal.SIGKILL)
         st = d.status("tier")
         assert st["history"][1]["resumed_from"] == str(local / "step-000000020"), st["history"]
         # Replicated as well: by attempt 1 unless torchrun stopped rank 0 while it copied, else by
         # attempt 2 as it resumed from the local copy.
         wait_for(lambda: layout.read_manifest(persistent / "step-000000020"), 30, "step 20 in the persistent dir")
-
-        victim = wait_for(lambda: rank1_pid("tier"), 30, "rank 1 of attempt 2")
-        os.kill(victim, signal.SIGKILL)
         jit = wait_for(lambda: next((r for r in layout.complete_checkpoints(persistent)
                                      if r.step % 10 and (layout.read_manifest(r.path) or {}).get("extra", {}).get("jit")),
                                     None), 180, "the JIT checkpoint's replica in the persistent dir")

@@ -33,7 +33,7 @@ RSS_MIB_PER_HOUR = 60.0
 TREND_FACTOR = 2.0
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=185)
 def test_three_minutes_of_every_kind_of_job_leave_the_daemon_flat(tmp_path):
     run, verdict = soak(tmp_path, minutes=MINUTES, sample_seconds=5, warmup=60, concurrency=1, disruptions=2,
                         torchrun_every=0, config={"metrics_ended_jobs": 8}, disrupt_within=0.15)

@@ -20,7 +20,7 @@ from spx.daemon.gpu.fake import DEFAULT_FIXTURE
 
 PY = sys.executable
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=95)
 
 
 def fixture(tmp_path: Path) -> Path:

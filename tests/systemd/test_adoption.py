@@ -31,8 +31,9 @@ pytestmark = [pytest.mark.systemd, pytest.mark.slow]
 SPX = "/opt/spx-trainer/venv/bin/spx"
 NAME = "sd-adopt"
 KILLS = 20
-# ~250 steps of 0.3 s + compute: 90-120 s on 2 shared cores, longer than the kills and the reload.
-TRAIN_ARGS = ["--batch_size", "4", "--model-size", "tiny", "--seed", "11", "--steps", "250",
+# ~320 steps of 0.3 s + compute: 110-150 s on 2 shared cores, longer than the kills and the reload
+# (at 250 a loaded CI run saw the job end before the reload, which then adopted nothing).
+TRAIN_ARGS = ["--batch_size", "4", "--model-size", "tiny", "--seed", "11", "--steps", "320",
               "--checkpoint-every", "25", "--dataset-size", "256"]
 SLOW = ["--sleep-per-step", "0.3"]
 # Test-only: the product gives up after 5 starts in 10 min (StartLimitBurst=5); 20 kills need the
@@ -126,6 +127,7 @@ def test_job_survives_20_daemon_kills_and_an_in_place_upgrade_in_one_attempt(uni
         step_after_kills = s["step"]
 
         # --- upgrade in place: install.sh puts another version in, `systemctl reload` ----------------
+        assert _status(sb)["state"] == "running", "the job ended before the reload: raise TRAIN_ARGS' steps"
         sb.run("bash", INSTALL, "--venv", _next_venv(sb))
         pid = _main_pid(sb)
         t0 = time.monotonic()

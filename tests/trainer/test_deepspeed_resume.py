@@ -20,7 +20,7 @@ from trainer_runs import DS_OPS_DIR, start_deepspeed
 from harness import EXAMPLES, Daemon, job_pids, wait_for
 from spx.daemon.contract import checkpoint_layout as layout
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=460)  # two JIT op builds on a fresh venv
 
 ARGS = ("--steps", "9", "--checkpoint-every", "3")
 
