@@ -11,20 +11,26 @@ import pytest
 
 from spx.daemon.core import malloc_arenas
 
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(M_ARENA_MAX) is glibc's")
-def test_on_glibc_the_cap_is_set(monkeypatch):
-    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    assert malloc_arenas.cap_arenas() == malloc_arenas.ARENA_MAX
+# (what sets it, glibc's environment variable for it, what the daemon sets)
+KNOBS = [(malloc_arenas.cap_arenas, "MALLOC_ARENA_MAX", malloc_arenas.ARENA_MAX),
+         (malloc_arenas.fix_mmap_threshold, "MALLOC_MMAP_THRESHOLD_", malloc_arenas.MMAP_THRESHOLD)]
 
 
-def test_the_environments_cap_wins_and_libc_is_not_asked(monkeypatch):
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+@pytest.mark.parametrize(("tune", "env", "value"), KNOBS)
+def test_on_glibc_it_is_set(monkeypatch, tune, env, value):
+    monkeypatch.delenv(env, raising=False)
+    assert tune() == value
+
+
+@pytest.mark.parametrize(("tune", "env", "value"), KNOBS)
+def test_the_environments_value_wins_and_libc_is_not_asked(monkeypatch, tune, env, value):
     def no_libc(_name):
-        raise AssertionError("mallopt called although MALLOC_ARENA_MAX is set")
+        raise AssertionError(f"mallopt called although {env} is set")
 
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    monkeypatch.setenv(env, "4")
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
-    assert malloc_arenas.cap_arenas() == 4
+    assert tune() == 4
 
 
 def test_a_libc_without_mallopt_is_left_alone(monkeypatch):
@@ -35,18 +41,3 @@ def test_a_libc_without_mallopt_is_left_alone(monkeypatch):
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     monkeypatch.setattr(ctypes, "CDLL", NoMallopt)
     assert malloc_arenas.cap_arenas() is None
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt(M_MMAP_THRESHOLD) is glibc's")
-def test_on_glibc_the_mmap_threshold_is_pinned(monkeypatch):
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    assert malloc_arenas.fix_mmap_threshold() == malloc_arenas.MMAP_THRESHOLD
-
-
-def test_the_environments_mmap_threshold_wins(monkeypatch):
-    def no_libc(_name):
-        raise AssertionError("mallopt called although MALLOC_MMAP_THRESHOLD_ is set")
-
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    monkeypatch.setattr(ctypes, "CDLL", no_libc)
-    assert malloc_arenas.fix_mmap_threshold() == 65536
