@@ -42,8 +42,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest first: the suite's wall time on two workers is set by the test that starts last, so
-    the slow tests go out first (those with `slow(seconds=N)` by N; 300 s of DeepSpeed started
-    after the unit tests left one worker idle for five minutes) and the quick ones fill in behind.
+    the slow tests go out first (those with `slow(seconds=N)` by N; the DeepSpeed test, minutes
+    long, was collected among the last) and the quick ones fill in behind.
     The USER_DB_TESTS keep their order: they run as one unit on one worker whatever their place."""
     items.sort(key=_expected_seconds, reverse=True)  # stable: equal keys keep the collection's order
 

@@ -8,7 +8,8 @@ running → exit 0 → succeeded. A traced run counts its write transactions fir
 
 from __future__ import annotations
 
-import time
+import contextlib
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -59,9 +60,8 @@ def test_a_kill_between_any_two_writes_of_a_job_life_runs_it_exactly_once_to_its
             # The store can read "succeeded" a moment before the daemon that committed it reaches the
             # fault point right after (after-commit of the last write): a point that is reached
             # takes the daemon down within that moment, one that is not leaves it running.
-            settled = time.monotonic() + SETTLE_SECONDS
-            while d.alive() and time.monotonic() < settled:
-                time.sleep(0.05)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                d.proc.wait(timeout=SETTLE_SECONDS)
             hit = d.events("test_fault_point")
             d.stop()
             assert hit, f"{phase}:{number} ({ops[number - 1]}) was never reached"
