@@ -294,6 +294,7 @@ class Outcome:
     steps: StepLog = field(default_factory=StepLog)
     start: float = 0.0  # when the run began: the kills' `t` and the step series count from here
     jobs: list[dict[str, Any]] = field(default_factory=list)  # spx: each job's `spx status --json`
+    relaunches: list[dict[str, Any]] = field(default_factory=list)  # spx: where each relaunch resumed, and why
 
 
 class Disturber:
@@ -467,7 +468,28 @@ def run_spx(d: Disturbance, a: argparse.Namespace, work: Path, standby_workers: 
     wall = end - start if state == "gave up" else histories[-1]["history"][-1]["end"] - histories[0]["history"][0]["start"]
     restarts = sum(len(h["history"]) for h in histories) - 1
     return Outcome(wall, state == "succeeded", dist.kills, restarts, dist.misses(steps), len(histories) - 1, steps,
-                   start, histories)
+                   start, histories, relaunches(work / "root" / "log", histories))
+
+
+SURVIVOR_LINES = ("a collective failed", "JIT checkpoint", "SIGTERM received", "closing signal", "failed (exitcode")
+"""What an attempt's log says about its end: the survivors' just-in-time checkpoint and torchrun's teardown."""
+
+
+def relaunches(log_root: Path, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each relaunch's resume step; for one that resumed from a periodic checkpoint (or from none),
+    the lines of the attempt before that say why no survivor published a just-in-time one. The
+    bench's work directory goes at its end, so this is what is left to explain a kill that cost steps."""
+    out = []
+    for job in jobs:
+        for attempt in sorted(job["history"], key=lambda h: h["number"])[1:]:
+            step = attempt.get("resumed_from_step")
+            entry: dict[str, Any] = {"job": job["name"], "attempt": attempt["number"], "resumed_from_step": step}
+            if step is None or step % CHECKPOINT_EVERY == 0:
+                before = log_root / job["name"] / f"attempt-{attempt['number'] - 1}.log"
+                lines = before.read_text(errors="replace").splitlines() if before.exists() else []
+                entry["attempt_before_said"] = [ln[:300] for ln in lines if any(k in ln for k in SURVIVOR_LINES)][:12]
+            out.append(entry)
+    return out
 
 
 RUNNERS = {"spx": run_spx, "torchrun": run_torchrun,
@@ -493,6 +515,7 @@ def row(launcher: str, d: Disturbance, o: Outcome, own_floor: float, torchrun_fl
         "step_goodput": round(steps / computed, 3) if computed and o.finished else None,
         **(ledger_numbers(o) if o.jobs else {}),
         "kill_log": o.kills,
+        "relaunches": o.relaunches,
         "steps": o.steps.series(o.start),
     }
 
@@ -621,6 +644,10 @@ def main() -> int:
                 d = replace(d, give_up_s=a.give_up * floors[launcher])
             o = RUNNERS[launcher](d, a, work)
             print(f"  → {o.wall_s:.1f} s, finished {o.finished}, restarts {o.restarts}, misses {o.misses}", flush=True)
+            for r in o.relaunches:
+                if "attempt_before_said" in r:
+                    print(f"  attempt {r['attempt']} resumed from step {r['resumed_from_step']}; attempt "
+                          f"{r['attempt'] - 1} said:", *(f"    {ln}" for ln in r["attempt_before_said"]), sep="\n")
             return o
 
         undisturbed = {launcher: once(launcher, Disturbance("none")) for launcher in a.launchers}
@@ -680,6 +707,10 @@ def ledger_check(a: argparse.Namespace) -> int:
             print(f"spx: {d.label}\n{schedule(d, d.seed, 600)}", flush=True)
             o = run_spx(d, a, work)
             print(f"  → {o.wall_s:.1f} s, finished {o.finished}, restarts {o.restarts}, misses {o.misses}", flush=True)
+            for r in o.relaunches:
+                if "attempt_before_said" in r:
+                    print(f"  attempt {r['attempt']} resumed from step {r['resumed_from_step']}; attempt "
+                          f"{r['attempt'] - 1} said:", *(f"    {ln}" for ln in r["attempt_before_said"]), sep="\n")
             rows.append(row("spx", d, o, o.wall_s, o.wall_s, a.steps))
     print_ledgers(rows)
     goals = ledger_goals(rows)

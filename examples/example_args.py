@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -46,6 +47,9 @@ def common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--slow-rank-seconds", type=float, default=0.05)
     p.add_argument("--rank-timing-every", type=int, default=20,
                    help="gather per-rank step times every K steps for the daemon (0: off)")
+    p.add_argument("--kill-in-update-at", type=int, default=None,
+                   help="SIGKILL --kill-in-update-rank inside step K's optimizer update (train_ddp.py; first attempt only)")
+    p.add_argument("--kill-in-update-rank", type=int, default=1)
     p.add_argument("--corrupt-grad-step", type=int, default=None,
                    help="at step K, --corrupt-grad-rank's own gradient of one weight is off by 1e-3 before the "
                         "all-reduce, as a faulty GPU's arithmetic (first attempt only, never in a replay)")
@@ -142,6 +146,22 @@ def corrupt_grad(args: argparse.Namespace, trainer, module: torch.nn.Module) -> 
         return wrong
 
     param.register_hook(corrupt)
+
+
+def kill_in_update(args: argparse.Namespace, trainer, optimizer: torch.optim.Optimizer) -> None:
+    """`--kill-in-update-at`: the rank dies inside its optimizer update (a step pre-hook), after its
+    backward took part in the step's all-reduce and before its parameters changed: the one moment a
+    survivor has finished a step this rank has not."""
+    if args.kill_in_update_at is None or trainer.dist.rank != args.kill_in_update_rank or not faults_apply():
+        return
+
+    def die(opt, a, kw) -> None:
+        if trainer.progress.step == args.kill_in_update_at:
+            print(f"rank {trainer.dist.rank} killed inside the update of step {args.kill_in_update_at} "
+                  "(--kill-in-update-at)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    optimizer.register_step_pre_hook(die)
 
 
 class InjectedCrash(RuntimeError):

@@ -18,6 +18,7 @@ from example_args import (
     common_parser,
     corrupt_grad,
     fault_hook,
+    kill_in_update,
     poisoned_loss,
     print_final_hash,
     run_main,
@@ -47,6 +48,7 @@ def main() -> object:
         model = trainer.wrap(TinyLM(lm))
         corrupt_grad(args, trainer, trainer.module)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+        kill_in_update(args, trainer, optimizer)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(max(1, args.steps // 10), args.steps))
         loader = trainer.dataloader(MarkovCorpus(args.dataset_size, lm.seq_len, lm.vocab, seed=args.seed),
                                     batch_size=args.batch_size)

@@ -8,15 +8,19 @@ differ per rank) and data positions. So at every step boundary each rank writes 
 when the daemon gave a local checkpoint dir); the survivor assembles the checkpoint of step k from
 its own model/optimizer and every rank's boundary file of step k.
 
-Exactness: the boundary of step k is taken right after step k's optimizer step (params, optimizer
-and scheduler are then those of the end of step k, and stay so until step k+1's optimizer step, the
-only place they change; DDP's collectives — the gradient all-reduce in backward and the loop's
-stop/save agreement — all lie in that window). A failure while the update runs leaves no valid
-boundary, and no JIT checkpoint is written. An `on_step` hook runs after the boundary: it must not
-draw from the global RNGs (the examples' fault hook does not) or the JIT checkpoint's RNG would be
-the one before it. If a rank died before writing its boundary file of step k (killed inside its own
-optimizer step), step k cannot be assembled exactly and the periodic checkpoint stays the resume
-point.
+Exactness: a survivor's own state is that of the end of step k from the end of step k's optimizer
+step until step k+1's, the only place params, optimizer and scheduler change; DDP's collectives —
+the gradient all-reduce in backward and the loop's stop/save agreement — all lie in that window, so
+a survivor that sees a peer fail always holds a completed step. Each rank's boundary file of step k
+is written before step k's optimizer step, once backward is done: the update draws no random number
+and moves no data, so the rank's RNG and data position are already those of the end of step k, and
+a rank killed inside its own update still leaves its file of step k for the survivor that finished
+that update. An optimizer that does draw (stochastic rounding, noise) is caught after the update:
+the file is written again from the state the update left. An `on_step` hook runs after the update:
+it must not draw from the global RNGs (the examples' fault hook does not) or the JIT checkpoint's
+RNG would be the one before it. A rank killed after a peer's all-reduce finished but before its own
+backward returned leaves no file of the step its peer finished: that step cannot be assembled exactly,
+and the periodic checkpoint stays the resume point.
 
 Several survivors may try: each writes its own staging directory and publishes with an exclusive
 rename, so the first complete copy wins and the others discard theirs. ZeRO-3 (DeepSpeed) shards the
@@ -36,7 +40,7 @@ from pathlib import Path
 import torch
 
 from spx.daemon.contract import checkpoint_layout as layout
-from spx.trainer import layout_writer
+from spx.trainer import layout_writer, rng
 from spx.trainer.checkpoint import SHARED_FILE, rank_file
 
 log = logging.getLogger("spx.trainer")
@@ -67,19 +71,21 @@ class BoundaryLog:
 
     def record(self, step: int, rank_state: dict) -> None:
         """Write this rank's state of the end of `step` (rename-atomic, not fsynced: it serves a
-        survivor on the same host, not a host crash) and drop files older than KEEP_BOUNDARIES."""
+        survivor on the same host, not a host crash) and drop files older than KEEP_BOUNDARIES.
+        Called before the update of `step`: until `updated`, no step's state is in memory."""
         target = self.path(self.rank, step)
         part = target.with_name(target.name + ".part")
         torch.save(rank_state, part)
         os.replace(part, target)
-        self.step = step
-        self._written.append(step)
+        self.step = None
+        if not self._written or self._written[-1] != step:
+            self._written.append(step)
         while len(self._written) > KEEP_BOUNDARIES:
             self.path(self.rank, self._written.pop(0)).unlink(missing_ok=True)
 
-    def invalidate(self) -> None:
-        """The model is being updated: until the next `record`, no step's state is in memory."""
-        self.step = None
+    def updated(self) -> None:
+        """The update of the last recorded step is done: the model in memory is that step's."""
+        self.step = self._written[-1]
 
     def close(self) -> None:
         """Remove this rank's files (at the end of a run; a survivor of a failure keeps them)."""
@@ -168,18 +174,27 @@ class JitCheckpoint:
         # Set when checkpoints go to the local tier: retention and the (synchronous) replica.
         self.on_published: Callable[[Path], None] | None = None
         self.boundaries: BoundaryLog | None = None
+        self._updating: tuple[int, dict] = (0, {})  # the step being updated, and its recorded rank state
         if enabled and world_size > 1:
             if local_rank == 0:  # the boundary parent is host-local: each node sweeps its own
                 sweep_boundaries(boundary_parent, token)
             self.boundaries = BoundaryLog(boundary_parent / (BOUNDARY_PREFIX + token), rank)
 
-    def before_update(self) -> None:
+    def before_update(self, step: int, rank_state: Callable[[], dict]) -> None:
+        """Backward of `step` is done and its update comes next: record this rank's state of the end
+        of `step` now, so that a kill inside the update still leaves it (module docstring)."""
         if self.boundaries is not None:
-            self.boundaries.invalidate()
+            self._updating = (step, rank_state())
+            self.boundaries.record(*self._updating)
 
-    def after_update(self, step: int, rank_state: dict) -> None:
-        if self.boundaries is not None:
-            self.boundaries.record(step, rank_state)
+    def after_update(self, rank_state: Callable[[], dict]) -> None:
+        if self.boundaries is None:
+            return
+        step, before = self._updating
+        after = rank_state()
+        if not rng.same(before["rng"], after["rng"]):  # the optimizer drew: the file must say so
+            self.boundaries.record(step, after)
+        self.boundaries.updated()
 
     @contextlib.contextmanager
     def watch(self, full_state: Callable[[], dict | None]) -> Iterator[None]:

@@ -215,11 +215,10 @@ class TrainingLoop:
                 p.batches_in_epoch += 1
                 if not boundary:
                     continue
-                micro = 0
-                self.jit.before_update()
+                micro, p.step = 0, p.step + 1  # the step whose update follows: its data is consumed
+                self.jit.before_update(p.step, self._rank_state)
                 self._optimizer_step()
-                p.step += 1
-                self.jit.after_update(p.step, self._rank_state())
+                self.jit.after_update(self._rank_state)
                 self._after_step(loss, samples_per_step, on_step)
                 if self.replay is not None and self._replay_checkpoint_reached():
                     break

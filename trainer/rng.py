@@ -38,6 +38,15 @@ def capture() -> dict[str, Any]:
     return state
 
 
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two `capture`s hold the same generator states (no stream drew in between)."""
+    if a.keys() != b.keys() or a["python"] != b["python"] or not torch.equal(a["torch"], b["torch"]):
+        return False
+    if "numpy" in a and (a["numpy"][2:] != b["numpy"][2:] or not torch.equal(a["numpy"][1], b["numpy"][1])):
+        return False
+    return all(torch.equal(x, y) for x, y in zip(a.get("cuda", []), b.get("cuda", []), strict=True))
+
+
 def restore(state: dict[str, Any]) -> None:
     """Put every generator back to `state` (from `capture`, possibly after a save/load round trip)."""
     version, internal, gauss = state["python"]

@@ -6,8 +6,9 @@ from it ends bitwise identical to an uninterrupted one. ZeRO-3 (state sharded, n
 periodic interval lost, bitwise-equal end) is checked on the runs test_deepspeed_resume.py already
 makes, to keep DeepSpeed start-ups out of this file.
 
-"The last completed step" is read from the boundary files every rank writes after each optimizer
-step (spx.trainer.jit): the highest step any rank finished before the kill.
+"The last completed step" is read from the boundary files every rank writes at each step, once its
+backward is done and before its update (spx.trainer.jit): the highest step any rank reached, one at
+most past the last step a survivor finished.
 """
 
 from __future__ import annotations
@@ -91,3 +92,24 @@ def test_ddp_rank_killed_between_checkpoints_loses_at_most_one_step_and_resumes_
     assert f"resumed from {latest.path}: step {latest.step}" in resumed.output()
     assert resumed.final_hash() == ddp_reference, f"resumed from the JIT checkpoint of step {latest.step}: state differs"
     assert not list(run.ckpt.glob(BOUNDARY_PREFIX + "*")), "the resumed attempt sweeps the failed one's boundary files"
+
+
+def test_ddp_rank_killed_inside_its_update_still_leaves_the_step_its_peer_finished(tmp_path, ddp_reference):
+    """Rank 1 dies inside step K's optimizer update; rank 0 finishes that update. Rank 1's boundary
+    file of step K was written before its update, so the survivor publishes step K, and the run
+    resumed from it ends bitwise as the uninterrupted one."""
+    kill_at = random.Random(SEED).choice([s for s in range(12, 40) if 1 < s % EVERY < EVERY - 1])
+    print(f"random seed {SEED} (replay with SPX_TEST_SEED={SEED}): rank 1 killed inside step {kill_at}'s update")
+    run = start_ddp(tmp_path, "in-update", "--kill-in-update-at", str(kill_at))
+    assert run.wait(180) != 0
+    wait_for(lambda: not proctree.attempt_pids(run.tag), 30, "every process of the run to be gone")
+    assert f"killed inside the update of step {kill_at}" in run.output()
+
+    latest = layout.latest_complete(run.ckpt)
+    assert latest is not None and latest.step == kill_at, \
+        f"resume point {latest and latest.step}, the survivor finished step {kill_at}:\n{run.output()[-3000:]}"
+    assert layout.read_manifest(latest.path)["extra"]["jit"] is True
+
+    resumed = start_ddp(tmp_path, "in-update", attempt=2, ckpt=run.ckpt)
+    assert resumed.wait() == 0, resumed.output()[-3000:]
+    assert resumed.final_hash() == ddp_reference, f"resumed from the JIT checkpoint of step {kill_at}: state differs"

@@ -196,3 +196,27 @@ def test_rank_timing_reports_each_ranks_best_window_and_nothing_when_off():
         pass
     off.step_done()
     assert off.latest is None
+
+
+def test_the_boundary_file_is_written_before_the_update_and_again_if_the_update_drew(tmp_path):
+    from spx.trainer import rng
+    from spx.trainer.jit import JitCheckpoint
+
+    jit = JitCheckpoint(enabled=True, boundary_parent=tmp_path, ckpt_dir=tmp_path / "ck", rank=0, world_size=2,
+                        token="t", fmt="torch", checksums=False)
+    b = jit.boundaries
+    state = lambda: {"rng": rng.capture(), "progress": {"step": 7}}  # noqa: E731
+    jit.before_update(7, state)
+    assert b.path(0, 7).exists() and b.step is None, "the file of step 7 exists before its update; no state in memory"
+    before = torch.load(b.path(0, 7), weights_only=True)["rng"]
+    jit.after_update(state)  # an update that drew nothing: the file stays the one written before it
+    assert b.step == 7 and rng.same(torch.load(b.path(0, 7), weights_only=True)["rng"], before)
+
+    jit.before_update(8, state)
+    torch.rand(1)  # an optimizer with stochastic rounding draws inside the update
+    jit.after_update(state)
+    kept = torch.load(b.path(0, 8), weights_only=True)["rng"]
+    assert b.step == 8 and rng.same(kept, rng.capture()) and not rng.same(kept, before)
+    jit.before_update(9, state)
+    jit.after_update(state)
+    assert not b.path(0, 7).exists() and b.path(0, 8).exists(), "two steps' files are kept"
