@@ -142,6 +142,27 @@ def test_a_standby_gone_before_its_plan_is_a_failed_go_not_a_job_end(probe):
     assert not (probe / "out.json").exists()
 
 
+@pytest.mark.parametrize(("ending", "status", "said"), [
+    ("print('unflushed', end='')", 0, "unflushed"),
+    ("raise RuntimeError('worker 1 died')", 1, "RuntimeError: worker 1 died"),
+    ("sys.exit('no GPUs left')", 1, "no GPUs left"),
+    ("sys.exit(300)", 300 & 0xFF, None),
+])
+def test_the_launchers_end_is_pythons_without_its_teardown(probe, ending, status, said):
+    """The agent leaves with os._exit once the launcher module is done: the status, the traceback and
+    the last buffered output are what `python -m` would give."""
+    (probe / "probe.py").write_text(f"import sys\n{ending}\n")
+    ready = start(plan(probe, "s7"), probe)
+    spawned = ready.go(plan(probe, "s7"))
+    assert spawned.proc.wait(timeout=30) == status
+    spawned.relay.wait(timeout=30)
+    log_file = probe / "attempt-2.log"
+    log = log_file.read_text() if log_file.exists() else ""
+    assert said is None or said in log, log
+    if "raise" in ending:
+        assert "Traceback (most recent call last)" in log, log
+
+
 def test_torchrun_runs_from_its_standby(tmp_path):
     """The real launcher: `torch.distributed.run`, imported ahead, starts its worker with the plan."""
     (tmp_path / "w.py").write_text("import json, os, sys\n"
