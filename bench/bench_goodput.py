@@ -476,18 +476,20 @@ SURVIVOR_LINES = ("a collective failed", "JIT checkpoint", "SIGTERM received", "
 
 
 def relaunches(log_root: Path, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each relaunch's resume step; for one that resumed from a periodic checkpoint (or from none),
-    the lines of the attempt before that say why no survivor published a just-in-time one. The
-    bench's work directory goes at its end, so this is what is left to explain a kill that cost steps."""
+    """Each relaunch's resume step; for one that did not resume from a just-in-time checkpoint the
+    attempt before published, the lines of that attempt that say why. The bench's work directory
+    goes at its end, so this is what is left to explain a kill that cost steps."""
     out = []
     for job in jobs:
         for attempt in sorted(job["history"], key=lambda h: h["number"])[1:]:
             step = attempt.get("resumed_from_step")
             entry: dict[str, Any] = {"job": job["name"], "attempt": attempt["number"], "resumed_from_step": step}
-            if step is None or step % CHECKPOINT_EVERY == 0:
-                before = log_root / job["name"] / f"attempt-{attempt['number'] - 1}.log"
-                lines = before.read_text(errors="replace").splitlines() if before.exists() else []
-                entry["attempt_before_said"] = [ln[:300] for ln in lines if any(k in ln for k in SURVIVOR_LINES)][:12]
+            before = log_root / job["name"] / f"attempt-{attempt['number'] - 1}.log"
+            said = [ln for ln in (before.read_text(errors="replace").splitlines() if before.exists() else [])
+                    if any(k in ln for k in SURVIVOR_LINES)]
+            jit = step is not None and any(f"step-{step:09d} published" in ln for ln in said)
+            if not jit:
+                entry["attempt_before_said"] = [ln[:300] for ln in said][:12]
             out.append(entry)
     return out
 

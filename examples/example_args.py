@@ -156,7 +156,7 @@ def kill_in_update(args: argparse.Namespace, trainer, optimizer: torch.optim.Opt
         return
 
     def die(opt, a, kw) -> None:
-        if trainer.progress.step == args.kill_in_update_at:
+        if trainer.progress.step + 1 == args.kill_in_update_at:  # the step counter moves after the update
             print(f"rank {trainer.dist.rank} killed inside the update of step {args.kill_in_update_at} "
                   "(--kill-in-update-at)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

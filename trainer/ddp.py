@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,8 @@ class Trainer(TrainingLoop):
 
     # ---- hooks of the shared loop -------------------------------------------------------------
 
-    def _train_micro_batch(self, batch: Any, boundary: bool) -> torch.Tensor:
+    def _train_micro_batch(self, batch: Any, boundary: bool,
+                           before_backward: Callable[[], None] | None = None) -> torch.Tensor:
         assert self.model is not None
         if self._settle_buckets:
             self._settle_buckets = False
@@ -103,6 +105,8 @@ class Trainer(TrainingLoop):
         with sync:
             with autocast_context(self.device, self.bf16), self.rank_timer.forward():
                 loss = self.loss_fn(self.model, batch)
+            if before_backward is not None:
+                before_backward()
             (loss / self._accum_steps).backward()
         return loss.detach()
 

@@ -10,17 +10,19 @@ its own model/optimizer and every rank's boundary file of step k.
 
 Exactness: a survivor's own state is that of the end of step k from the end of step k's optimizer
 step until step k+1's, the only place params, optimizer and scheduler change; DDP's collectives —
-the gradient all-reduce in backward and the loop's stop/save agreement — all lie in that window, so
-a survivor that sees a peer fail always holds a completed step. Each rank's boundary file of step k
-is written before step k's optimizer step, once backward is done: the update draws no random number
-and moves no data, so the rank's RNG and data position are already those of the end of step k, and
-a rank killed inside its own update still leaves its file of step k for the survivor that finished
-that update. An optimizer that does draw (stochastic rounding, noise) is caught after the update:
-the file is written again from the state the update left. An `on_step` hook runs after the update:
-it must not draw from the global RNGs (the examples' fault hook does not) or the JIT checkpoint's
-RNG would be the one before it. A rank killed after a peer's all-reduce finished but before its own
-backward returned leaves no file of the step its peer finished: that step cannot be assembled exactly,
-and the periodic checkpoint stays the resume point.
+the gradient all-reduce in backward, the loop's divergence check and stop/save agreement — all lie
+outside it, so a survivor that sees a peer fail holds a completed step. Each rank's boundary file of
+step k is written once the forward of step k's last micro-batch is done, before its backward: the
+backward and the update draw no random number and move no data, so the rank's RNG and data position
+are already those of the end of step k. A rank that took part in step k's gradient all-reduce has
+therefore always left its file of step k, wherever it is killed after, and a survivor that finished
+step k finds every rank's file. (Written once the backward returned instead, a rank killed between
+its peer's end of the all-reduce and its own write left none: 1 kill in 25 of rank 0 at a random
+moment; written after the update, every kill inside the update too.) A
+backward or an optimizer that does draw (stochastic rounding, noise) is caught after the update by
+comparing the RNG states, and the file is written again from the state the update left. An
+`on_step` hook runs after the update: it must not draw from the global RNGs (the examples' fault hook
+does not) or the JIT checkpoint's RNG would be the one before it.
 
 Several survivors may try: each writes its own staging directory and publishes with an exclusive
 rename, so the first complete copy wins and the others discard theirs. ZeRO-3 (DeepSpeed) shards the
@@ -71,21 +73,33 @@ class BoundaryLog:
 
     def record(self, step: int, rank_state: dict) -> None:
         """Write this rank's state of the end of `step` (rename-atomic, not fsynced: it serves a
-        survivor on the same host, not a host crash) and drop files older than KEEP_BOUNDARIES.
-        Called before the update of `step`: until `updated`, no step's state is in memory."""
+        survivor on the same host, not a host crash) and drop files older than KEEP_BOUNDARIES."""
         target = self.path(self.rank, step)
         part = target.with_name(target.name + ".part")
         torch.save(rank_state, part)
         os.replace(part, target)
-        self.step = None
         if not self._written or self._written[-1] != step:
             self._written.append(step)
         while len(self._written) > KEEP_BOUNDARIES:
             self.path(self.rank, self._written.pop(0)).unlink(missing_ok=True)
 
-    def updated(self) -> None:
-        """The update of the last recorded step is done: the model in memory is that step's."""
-        self.step = self._written[-1]
+    def last_steps(self, ranks: list[int]) -> dict[int, int | None]:
+        """The newest step each of `ranks` left a file of (None: none): how far behind a dead rank was."""
+        found: dict[int, int | None] = dict.fromkeys(ranks)
+        for f in self.dir.glob("rank-*.step-*.pt"):
+            rank, _, step = f.stem.partition(".step-")
+            r = int(rank.removeprefix("rank-"))
+            if r in found:
+                found[r] = max(found[r] or 0, int(step))
+        return found
+
+    def invalidate(self) -> None:
+        """The model is being updated: until `updated`, no step's state is in memory."""
+        self.step = None
+
+    def updated(self, step: int) -> None:
+        """The update of `step` is done: the model in memory is that step's."""
+        self.step = step
 
     def close(self) -> None:
         """Remove this rank's files (at the end of a run; a survivor of a failure keeps them)."""
@@ -120,8 +134,8 @@ def save_jit(
         return None
     missing = [r for r in range(world_size) if not boundaries.path(r, step).exists()]
     if missing:
-        log.warning("JIT checkpoint of step %d impossible: ranks %s left no state of that step (killed inside "
-                    "their optimizer step); the periodic checkpoint is the resume point", step, missing)
+        log.warning("JIT checkpoint of step %d impossible: ranks %s left no state of that step (their last: %s); "
+                    "the periodic checkpoint is the resume point", step, missing, boundaries.last_steps(missing))
         return None
     staging = ckpt_dir / layout.tmp_dirname(step, f"{token}-jit{rank}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -174,27 +188,31 @@ class JitCheckpoint:
         # Set when checkpoints go to the local tier: retention and the (synchronous) replica.
         self.on_published: Callable[[Path], None] | None = None
         self.boundaries: BoundaryLog | None = None
-        self._updating: tuple[int, dict] = (0, {})  # the step being updated, and its recorded rank state
+        self._recorded: tuple[int, dict] = (0, {})  # the step whose file was written last, and its rank state
         if enabled and world_size > 1:
             if local_rank == 0:  # the boundary parent is host-local: each node sweeps its own
                 sweep_boundaries(boundary_parent, token)
             self.boundaries = BoundaryLog(boundary_parent / (BOUNDARY_PREFIX + token), rank)
 
-    def before_update(self, step: int, rank_state: Callable[[], dict]) -> None:
-        """Backward of `step` is done and its update comes next: record this rank's state of the end
-        of `step` now, so that a kill inside the update still leaves it (module docstring)."""
+    def record(self, step: int, rank_state: Callable[[], dict]) -> None:
+        """The forward of `step`'s last micro-batch is done: write this rank's state of the end of
+        `step` now, before the backward's all-reduce (module docstring)."""
         if self.boundaries is not None:
-            self._updating = (step, rank_state())
-            self.boundaries.record(*self._updating)
+            self._recorded = (step, rank_state())
+            self.boundaries.record(*self._recorded)
+
+    def before_update(self) -> None:
+        if self.boundaries is not None:
+            self.boundaries.invalidate()
 
     def after_update(self, rank_state: Callable[[], dict]) -> None:
         if self.boundaries is None:
             return
-        step, before = self._updating
+        step, recorded = self._recorded
         after = rank_state()
-        if not rng.same(before["rng"], after["rng"]):  # the optimizer drew: the file must say so
+        if not rng.same(recorded["rng"], after["rng"]):  # the backward or the update drew: the file must say so
             self.boundaries.record(step, after)
-        self.boundaries.updated()
+        self.boundaries.updated(step)
 
     @contextlib.contextmanager
     def watch(self, full_state: Callable[[], dict | None]) -> Iterator[None]:

@@ -211,13 +211,15 @@ class TrainingLoop:
                             break
                     continue
                 with self.jit.watch(self._replicated_state):
-                    loss = self._train_micro_batch(move_to(batch, self.device), boundary)
+                    loss = self._train_micro_batch(move_to(batch, self.device), boundary,
+                                                   self._record_boundary if boundary else None)
                 p.batches_in_epoch += 1
                 if not boundary:
                     continue
-                micro, p.step = 0, p.step + 1  # the step whose update follows: its data is consumed
-                self.jit.before_update(p.step, self._rank_state)
+                micro = 0
+                self.jit.before_update()
                 self._optimizer_step()
+                p.step += 1
                 self.jit.after_update(self._rank_state)
                 self._after_step(loss, samples_per_step, on_step)
                 if self.replay is not None and self._replay_checkpoint_reached():
@@ -449,14 +451,22 @@ class TrainingLoop:
         """A checkpoint's size before the first one exists (0: unknown, any free space will do)."""
         return 0
 
-    def _rank_state(self) -> dict:
-        return {"rng": rng.capture(), "progress": self.progress.to_state(),
+    def _rank_state(self, progress: Progress | None = None) -> dict:
+        return {"rng": rng.capture(), "progress": (progress or self.progress).to_state(),
                 "skip_steps": [list(r) for r in self.skip_steps]}
+
+    def _record_boundary(self) -> None:
+        """Between the forward and the backward of a step's last micro-batch: this rank's state of
+        the end of the step (its data consumed, its draws made) for a JIT checkpoint (trainer/jit.py)."""
+        p = self.progress
+        self.jit.record(p.step + 1, lambda: self._rank_state(Progress(p.step + 1, p.epoch, p.batches_in_epoch + 1)))
 
     # ---- what a subclass provides -------------------------------------------------------------
 
-    def _train_micro_batch(self, batch: Any, boundary: bool) -> torch.Tensor:
-        """Forward + backward of one micro-batch; `boundary` = the last of an optimizer step."""
+    def _train_micro_batch(self, batch: Any, boundary: bool,
+                           before_backward: Callable[[], None] | None = None) -> torch.Tensor:
+        """Forward + backward of one micro-batch; `boundary` = the last of an optimizer step.
+        `before_backward`, if given, is called between the two (a trainer without JIT may ignore it)."""
         raise NotImplementedError
 
     def _optimizer_step(self) -> None:

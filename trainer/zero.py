@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,11 @@ class DeepSpeedTrainer(TrainingLoop):
 
     # ---- hooks of the shared loop -------------------------------------------------------------
 
-    def _train_micro_batch(self, batch: Any, boundary: bool) -> torch.Tensor:
+    def _train_micro_batch(self, batch: Any, boundary: bool,
+                           before_backward: Callable[[], None] | None = None) -> torch.Tensor:
         loss = self.loss_fn(self.engine, batch)
+        if before_backward is not None:
+            before_backward()
         self.engine.backward(loss)
         self.engine.step()  # the engine steps the optimizer itself at its accumulation boundary
         if boundary and not self.engine.was_step_applied():

@@ -7,7 +7,7 @@ periodic interval lost, bitwise-equal end) is checked on the runs test_deepspeed
 makes, to keep DeepSpeed start-ups out of this file.
 
 "The last completed step" is read from the boundary files every rank writes at each step, once its
-backward is done and before its update (spx.trainer.jit): the highest step any rank reached, one at
+forward is done and before its backward (spx.trainer.jit): the highest step any rank reached, one at
 most past the last step a survivor finished.
 """
 
@@ -96,7 +96,7 @@ def test_ddp_rank_killed_between_checkpoints_loses_at_most_one_step_and_resumes_
 
 def test_ddp_rank_killed_inside_its_update_still_leaves_the_step_its_peer_finished(tmp_path, ddp_reference):
     """Rank 1 dies inside step K's optimizer update; rank 0 finishes that update. Rank 1's boundary
-    file of step K was written before its update, so the survivor publishes step K, and the run
+    file of step K was written before its backward, so the survivor publishes step K, and the run
     resumed from it ends bitwise as the uninterrupted one."""
     kill_at = random.Random(SEED).choice([s for s in range(12, 40) if 1 < s % EVERY < EVERY - 1])
     print(f"random seed {SEED} (replay with SPX_TEST_SEED={SEED}): rank 1 killed inside step {kill_at}'s update")

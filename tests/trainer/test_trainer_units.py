@@ -198,7 +198,7 @@ def test_rank_timing_reports_each_ranks_best_window_and_nothing_when_off():
     assert off.latest is None
 
 
-def test_the_boundary_file_is_written_before_the_update_and_again_if_the_update_drew(tmp_path):
+def test_the_boundary_file_is_written_before_the_backward_and_again_if_the_update_drew(tmp_path):
     from spx.trainer import rng
     from spx.trainer.jit import JitCheckpoint
 
@@ -206,17 +206,20 @@ def test_the_boundary_file_is_written_before_the_update_and_again_if_the_update_
                         token="t", fmt="torch", checksums=False)
     b = jit.boundaries
     state = lambda: {"rng": rng.capture(), "progress": {"step": 7}}  # noqa: E731
-    jit.before_update(7, state)
-    assert b.path(0, 7).exists() and b.step is None, "the file of step 7 exists before its update; no state in memory"
+    jit.record(7, state)  # step 7's forward is done; its backward comes next
+    assert b.path(0, 7).exists() and b.step is None, "the file of step 7 exists before its all-reduce"
+    jit.before_update()
     before = torch.load(b.path(0, 7), weights_only=True)["rng"]
-    jit.after_update(state)  # an update that drew nothing: the file stays the one written before it
+    jit.after_update(state)  # an update that drew nothing: the file stays the one written before the backward
     assert b.step == 7 and rng.same(torch.load(b.path(0, 7), weights_only=True)["rng"], before)
 
-    jit.before_update(8, state)
+    jit.record(8, state)
+    assert b.step == 7, "until its update, the model in memory is still step 7's (a survivor saves that)"
+    jit.before_update()
     torch.rand(1)  # an optimizer with stochastic rounding draws inside the update
     jit.after_update(state)
     kept = torch.load(b.path(0, 8), weights_only=True)["rng"]
     assert b.step == 8 and rng.same(kept, rng.capture()) and not rng.same(kept, before)
-    jit.before_update(9, state)
-    jit.after_update(state)
+    jit.record(9, state)
     assert not b.path(0, 7).exists() and b.path(0, 8).exists(), "two steps' files are kept"
+    assert b.last_steps([0, 1]) == {0: 9, 1: None}

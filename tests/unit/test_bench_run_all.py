@@ -176,16 +176,16 @@ def test_goodput_bench_keeps_why_a_relaunch_resumed_from_a_periodic_checkpoint(t
     logs = tmp_path / "job-1"
     logs.mkdir()
     (logs / "attempt-1.log").write_text("[default1]: INFO step 120\n"
-                                        "[default1]: WARNING a collective failed at step 128 (closed): writing the JIT "
-                                        "checkpoint of step 127\n"
-                                        "[default1]: WARNING JIT checkpoint /ck/step-000000127 published in 0.01 s\n")
+                                        "[default1]: WARNING a collective failed at step 101 (closed): writing the JIT "
+                                        "checkpoint of step 100\n"
+                                        "[default1]: WARNING JIT checkpoint /ck/step-000000100 published in 0.01 s\n")
     (logs / "attempt-2.log").write_text("[default0]: WARNING JIT checkpoint of step 251 impossible: ranks [1] left "
                                         "no state of that step\nE torchrun: failed (exitcode: -9) local_rank: 1\n"
                                         "[default0]: INFO step 250\n")
     job = {"name": "job-1", "history": [{"number": 3, "resumed_from_step": 200}, {"number": 1, "resumed_from_step": None},
-                                        {"number": 2, "resumed_from_step": 127}]}
+                                        {"number": 2, "resumed_from_step": 100}]}
     assert g.relaunches(tmp_path, [job]) == [
-        {"job": "job-1", "attempt": 2, "resumed_from_step": 127},
+        {"job": "job-1", "attempt": 2, "resumed_from_step": 100},  # the JIT checkpoint its survivor published
         {"job": "job-1", "attempt": 3, "resumed_from_step": 200, "attempt_before_said": [
             "[default0]: WARNING JIT checkpoint of step 251 impossible: ranks [1] left no state of that step",
             "E torchrun: failed (exitcode: -9) local_rank: 1"]}]
