@@ -40,7 +40,10 @@ longer than T, every kill lands in a restart and no work gets done).
 Goodput = undisturbed wall / disturbed wall of the same launcher (the cost of the failures), and
 also against bare torchrun's undisturbed wall. Steps computed vs useful come from rank 0's
 heartbeat (written at most once a second, so the recomputed steps are a lower bound off by at most a
-second of steps per kill): every drop of the step counter is work done again.
+second of steps per kill): every drop of the step counter is work done again. Each spx row also lists
+its relaunches (`relaunches`): the step each resumed from and, for one that did not resume from a
+just-in-time checkpoint of the attempt before, that attempt's lines about its survivors and its
+teardown — the bench's work directory goes at its end, so a kill that cost steps is explained there.
 Goals: spx goodput ≥ 0.95 at T = 60 s (issue 17) and ≥ 0.9 at T = 20 s (issue 29: the median over
 the seeds), the latter also for spx with standby workers (`spx-standby-workers`, opt-in per job).
 

@@ -205,12 +205,15 @@ class JitCheckpoint:
         if self.boundaries is not None:
             self.boundaries.invalidate()
 
-    def after_update(self, rank_state: Callable[[], dict]) -> None:
+    def after_update(self, step: int, rank_state: Callable[[], dict]) -> None:
+        """`step`'s update is done. Its file is written again from the state now when it was not
+        written before the backward (a trainer whose micro-batch ignores `before_backward`) or when
+        the backward or the update drew from an RNG since: the file must hold the end of the step."""
         if self.boundaries is None:
             return
-        step, recorded = self._recorded
+        recorded_step, recorded = self._recorded
         after = rank_state()
-        if not rng.same(recorded["rng"], after["rng"]):  # the backward or the update drew: the file must say so
+        if recorded_step != step or not rng.same(recorded["rng"], after["rng"]):
             self.boundaries.record(step, after)
         self.boundaries.updated(step)
 

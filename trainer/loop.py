@@ -220,7 +220,7 @@ class TrainingLoop:
                 self.jit.before_update()
                 self._optimizer_step()
                 p.step += 1
-                self.jit.after_update(self._rank_state)
+                self.jit.after_update(p.step, self._rank_state)
                 self._after_step(loss, samples_per_step, on_step)
                 if self.replay is not None and self._replay_checkpoint_reached():
                     break
@@ -466,7 +466,8 @@ class TrainingLoop:
     def _train_micro_batch(self, batch: Any, boundary: bool,
                            before_backward: Callable[[], None] | None = None) -> torch.Tensor:
         """Forward + backward of one micro-batch; `boundary` = the last of an optimizer step.
-        `before_backward`, if given, is called between the two (a trainer without JIT may ignore it)."""
+        `before_backward`, if given, is called between the two: it writes the JIT boundary file (one
+        that is never called leaves that file to after the update, a wider window: trainer/jit.py)."""
         raise NotImplementedError
 
     def _optimizer_step(self) -> None:

@@ -210,16 +210,19 @@ def test_the_boundary_file_is_written_before_the_backward_and_again_if_the_updat
     assert b.path(0, 7).exists() and b.step is None, "the file of step 7 exists before its all-reduce"
     jit.before_update()
     before = torch.load(b.path(0, 7), weights_only=True)["rng"]
-    jit.after_update(state)  # an update that drew nothing: the file stays the one written before the backward
+    jit.after_update(7, state)  # an update that drew nothing: the file stays the one written before the backward
     assert b.step == 7 and rng.same(torch.load(b.path(0, 7), weights_only=True)["rng"], before)
 
     jit.record(8, state)
     assert b.step == 7, "until its update, the model in memory is still step 7's (a survivor saves that)"
     jit.before_update()
     torch.rand(1)  # an optimizer with stochastic rounding draws inside the update
-    jit.after_update(state)
+    jit.after_update(8, state)
     kept = torch.load(b.path(0, 8), weights_only=True)["rng"]
     assert b.step == 8 and rng.same(kept, rng.capture()) and not rng.same(kept, before)
     jit.record(9, state)
     assert not b.path(0, 7).exists() and b.path(0, 8).exists(), "two steps' files are kept"
     assert b.last_steps([0, 1]) == {0: 9, 1: None}
+    jit.before_update()
+    jit.after_update(10, state)  # a micro-batch that never called before_backward: written after the update
+    assert b.step == 10 and b.path(0, 10).exists()
