@@ -229,8 +229,7 @@ def main(argv: list[str]) -> int:
     sys.argv = [module, *launch[3:]]
     # As `python -m`: the module runs afresh as __main__ (its own imports are kept, that is the gain).
     sys.modules.pop(module, None)
-    leave(run_launcher(module))
-    return 0  # not reached
+    return run_launcher(module)
 
 
 def run_launcher(module: str) -> int:
@@ -262,4 +261,4 @@ def leave(status: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    leave(main(sys.argv))
