@@ -497,6 +497,14 @@ def relaunches(log_root: Path, jobs: list[dict[str, Any]]) -> list[dict[str, Any
     return out
 
 
+def print_relaunches(o: Outcome) -> None:
+    """The relaunches that did not resume from a just-in-time checkpoint, with what the attempt before said."""
+    for r in o.relaunches:
+        if "attempt_before_said" in r:
+            print(f"  attempt {r['attempt']} resumed from step {r['resumed_from_step']}; attempt {r['attempt'] - 1} "
+                  "said:", *(f"    {ln}" for ln in r["attempt_before_said"]), sep="\n", flush=True)
+
+
 RUNNERS = {"spx": run_spx, "torchrun": run_torchrun,
            "spx-standby-workers": lambda d, a, work: run_spx(d, a, work, standby_workers=True)}
 DEFAULT_LAUNCHERS = ["spx", "spx-standby-workers", "torchrun"]
@@ -649,10 +657,7 @@ def main() -> int:
                 d = replace(d, give_up_s=a.give_up * floors[launcher])
             o = RUNNERS[launcher](d, a, work)
             print(f"  → {o.wall_s:.1f} s, finished {o.finished}, restarts {o.restarts}, misses {o.misses}", flush=True)
-            for r in o.relaunches:
-                if "attempt_before_said" in r:
-                    print(f"  attempt {r['attempt']} resumed from step {r['resumed_from_step']}; attempt "
-                          f"{r['attempt'] - 1} said:", *(f"    {ln}" for ln in r["attempt_before_said"]), sep="\n")
+            print_relaunches(o)
             return o
 
         undisturbed = {launcher: once(launcher, Disturbance("none")) for launcher in a.launchers}
@@ -712,10 +717,7 @@ def ledger_check(a: argparse.Namespace) -> int:
             print(f"spx: {d.label}\n{schedule(d, d.seed, 600)}", flush=True)
             o = run_spx(d, a, work)
             print(f"  → {o.wall_s:.1f} s, finished {o.finished}, restarts {o.restarts}, misses {o.misses}", flush=True)
-            for r in o.relaunches:
-                if "attempt_before_said" in r:
-                    print(f"  attempt {r['attempt']} resumed from step {r['resumed_from_step']}; attempt "
-                          f"{r['attempt'] - 1} said:", *(f"    {ln}" for ln in r["attempt_before_said"]), sep="\n")
+            print_relaunches(o)
             rows.append(row("spx", d, o, o.wall_s, o.wall_s, a.steps))
     print_ledgers(rows)
     goals = ledger_goals(rows)

@@ -212,9 +212,8 @@ class JitCheckpoint:
         if self.boundaries is None:
             return
         recorded_step, recorded = self._recorded
-        after = rank_state()
-        if recorded_step != step or not rng.same(recorded["rng"], after["rng"]):
-            self.boundaries.record(step, after)
+        if recorded_step != step or not rng.same(recorded["rng"], rng.capture()):
+            self.boundaries.record(step, rank_state())
         self.boundaries.updated(step)
 
     @contextlib.contextmanager
