@@ -92,10 +92,11 @@ class Restart(_Strict):
         "{max: N, within_first_seconds: S}; merged over the defaults.",
     )
     standby_workers: bool = Field(
-        False, description="torchrun only: the next attempt's workers are started ahead too, each with torch and "
-        "spx.trainer imported, and a relaunch hands them their ranks (docs/recovery.md). Costs a worker's "
-        "imports in host RAM per local rank for the whole run; only for scripts whose imports read no "
-        "environment and do no work.",
+        False, description="torchrun only: the next attempt's workers are started ahead too, each with torch, "
+        "torch._dynamo and spx.trainer imported, and a relaunch hands them their ranks (docs/recovery.md). Costs "
+        "a worker's imports in host RAM per local rank for the whole run. A script that changes the environment "
+        "before its `import torch` is started cold instead; not for one that sets, after `import torch`, what "
+        "torch._dynamo reads when its first optimizer step imports it.",
     )
 
     @field_validator("on_failure", mode="before")

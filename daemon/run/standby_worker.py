@@ -18,8 +18,13 @@ What it runs is what the cold worker would: the environment becomes the plan's (
 rendezvous, resume checkpoint; `putenv` too, so CUDA and NCCL read them when they start, after the
 go), stdin /dev/null, stdout and stderr the rank's files, `sys.argv` and `sys.path[0]` as `python -u
 SCRIPT` sets them, and the script runs afresh as `__main__`. Only the modules imported ahead are
-kept, which is why it is opt-in: a job whose imports read the environment (other than the variables
-the plan changes) or do work must not ask for it.
+kept, which is why it is opt-in: their import read the standby's environment, not the plan's. So
+until the script's first import of one of them (`import torch`, or of spx), the environment is
+watched: a script that set, changed or removed a variable before that (`OMP_NUM_THREADS`,
+`TORCHINDUCTOR_CACHE_DIR`, …) would have had a cold worker's torch read it, so it is started cold
+instead, in the same pid, with the plan's environment (its rank's log says why). Left to the job: a
+variable set after `import torch` that torch would have read only later (`torch._dynamo`, which a
+cold worker imports at its first optimizer step).
 And it looks so: its command line (/proc/PID/cmdline, what `ps`, `pgrep -f` and py-spy read) is
 rewritten in place to the command torchrun would have run, cut to the room its own arguments held
 (setproctitle's way, within argv's own bytes only). Its /proc environ stays the one it started with:
@@ -36,14 +41,21 @@ worker's nonzero end would read as a death to whoever watches the attempt's work
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import json
 import os
 import runpy
 import sys
+from collections.abc import Mapping
 
 PREIMPORTS = ("torch", "torch._dynamo", "spx.trainer")
 CUDA_DRIVER = b"libcuda.so"
+READ_AFTER_THE_GO = ("CUDA_VISIBLE_DEVICES",)
+"""Variables a script may set before `import torch` that nothing imported ahead has read: CUDA
+reads this one when it starts, after the hand-over (which checks that no import touched CUDA)."""
+READ_AFTER_THE_GO_PREFIXES = ("NCCL_",)
+"""And these families: NCCL reads them when a communicator starts."""
 
 
 def _read_command() -> dict | None:
@@ -79,6 +91,35 @@ def _retitle(argv: list[str]) -> None:
     room = end - start
     title = b"\0".join(a.encode(errors="replace") for a in argv)[:room - 1]
     ctypes.memmove(start, title.ljust(room, b"\0"), room)
+
+
+def env_changed(plan_env: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """The variables set, changed or removed since the hand-over that a module imported ahead might
+    have read at its import (not those read only after the go), sorted."""
+    return sorted(k for k in plan_env.keys() | now.keys()
+                  if plan_env.get(k) != now.get(k) and k not in READ_AFTER_THE_GO
+                  and not k.startswith(READ_AFTER_THE_GO_PREFIXES))
+
+
+def watch_first_import(roots: set[str], plan_env: dict[str, str], cold: list[str]) -> None:
+    """Until the script's first import of a module under `roots` (imported ahead): if it changed the
+    environment before, exec `cold` with `plan_env` (the command as torchrun gave it), so that torch
+    reads what the script set, as in a cold start. The watch ends at that first import, either way."""
+    original = builtins.__import__
+
+    def first_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and name.partition(".")[0] in roots:
+            builtins.__import__ = original
+            changed = env_changed(plan_env, os.environ)
+            if changed:
+                print(f"spx: this rank's script set {', '.join(changed[:5])} before `import {name}`, which its "
+                      "standby worker had imported ahead: starting it again in a cold interpreter",
+                      file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                os.execve(cold[0], cold, plan_env)
+        return original(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = first_import
 
 
 def _redirect(fd: int, path: str | None) -> None:
@@ -124,6 +165,7 @@ def main() -> int:
     _retitle(argv)
     os.environ.clear()
     os.environ.update(env)
+    watch_first_import({name.partition(".")[0] for name in PREIMPORTS if name in sys.modules}, env, argv)
     phases = sys.modules.get("spx.trainer.phases")
     if phases is not None:  # its start-up, for this attempt's timeline, ended with the command
         phases.taken_now()

@@ -1,7 +1,7 @@
 """Standby workers with a real torchrun (gloo, 2 ranks): the agent's standby workers, started before
 the plan, become the attempt's workers — the same pids torchrun then watches — and run the script
 as the cold worker would (argv, sys.path, __main__, the plan's environment, stdin, the rank's log
-files, the daemon's nice where the standby waited at nice 19) and shows the cold worker's command line; a rank without one starts cold, and a standby worker left over ends quietly (exit 0)."""
+files, the daemon's nice where the standby waited at nice 19) and shows the cold worker's command line; a rank without one starts cold, a script that sets a variable before its `import torch` is started again cold, and a standby worker left over ends quietly (exit 0)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ SCRIPT = """
 import sys
 preimported = "torch._dynamo" in sys.modules  # before the script's own imports: a standby worker's
 import json, os
+if os.environ.get("SET_BEFORE_TORCH"):  # a script's own setting, made before its torch is imported
+    os.environ["TORCH_SHOW_CPP_STACKTRACES"] = os.environ["SET_BEFORE_TORCH"]
 import torch
 import torch.distributed as dist
 dist.init_process_group("gloo")
@@ -33,6 +35,7 @@ def nices(pid):  # each thread's nice value (stat's 19th field)
                    for t in os.listdir(f"/proc/{pid}/task")})
 json.dump({"nices": nices(os.getpid()), "launcher_nices": nices(os.getppid()), "preimported": preimported, "pid": os.getpid(), "argv": sys.argv, "path0": sys.path[0],
            "name": __name__, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "stage": os.environ.get("STAGE"),
+           "set": os.environ.get("TORCH_SHOW_CPP_STACKTRACES"),
            "stdin": sys.stdin.read(), "total": total.item(), "cwd": os.getcwd(),
            "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(bytes(1)).decode().split(chr(0))},
           open(os.path.join(os.environ["OUT"], f"rank{rank}.json"), "w"))
@@ -121,6 +124,25 @@ def test_a_rank_without_a_standby_worker_starts_cold_and_a_left_over_one_ends_qu
     wait_for(lambda: not any(Path(f"/proc/{p}").exists() and not proctree._is_zombie(p) for p in left), 30,
              "the left-over standby worker's end")
     assert proctree.attempt_pids("w2") == []
+
+
+def test_a_script_that_sets_a_variable_before_importing_torch_is_started_again_cold_in_the_same_pid(tmp_path):
+    """The standby worker's torch read the standby's environment: a cold worker's would have read the
+    script's setting, so the script runs again in a fresh interpreter (exec: the pid torchrun watches)."""
+    plan = torchrun_plan(tmp_path, "w3", 1, SET_BEFORE_TORCH="1")
+    ready = start(plan, tmp_path, workers=1)
+    try:
+        before = standby_workers(ready, 1)
+        spawned = ready.go(plan)
+        assert spawned.proc.wait(timeout=120) == 0, (tmp_path / "attempt-2.log").read_text()[-3000:]
+        spawned.relay.wait(timeout=30)
+    finally:
+        ready.discard()
+    seen = json.loads((tmp_path / "rank0.json").read_text())
+    assert seen["pid"] == before[0] and not seen["preimported"], "the standby worker's pid, a cold interpreter"
+    assert seen["set"] == "1" and seen["argv"] == [str(tmp_path / "train.py"), "x", "--y"]
+    assert "set SET_BEFORE_TORCH" not in (tmp_path / "attempt-2.log").read_text()
+    assert "set TORCH_SHOW_CPP_STACKTRACES before `import torch`" in (tmp_path / "attempt-2.log").read_text()
 
 
 def test_a_standby_worker_given_no_command_ends_with_0():
