@@ -88,6 +88,7 @@ def test_a_relaunch_on_standby_workers_ends_bitwise_as_the_uninterrupted_run(tmp
         log = (d.root / "log" / "sw" / "attempt-2.log").read_text()
         found = set(re.findall(r"final_state_sha256=([0-9a-f]{64})$", log, re.M))
         assert found == {reference.final_hash()}, "the relaunch ends in the uninterrupted run's state"
+        assert "cold interpreter" not in log, "the example sets nothing before its imports: run in place"
         rows = json.loads(d.spx("status", "sw", "--timeline", "--json").stdout)
         phases = {r["phase"]: r["time"] for r in rows if r["attempt"] == 2}
         print(f"standby workers: kill -> first step {phases['first_step'] - killed_at:.2f} s")
