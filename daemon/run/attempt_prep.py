@@ -5,6 +5,8 @@ the checkpoint the machine says to avoid (the crash-loop fallback) is passed ove
 can, and after a divergence every checkpoint at or after its step (the rollback, said in the answer). Where the machine asks, the attempt's launcher starts meanwhile (standby_pool.py), so its
 imports overlap the search. The answer, on the loop: CheckpointFound, LeaseLost (another host took
 the job's lease while this one could not renew: it runs the job now), or ActionFailed.
+
+Its calls as the user share one as-user process (a session), released at the end of the search.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from spx.daemon.run.attempt_runtime import AttemptRuntime
 from spx.daemon.run.standby_pool import StandbyPool
 from spx.daemon.run.user_work import UserWork
 from spx.daemon.state.jobs_table import JobRow
+from spx.daemon.userfs import as_user
 
 CHECKPOINT_TIMEOUT_SECONDS = 90.0   # discovery's own, below the machine's deadline
 # Across hosts, how long a relaunch waits for the other hosts to leave the last generation (their
@@ -50,6 +53,14 @@ class AttemptPrep:
 
         def find() -> tuple[attempt_files.AttemptFiles | None, CheckpointRef | None, dict, gang.Joined | None,
                             Observation | None]:
+            user = as_user.owner(job.owner_uid)  # the error of an owner gone is the attempt's reason
+            try:
+                return search()
+            finally:
+                as_user.release(user)
+
+        def search() -> tuple[attempt_files.AttemptFiles | None, CheckpointRef | None, dict, gang.Joined | None,
+                              Observation | None]:
             try:
                 files = attempt_files.prepare(cfg, job, a.number)
             except attempt_files.LeaseTaken as e:  # adopted by another host: it runs the job now

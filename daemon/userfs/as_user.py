@@ -128,28 +128,35 @@ def _result(out: bytes, action: str, user: Owner) -> Any:
     return reply["result"]
 
 
-def mkdirs(user: Owner, paths: list[str], mode: int = 0o750, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+def release(user: Owner) -> None:
+    """The idle sessions of `user` closed: the calls that shared one (an attempt's preparation) are done."""
+    SESSIONS.release(user.to_json())
+
+
+def mkdirs(user: Owner, paths: list[str], mode: int = 0o750, timeout: float = DEFAULT_TIMEOUT_SECONDS,
+           session: bool = False) -> None:
     """mkdir -p each of `paths` as `user`; UserPathError naming the first that fails."""
-    problems = run(user, "mkdirs", {"paths": paths, "mode": mode}, timeout)
+    problems = run(user, "mkdirs", {"paths": paths, "mode": mode}, timeout, session)
     if problems:
         raise UserPathError(errno.EACCES, f"{problems[0]} (as {user.name})")
 
 
 def check_access(user: Owner, checks: list[tuple[str, str]],
-                 timeout: float = DEFAULT_TIMEOUT_SECONDS) -> list[str | None]:
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS, session: bool = False) -> list[str | None]:
     """For each (path, what), in order: None if `user` may, else why not. `what` is one of
     enter-dir, read-tree, read-file, write-or-create, owned (see user_actions)."""
-    result = run(user, "access", {"checks": [{"path": p, "what": w} for p, w in checks]}, timeout)
+    result = run(user, "access", {"checks": [{"path": p, "what": w} for p, w in checks]}, timeout, session)
     if not isinstance(result, list) or len(result) != len(checks):
         raise UserPathError(errno.EIO, f"access check as {user.name} gave an odd answer")
     return [None if p is None else str(p) for p in result]
 
 
 def set_aside(user: Owner, ckpt_dir: str, before: float, into: str, timeout: float,
-              from_step: int | None = None) -> list[str]:
+              from_step: int | None = None, session: bool = False) -> list[str]:
     """`user_actions._set_aside` run as `user`: the entries moved into `ckpt_dir/into` — those older
     than `before`, or (`from_step`) the spx.trainer checkpoints of that step and later."""
-    result = run(user, "set_aside", {"dir": ckpt_dir, "before": before, "into": into, "from_step": from_step}, timeout)
+    result = run(user, "set_aside", {"dir": ckpt_dir, "before": before, "into": into, "from_step": from_step}, timeout,
+                 session)
     if not isinstance(result, list):
         raise UserPathError(errno.EIO, f"setting aside earlier checkpoints as {user.name} gave an odd answer")
     return [str(r) for r in result]
@@ -157,12 +164,12 @@ def set_aside(user: Owner, ckpt_dir: str, before: float, into: str, timeout: flo
 
 def find_latest(user: Owner, ckpt_dir: str, pattern: str | None, timeout: float,
                 exclude: dict[str, str] | None = None, local_dir: str | None = None,
-                before_step: int | None = None) -> dict[str, Any]:
+                before_step: int | None = None, session: bool = False) -> dict[str, Any]:
     """`checkpoint_discovery.discover` run as `user`: its capped JSON answer ("path" None: nothing
     complete to resume from). `exclude` maps checkpoint paths not to choose to the reason;
     `before_step` (a divergence rollback) passes over those at or after it."""
     result = run(user, "find_latest", {"dir": ckpt_dir, "pattern": pattern, "exclude": exclude or {},
-                                       "local_dir": local_dir, "before_step": before_step}, timeout)
+                                       "local_dir": local_dir, "before_step": before_step}, timeout, session)
     if not isinstance(result, dict):
         raise UserPathError(errno.EIO, f"checkpoint discovery as {user.name} gave an odd answer")
     return result

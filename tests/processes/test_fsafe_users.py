@@ -49,11 +49,14 @@ def job_row(owner, name="j", job_id=7, extra="") -> JobRow:
 
 @pytest.fixture
 def cfg(world):
+    """A daemon's dirs under `world`; the owner's sessions an attempt's preparation kept are closed
+    at the test's end (no process or thread outlives it)."""
     c = DaemonConfig.rooted(world / "root")
     for d in (c.log_dir, c.run_dir, c.checkpoints_root):
         d.mkdir(parents=True)
     (world / "root").chmod(0o755)
-    return c
+    yield c
+    as_user.SESSIONS.close()
 
 
 # --- as_user -------------------------------------------------------------------------------------
@@ -168,6 +171,25 @@ def test_a_session_the_owner_stops_costs_one_timeout_and_one_they_kill_is_replac
     started = as_user.SESSIONS.started
     assert as_user.run(me, "access", args, 10.0, session=True) == [None]  # a dead one is not taken
     assert as_user.SESSIONS.started == started + 1
+
+
+def test_the_calls_of_one_preparation_share_one_process_released_at_its_end(users, world, sessions):
+    """An attempt's preparation (attempt_prep.py): its checkpoint dir and discovery as the owner, in one
+    process instead of one each, which `release` ends: nothing of ours is left running as the owner."""
+    owner, _victim, _group = users
+    me = as_user.owner(owner.pw_uid)
+    (world / "prep").mkdir()
+    os.chown(world / "prep", owner.pw_uid, owner.pw_gid)
+    ckpt = world / "prep" / "ck"
+    before, kept = as_user.SESSIONS.started, set(_session_pids())
+    as_user.mkdirs(me, [str(ckpt)], 0o750, session=True)
+    assert as_user.find_latest(me, str(ckpt), None, 10.0, session=True)["path"] is None
+    (pid,) = set(_session_pids()) - kept
+    assert ckpt.stat().st_uid == owner.pw_uid and _uid_of(pid) == owner.pw_uid, "made by that process, as the owner"
+    assert as_user.SESSIONS.started == before + 1
+    as_user.release(me)
+    assert set(_session_pids()) == kept - {pid}
+    wait_for(lambda: _ended(pid), 5, "the released session's end")
 
 
 def test_an_idle_session_is_closed_and_its_process_ends(users, world):
