@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import daemon_query  # noqa: E402
 from benchlib import Goal, write_result  # noqa: E402
 
 from harness import EXAMPLES, Daemon, wait_for  # noqa: E402
@@ -48,13 +49,15 @@ def run(mode: str, restarts: int, steps: int, base: Path) -> tuple[int, float]:
         for i in range(restarts):
             # Restarts spread over the run, each once the job has trained past the next mark.
             mark = (i + 1) * steps // (restarts + 2)
-            wait_for(lambda m=mark: ((d.job(mode) or {}).get("step") or 0) >= m, 600, f"step {mark}")
+            wait_for(lambda m=mark: ((daemon_query.job(d.root, mode) or {}).get("step") or 0) >= m, 600, f"step {mark}",
+                     interval=0.5)
             if mode == "adopt":
                 d.kill9()
             elif mode == "relaunch":
                 d.stop()
             d.start()
-        d.wait_state(mode, {"succeeded", "failed"}, 900)
+        wait_for(lambda: (daemon_query.job(d.root, mode) or {}).get("state") in ("succeeded", "failed"), 900,
+                 "the job's end", interval=0.5)
         st = d.status(mode)
         assert st["state"] == "succeeded", st
         history = st["history"]

@@ -81,14 +81,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import daemon_query  # noqa: E402
 from benchlib import Goal, write_result  # noqa: E402
 from process_tree import kill_tree  # noqa: E402
 
 from harness import EXAMPLES, Daemon  # noqa: E402
 from spx.daemon.contract.worker_env import ENV_HEARTBEAT_FILE  # noqa: E402
-from spx.daemon.core.config import DaemonConfig  # noqa: E402
 from spx.daemon.run.launcher import free_port  # noqa: E402
-from spx.daemon.service import control  # noqa: E402
 
 PY = sys.executable
 SCRIPT = EXAMPLES / "train_ddp.py"
@@ -416,18 +415,6 @@ def spx_job_yaml(name: str, a: argparse.Namespace, ck: Path, tag: str, jit: bool
             "stop: {grace_seconds: 60}\n")
 
 
-def job_state(root: Path, name: str) -> str | None:
-    """NAME's state, asked over the daemon's control socket from this process. Not `spx ls`: an
-    interpreter a second is ~0.35 s of CPU, a third of a core that the bare torchrun runs do not pay,
-    taken from the relaunches being measured (on 2 cores their imports are CPU-bound)."""
-    try:
-        reply = control.request(DaemonConfig.rooted(root).socket_path, "ls", None)
-    except OSError:  # not answering this once: asked again the next second
-        return None
-    jobs = reply.get("result") if reply.get("ok") else None
-    return next((j.get("state") for j in jobs or [] if j.get("name") == name), None)
-
-
 def run_spx(d: Disturbance, a: argparse.Namespace, work: Path, standby_workers: bool = False) -> Outcome:
     """One job on a fresh daemon; a job that fails is submitted again over the same checkpoint dir
     (what its user would do), counted as an unfinished run. `standby_workers`: the job asks for its
@@ -462,7 +449,7 @@ def run_spx(d: Disturbance, a: argparse.Namespace, work: Path, standby_workers: 
             while True:
                 if time.monotonic() - checked > 1:
                     checked = time.monotonic()
-                    state = job_state(daemon.root, name)
+                    state = (daemon_query.job(daemon.root, name) or {}).get("state")
                     rejected = daemon.spool / "rejected" / f"{name}.yaml.error"
                     if rejected.exists():
                         raise RuntimeError(rejected.read_text())
