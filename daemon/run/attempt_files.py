@@ -19,9 +19,7 @@ Where each lives and who makes it:
   never mkdirs or chowns through a path the user can rearrange. Below `checkpoints_root` (root's),
   root makes the one component the user cannot — `checkpoints_root/OWNER` of the default
   `checkpoints_root/OWNER/NAME`, or the one-component `checkpoints_root/NAME` of a job accepted
-  before defaults were per owner — and gives it away; one that exists must be the owner's. Its
-  calls as the user (and the lease's, and discovery's) share one as-user process, a session
-  (userfs/as_user_session.py) that the preparation releases when done (attempt_prep.py).
+  before defaults were per owner — and gives it away; one that exists must be the owner's.
 - the heartbeat and the log tail are read through `fsafe` (no link, no FIFO, capped).
 
 Every failure is a `UserPathError` whose message is the job's reason.
@@ -162,10 +160,9 @@ def _publish_record(cfg: DaemonConfig, user: as_user.Owner, job: JobRow, ckpt_di
     if not job.uid or job.spec.nodes.count > 1:
         return None
     host, now = job_record.host_id(cfg.state_dir), time.time()
-    reply = as_user.run(user, "spx_publish", {
-        "dir": str(ckpt_dir), "record": job_record.render(job, host), "now": now,
-        "lease": job_record.lease_doc(host, job.uid, cfg.adopt_lease_seconds, now, job_record.host_label(cfg.state_dir))},
-        session=True)
+    lease = job_record.lease_doc(host, job.uid, cfg.adopt_lease_seconds, now, job_record.host_label(cfg.state_dir))
+    reply = as_user.run(user, "spx_publish", {"dir": str(ckpt_dir), "record": job_record.render(job, host), "now": now,
+                                              "lease": lease}, session=True)
     if not isinstance(reply, dict):
         raise UserPathError(errno.EIO, f"taking the lease in {ckpt_dir} gave an odd answer")
     if reply.get("held"):
@@ -340,8 +337,7 @@ def set_aside_wrong(job: JobRow, files: AttemptFiles, from_step: int, timeout: f
     moved = []
     for where in (files.checkpoint_dir, files.local_checkpoint_dir):
         if where is not None:
-            names = as_user.set_aside(user, str(where), 0.0, into, timeout, from_step, session=True)
-            moved += [f"{where}/{into}/{n}" for n in sorted(names)]
+            moved += [f"{where}/{into}/{n}" for n in sorted(as_user.set_aside(user, str(where), 0.0, into, timeout, from_step, session=True))]
     if moved:
         log.warning("checkpoints_set_aside", job=job.name, attempt=None, moved=moved, why=f"a replay differs at step {from_step}")
     return moved
@@ -359,14 +355,13 @@ def latest_checkpoint(job: JobRow, files: AttemptFiles, timeout: float,
     user = as_user.owner(job.owner_uid)
     resume = job.spec.checkpoints.resume
     if resume == "never":  # what an earlier job left there is not this job's to resume
-        moved = as_user.set_aside(user, str(files.checkpoint_dir), job.submitted, f".before-job-{job.id}", timeout,
-                                  session=True)
+        moved = as_user.set_aside(user, str(files.checkpoint_dir), job.submitted, f".before-job-{job.id}", timeout, session=True)
         if moved:
             log.info("checkpoints_set_aside", job=job.name, attempt=None, moved=moved,
                      into=str(files.checkpoint_dir / f".before-job-{job.id}"))
+    local = str(files.local_checkpoint_dir) if files.local_checkpoint_dir else None
     found = as_user.find_latest(user, str(files.checkpoint_dir), job.spec.checkpoints.pattern, timeout, exclude,
-                                local_dir=str(files.local_checkpoint_dir) if files.local_checkpoint_dir else None,
-                                before_step=before_step, session=True)
+                                local_dir=local, before_step=before_step, session=True)
     path, step = found.get("path"), found.get("step")
     if path is None:
         if resume == "require":
